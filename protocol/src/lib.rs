@@ -1,0 +1,26 @@
+//! abx-protocol: the only crate that knows the wire format.
+//!
+//! - [`message`]: the JSON-RPC 2.0 message model. Params and results stay unparsed
+//!   (`Box<RawValue>`) until a handler asks for its typed params.
+//! - [`codec`]: the two framings (newline-delimited JSON, LSP `Content-Length` headers),
+//!   detected per connection from the first byte, with a message size limit.
+//! - [`error`]: one enum of every E-code, each with its message template, default
+//!   suggestion and CLI exit code, and the wire error object built from it.
+//! - [`api`]: method names and the parameter/result types shared by broker and clients.
+//!
+//! **Architecture invariant:** nothing here does I/O. The broker and the CLI wrap these
+//! types in their own tokio plumbing.
+
+pub mod api;
+pub mod codec;
+pub mod error;
+pub mod id;
+pub mod message;
+
+pub use codec::{Frame, FrameCodec, Framing, DEFAULT_MAX_MESSAGE_SIZE};
+pub use error::{AbxError, ErrorCode, RpcError};
+pub use id::Id;
+pub use message::{Incoming, Message, Notification, Request, Response};
+
+/// The protocol version answered by `initialize`.
+pub const PROTOCOL_VERSION: &str = "abx/1";

@@ -1,0 +1,357 @@
+//! The JSON-RPC 2.0 message model.
+//!
+//! [`decode`] turns one frame into a single message or a batch. Every field is first taken
+//! as raw JSON so that one bad field never loses the id: an invalid request is answered
+//! with its own id wherever it had a valid one. Params and results stay `Box<RawValue>`
+//! until a handler parses them into its own type.
+
+use crate::error::{AbxError, ErrorCode, RpcError};
+use crate::id::Id;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+
+/// A request: expects exactly one response with the same id.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The client's id.
+    pub id: Id,
+    /// Method name, e.g. `broker/ping`.
+    pub method: String,
+    /// Unparsed params (an object or array), if any.
+    pub params: Option<Box<RawValue>>,
+}
+
+/// A notification: no id, no response.
+#[derive(Debug, Clone)]
+pub struct Notification {
+    /// Method name.
+    pub method: String,
+    /// Unparsed params, if any.
+    pub params: Option<Box<RawValue>>,
+}
+
+/// A response to a request.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// The request id; `None` is a JSON `null` (answers to undecodable requests).
+    pub id: Option<Id>,
+    /// The result or the error.
+    pub outcome: Result<Box<RawValue>, RpcError>,
+}
+
+/// One JSON-RPC message.
+#[derive(Debug, Clone)]
+pub enum Message {
+    /// Has an id and a method.
+    Request(Request),
+    /// Has a method and no id.
+    Notification(Notification),
+    /// Has an id and a result or an error.
+    Response(Response),
+}
+
+/// A message that could not be decoded, with the id to answer it with (if one was found).
+#[derive(Debug, Clone)]
+pub struct Invalid {
+    /// The id the error response carries (`null` when none was readable).
+    pub id: Option<Id>,
+    /// Why it is invalid (-32700 or -32600).
+    pub error: AbxError,
+}
+
+/// What one frame held.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A single message (or why it is invalid).
+    Single(Result<Message, Invalid>),
+    /// A non-empty batch; each element decoded independently.
+    Batch(Vec<Result<Message, Invalid>>),
+}
+
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct Fields<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+fn first_byte(raw: &[u8]) -> Option<u8> {
+    raw.iter().copied().find(|b| !b.is_ascii_whitespace())
+}
+
+fn invalid(id: Option<Id>, detail: &str) -> Invalid {
+    Invalid {
+        id,
+        error: AbxError::detail(ErrorCode::InvalidRequest, detail),
+    }
+}
+
+/// Decode one frame (a message or a batch).
+pub fn decode(frame: &[u8]) -> Incoming {
+    match first_byte(frame) {
+        Some(b'[') => match serde_json::from_slice::<Vec<&RawValue>>(frame) {
+            Ok(items) if items.is_empty() => {
+                Incoming::Single(Err(invalid(None, "empty batch")))
+            }
+            Ok(items) => Incoming::Batch(
+                items
+                    .into_iter()
+                    .map(|raw| decode_one(raw.get().as_bytes()))
+                    .collect(),
+            ),
+            Err(e) => Incoming::Single(Err(parse_error(&e))),
+        },
+        _ => Incoming::Single(decode_one(frame)),
+    }
+}
+
+fn parse_error(e: &serde_json::Error) -> Invalid {
+    Invalid {
+        id: None,
+        error: AbxError::detail(ErrorCode::ParseError, e),
+    }
+}
+
+/// Decode a single message (not a batch).
+pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
+    if first_byte(raw) != Some(b'{') {
+        // Valid JSON that is not an object is an invalid request; anything else a parse error.
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(raw) {
+            Ok(_) => Err(invalid(None, "a message must be a JSON object")),
+            Err(e) => Err(parse_error(&e)),
+        };
+    }
+    let f: Fields = match serde_json::from_slice(raw) {
+        Ok(f) => f,
+        Err(e) => return Err(parse_error(&e)),
+    };
+    // The id first, so that every later error can carry it.
+    let id = match f.id {
+        None => None,
+        Some(raw) => match serde_json::from_str::<Id>(raw.get()) {
+            Ok(id) => Some(id),
+            Err(_) => {
+                return Err(invalid(
+                    None,
+                    &format!("id must be an integer or a string, not {}", raw.get()),
+                ))
+            }
+        },
+    };
+    match f.jsonrpc.map(|v| v.get()) {
+        Some("\"2.0\"") => {}
+        Some(other) => return Err(invalid(id, &format!("jsonrpc must be \"2.0\", not {other}"))),
+        None => return Err(invalid(id, "missing \"jsonrpc\": \"2.0\"")),
+    }
+    if let Some(m) = f.method {
+        let method: String = match serde_json::from_str(m.get()) {
+            Ok(s) => s,
+            Err(_) => return Err(invalid(id, "method must be a string")),
+        };
+        let params = match f.params {
+            None => None,
+            Some(p) if p.get() == "null" => None,
+            Some(p) if matches!(first_byte(p.get().as_bytes()), Some(b'{' | b'[')) => {
+                Some(p.to_owned())
+            }
+            Some(_) => return Err(invalid(id, "params must be an object or an array")),
+        };
+        return Ok(match id {
+            Some(id) => Message::Request(Request { id, method, params }),
+            None => Message::Notification(Notification { method, params }),
+        });
+    }
+    match (f.result, f.error) {
+        (Some(r), None) => Ok(Message::Response(Response {
+            id,
+            outcome: Ok(r.to_owned()),
+        })),
+        (None, Some(e)) => match serde_json::from_str::<RpcError>(e.get()) {
+            Ok(err) => Ok(Message::Response(Response {
+                id,
+                outcome: Err(err),
+            })),
+            Err(_) => Err(invalid(id, "error must be {code, message, data?}")),
+        },
+        (Some(_), Some(_)) => Err(invalid(id, "a response has result or error, not both")),
+        (None, None) => Err(invalid(id, "missing \"method\"")),
+    }
+}
+
+#[derive(Serialize)]
+struct OutResponse<'a> {
+    jsonrpc: &'static str,
+    id: Option<&'a Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a RpcError>,
+}
+
+#[derive(Serialize)]
+struct OutRequest<'a, P: Serialize + ?Sized> {
+    jsonrpc: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a Id>,
+    method: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    params: Option<&'a P>,
+}
+
+/// Serialize a response body (no framing).
+pub fn encode_response(id: Option<&Id>, outcome: Result<&RawValue, &RpcError>) -> Vec<u8> {
+    let (result, error) = match outcome {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e)),
+    };
+    serde_json::to_vec(&OutResponse {
+        jsonrpc: "2.0",
+        id,
+        result,
+        error,
+    })
+    .expect("a response always serializes")
+}
+
+/// Serialize a request body (no framing).
+pub fn encode_request<P: Serialize + ?Sized>(id: &Id, method: &str, params: Option<&P>) -> Vec<u8> {
+    serde_json::to_vec(&OutRequest {
+        jsonrpc: "2.0",
+        id: Some(id),
+        method,
+        params,
+    })
+    .expect("params serialize")
+}
+
+/// Serialize a notification body (no framing).
+pub fn encode_notification<P: Serialize + ?Sized>(method: &str, params: Option<&P>) -> Vec<u8> {
+    serde_json::to_vec(&OutRequest {
+        jsonrpc: "2.0",
+        id: None,
+        method,
+        params,
+    })
+    .expect("params serialize")
+}
+
+/// Join already-encoded bodies into one batch body.
+pub fn encode_batch(bodies: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bodies.iter().map(|b| b.len() + 1).sum::<usize>() + 2);
+    out.push(b'[');
+    for (i, b) in bodies.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b);
+    }
+    out.push(b']');
+    out
+}
+
+impl Message {
+    /// Serialize this message (no framing).
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Message::Request(r) => encode_request(&r.id, &r.method, r.params.as_deref()),
+            Message::Notification(n) => encode_notification(&n.method, n.params.as_deref()),
+            Message::Response(r) => encode_response(r.id.as_ref(), r.outcome.as_deref()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn single(s: &str) -> Result<Message, Invalid> {
+        match decode(s.as_bytes()) {
+            Incoming::Single(m) => m,
+            Incoming::Batch(_) => panic!("batch"),
+        }
+    }
+
+    #[test]
+    fn request_notification_response() {
+        match single(r#"{"jsonrpc":"2.0","id":7,"method":"broker/ping","params":{"a":[1]}}"#) {
+            Ok(Message::Request(r)) => {
+                assert_eq!(r.id, Id::Num(7));
+                assert_eq!(r.method, "broker/ping");
+                assert_eq!(r.params.unwrap().get(), r#"{"a":[1]}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            single(r#"{"jsonrpc":"2.0","method":"initialized"}"#),
+            Ok(Message::Notification(_))
+        ));
+        assert!(matches!(
+            single(r#"{"jsonrpc":"2.0","id":"x","result":null}"#),
+            Ok(Message::Response(Response { id: Some(Id::Str(_)), outcome: Ok(_) }))
+        ));
+    }
+
+    #[test]
+    fn invalid_requests_keep_their_id() {
+        let e = single(r#"{"id":3,"method":"m"}"#).unwrap_err();
+        assert_eq!(e.id, Some(Id::Num(3)));
+        assert_eq!(e.error.code, ErrorCode::InvalidRequest);
+        let e = single(r#"{"jsonrpc":"1.0","id":"a","method":"m"}"#).unwrap_err();
+        assert_eq!(e.id, Some(Id::Str("a".into())));
+        let e = single(r#"{"jsonrpc":"2.0","id":{"x":1},"method":"m"}"#).unwrap_err();
+        assert_eq!((e.id, e.error.code), (None, ErrorCode::InvalidRequest));
+        let e = single(r#"{"jsonrpc":"2.0","id":1.5,"method":"m"}"#).unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::InvalidRequest);
+        let e = single(r#"{"jsonrpc":"2.0","id":1,"method":5}"#).unwrap_err();
+        assert_eq!(e.id, Some(Id::Num(1)));
+        let e = single(r#"{"jsonrpc":"2.0","id":1,"method":"m","params":3}"#).unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::InvalidRequest);
+        let e = single("42").unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::InvalidRequest);
+        let e = single("{\"jsonrpc\":").unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::ParseError);
+        let e = single("not json").unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::ParseError);
+    }
+
+    #[test]
+    fn batches() {
+        match decode(br#"[{"jsonrpc":"2.0","id":1,"method":"a"}, 1, {"jsonrpc":"2.0","method":"n"}]"#) {
+            Incoming::Batch(v) => {
+                assert_eq!(v.len(), 3);
+                assert!(matches!(v[0], Ok(Message::Request(_))));
+                assert!(v[1].is_err());
+                assert!(matches!(v[2], Ok(Message::Notification(_))));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(decode(b"[]"), Incoming::Single(Err(_))));
+        assert!(matches!(decode(b"[1,"), Incoming::Single(Err(Invalid { error: AbxError { code: ErrorCode::ParseError, .. }, .. }))));
+    }
+
+    #[test]
+    fn encode_roundtrip() {
+        let err = AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", "x")]).to_rpc();
+        let body = encode_response(Some(&Id::Num(1)), Err(&err));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], 2009);
+        assert_eq!(v["error"]["data"]["abx"], "E2009");
+        let body = encode_response(None, Ok(&RawValue::from_string("{}".into()).unwrap()));
+        assert_eq!(body, br#"{"jsonrpc":"2.0","id":null,"result":{}}"#);
+        let b = encode_batch(&[b"1".to_vec(), b"2".to_vec()]);
+        assert_eq!(b, b"[1,2]");
+    }
+}
