@@ -72,15 +72,21 @@ pub enum Frame {
 enum State {
     Detect,
     /// Scanning for a newline; `scanned` bytes already checked.
-    Line { scanned: usize },
+    Line {
+        scanned: usize,
+    },
     /// Throwing a too-long line away up to its newline.
     LineDiscard,
     /// Reading a header block.
     Headers,
     /// Reading a body of `len` bytes.
-    Body { len: usize },
+    Body {
+        len: usize,
+    },
     /// Throwing `remaining` body bytes away.
-    BodyDiscard { remaining: usize },
+    BodyDiscard {
+        remaining: usize,
+    },
 }
 
 /// A codec for both framings, with per-connection detection and a size limit.
@@ -141,7 +147,10 @@ impl FrameCodec {
                 .ok_or_else(|| bad(&format!("malformed header line {line:?} (framing lost)")))?;
             if name.trim().eq_ignore_ascii_case("content-length") {
                 len = Some(value.trim().parse::<usize>().map_err(|_| {
-                    bad(&format!("invalid Content-Length {:?} (framing lost)", value.trim()))
+                    bad(&format!(
+                        "invalid Content-Length {:?} (framing lost)",
+                        value.trim()
+                    ))
                 })?);
             }
         }
@@ -215,9 +224,7 @@ impl Decoder for FrameCodec {
                             return Ok(Some(Frame::TooLarge { size: None }));
                         }
                         None => {
-                            self.state = State::Line {
-                                scanned: buf.len(),
-                            };
+                            self.state = State::Line { scanned: buf.len() };
                             return Ok(None);
                         }
                     }
@@ -391,7 +398,10 @@ mod tests {
     #[test]
     fn too_large_body_is_skipped() {
         let mut c = FrameCodec::new(4);
-        let got = all(&mut c, b"Content-Length: 6\r\n\r\n{\"a\":}Content-Length: 2\r\n\r\n{}");
+        let got = all(
+            &mut c,
+            b"Content-Length: 6\r\n\r\n{\"a\":}Content-Length: 2\r\n\r\n{}",
+        );
         assert_eq!(got, vec![Frame::TooLarge { size: Some(6) }, msg("{}")]);
     }
 

@@ -75,7 +75,7 @@ error_codes! {
         "See docs/broker-api.md for the parameters of '{method}'.";
     /// A message above the size limit.
     MessageTooLarge = 1005, rpc RPC_INVALID_REQUEST, exit 1,
-        "Message of {size} bytes exceeds the limit of {limit} bytes.",
+        "Message too large: the limit is {limit} bytes{size}.",
         "Send large files in chunks with files/write offsets, or use files/upload.";
     /// The request was cancelled by `$/cancelRequest`.
     RequestCancelled = 1006, rpc RPC_CANCELLED, exit 1,
@@ -288,7 +288,10 @@ impl ErrorCode {
 
     /// Look a code up by its `"E2009"` form.
     pub fn from_abx(s: &str) -> Option<Self> {
-        s.strip_prefix('E')?.parse().ok().and_then(Self::from_number)
+        s.strip_prefix('E')?
+            .parse()
+            .ok()
+            .and_then(Self::from_number)
     }
 }
 
@@ -431,7 +434,9 @@ impl RpcError {
         if let Some(c) = self.abx().and_then(ErrorCode::from_abx) {
             return Some(c);
         }
-        u32::try_from(self.code).ok().and_then(ErrorCode::from_number)
+        u32::try_from(self.code)
+            .ok()
+            .and_then(ErrorCode::from_number)
     }
 
     /// The CLI exit code for this error (1 when unknown).

@@ -103,9 +103,7 @@ fn invalid(id: Option<Id>, detail: &str) -> Invalid {
 pub fn decode(frame: &[u8]) -> Incoming {
     match first_byte(frame) {
         Some(b'[') => match serde_json::from_slice::<Vec<&RawValue>>(frame) {
-            Ok(items) if items.is_empty() => {
-                Incoming::Single(Err(invalid(None, "empty batch")))
-            }
+            Ok(items) if items.is_empty() => Incoming::Single(Err(invalid(None, "empty batch"))),
             Ok(items) => Incoming::Batch(
                 items
                     .into_iter()
@@ -139,8 +137,10 @@ pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
         Err(e) => return Err(parse_error(&e)),
     };
     // The id first, so that every later error can carry it.
+    let null_id = f.id.is_some_and(|r| r.get() == "null");
     let id = match f.id {
         None => None,
+        Some(raw) if raw.get() == "null" => None,
         Some(raw) => match serde_json::from_str::<Id>(raw.get()) {
             Ok(id) => Some(id),
             Err(_) => {
@@ -153,7 +153,12 @@ pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
     };
     match f.jsonrpc.map(|v| v.get()) {
         Some("\"2.0\"") => {}
-        Some(other) => return Err(invalid(id, &format!("jsonrpc must be \"2.0\", not {other}"))),
+        Some(other) => {
+            return Err(invalid(
+                id,
+                &format!("jsonrpc must be \"2.0\", not {other}"),
+            ))
+        }
         None => return Err(invalid(id, "missing \"jsonrpc\": \"2.0\"")),
     }
     if let Some(m) = f.method {
@@ -169,6 +174,12 @@ pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
             }
             Some(_) => return Err(invalid(id, "params must be an object or an array")),
         };
+        if null_id {
+            return Err(invalid(
+                None,
+                "a request id must be an integer or a string, not null",
+            ));
+        }
         return Ok(match id {
             Some(id) => Message::Request(Request { id, method, params }),
             None => Message::Notification(Notification { method, params }),
@@ -300,7 +311,10 @@ mod tests {
         ));
         assert!(matches!(
             single(r#"{"jsonrpc":"2.0","id":"x","result":null}"#),
-            Ok(Message::Response(Response { id: Some(Id::Str(_)), outcome: Ok(_) }))
+            Ok(Message::Response(Response {
+                id: Some(Id::Str(_)),
+                outcome: Ok(_)
+            }))
         ));
     }
 
@@ -328,8 +342,23 @@ mod tests {
     }
 
     #[test]
+    fn null_ids() {
+        let e = single(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#).unwrap_err();
+        assert_eq!((e.id, e.error.code), (None, ErrorCode::InvalidRequest));
+        assert!(matches!(
+            single(r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#),
+            Ok(Message::Response(Response {
+                id: None,
+                outcome: Err(_)
+            }))
+        ));
+    }
+
+    #[test]
     fn batches() {
-        match decode(br#"[{"jsonrpc":"2.0","id":1,"method":"a"}, 1, {"jsonrpc":"2.0","method":"n"}]"#) {
+        match decode(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"a"}, 1, {"jsonrpc":"2.0","method":"n"}]"#,
+        ) {
             Incoming::Batch(v) => {
                 assert_eq!(v.len(), 3);
                 assert!(matches!(v[0], Ok(Message::Request(_))));
@@ -339,7 +368,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(decode(b"[]"), Incoming::Single(Err(_))));
-        assert!(matches!(decode(b"[1,"), Incoming::Single(Err(Invalid { error: AbxError { code: ErrorCode::ParseError, .. }, .. }))));
+        assert!(matches!(
+            decode(b"[1,"),
+            Incoming::Single(Err(Invalid {
+                error: AbxError {
+                    code: ErrorCode::ParseError,
+                    ..
+                },
+                ..
+            }))
+        ));
     }
 
     #[test]

@@ -1,0 +1,274 @@
+//! The per-user daemon on a local socket (DESIGN §10).
+//!
+//! Start-up, in order: private directories; an exclusive `flock` on `broker.lock`, held for
+//! the daemon's whole life (a second daemon fails here and never touches the socket); a
+//! leftover socket is probed and removed only if nothing answers; bind with mode 0600;
+//! tell the starter we are ready (a line on the fd named by `ABX_READY_FD`); accept.
+//! Every accepted peer's uid is checked against ours.
+
+use crate::conn;
+use crate::{logging, Broker, Paths};
+use abx_protocol::{AbxError, ErrorCode};
+use interprocess::local_socket::tokio::prelude::*;
+use interprocess::local_socket::{GenericFilePath, ListenerOptions};
+use interprocess::os::unix::local_socket::ListenerOptionsExt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// The environment variable naming the fd on which the daemon writes `ready <pid>\n`.
+pub const READY_FD_ENV: &str = "ABX_READY_FD";
+
+/// An exclusive advisory lock on a file, released on drop (and by the kernel on death).
+pub struct FileLock {
+    file: File,
+}
+
+impl FileLock {
+    fn open(path: &std::path::Path) -> io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+    }
+
+    /// Take the lock, waiting for it.
+    pub fn acquire(path: &std::path::Path) -> io::Result<FileLock> {
+        let file = Self::open(path)?;
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(FileLock { file })
+    }
+
+    /// Take the lock if free; `Ok(None)` when someone holds it.
+    pub fn try_acquire(path: &std::path::Path) -> io::Result<Option<FileLock>> {
+        let file = Self::open(path)?;
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(FileLock { file }))
+    }
+
+    fn write_pid(&mut self) -> io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.rewind()?;
+        writeln!(self.file, "{}", std::process::id())
+    }
+}
+
+/// The pid recorded in the daemon lock file, if any.
+pub fn recorded_pid(paths: &Paths) -> Option<u32> {
+    let mut s = String::new();
+    File::open(&paths.daemon_lock)
+        .ok()?
+        .read_to_string(&mut s)
+        .ok()?;
+    s.trim().parse().ok()
+}
+
+/// True when a live daemon holds the lock.
+pub fn is_locked(paths: &Paths) -> bool {
+    matches!(FileLock::try_acquire(&paths.daemon_lock), Ok(None))
+}
+
+fn startup_error(detail: impl std::fmt::Display, paths: &Paths) -> AbxError {
+    AbxError::new(
+        ErrorCode::BrokerUnreachable,
+        &[
+            ("detail", &detail.to_string()),
+            ("log", &paths.log_file().display().to_string()),
+        ],
+    )
+}
+
+/// Run the daemon in the foreground until `broker/shutdown` or SIGTERM/SIGINT.
+pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
+    paths.ensure().map_err(|e| startup_error(e, &paths))?;
+    let _log = logging::init(&paths, log_to_stderr);
+    let mut lock = match FileLock::try_acquire(&paths.daemon_lock) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            let pid = recorded_pid(&paths).map_or_else(|| "unknown".into(), |p| p.to_string());
+            return Err(AbxError::new(
+                ErrorCode::BrokerAlreadyRunning,
+                &[("pid", &pid)],
+            ));
+        }
+        Err(e) => return Err(startup_error(e, &paths)),
+    };
+    lock.write_pid().map_err(|e| startup_error(e, &paths))?;
+
+    // A socket file with no lock holder is stale, unless something still answers on it.
+    if fs::symlink_metadata(&paths.socket).is_ok() {
+        match std::os::unix::net::UnixStream::connect(&paths.socket) {
+            Ok(_) => {
+                return Err(
+                    AbxError::new(ErrorCode::BrokerAlreadyRunning, &[("pid", "unknown")])
+                        .with_suggestion(format!(
+                            "Something answers on {} without holding {}; stop it first.",
+                            paths.socket.display(),
+                            paths.daemon_lock.display()
+                        )),
+                )
+            }
+            Err(_) => {
+                info!(socket = %paths.socket.display(), "removing stale socket");
+                fs::remove_file(&paths.socket).map_err(|e| startup_error(e, &paths))?;
+            }
+        }
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| startup_error(e, &paths))?;
+    let result = rt.block_on(serve(paths.clone()));
+    rt.shutdown_timeout(Duration::from_millis(200));
+    // Remove the socket while we still hold the lock, so we never remove a successor's.
+    let _ = fs::remove_file(&paths.socket);
+    drop(lock);
+    result
+}
+
+async fn serve(paths: Paths) -> Result<(), AbxError> {
+    let name = paths
+        .socket
+        .as_path()
+        .to_fs_name::<GenericFilePath>()
+        .map_err(|e| startup_error(e, &paths))?;
+    let listener = ListenerOptions::new()
+        .name(name)
+        .mode(0o600)
+        .reclaim_name(false)
+        .create_tokio()
+        .map_err(|e| {
+            startup_error(
+                format!("cannot listen on {}: {e}", paths.socket.display()),
+                &paths,
+            )
+        })?;
+    fs::set_permissions(&paths.socket, fs::Permissions::from_mode(0o600))
+        .map_err(|e| startup_error(e, &paths))?;
+
+    let broker = Arc::new(Broker::new(paths.clone()));
+    info!(version = %broker.version, pid = std::process::id(), socket = %paths.socket.display(), "daemon listening");
+    signal_ready();
+
+    let my_uid = unsafe { libc::geteuid() };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| startup_error(e, &paths))?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| startup_error(e, &paths))?;
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = broker.shutdown.cancelled() => break,
+            _ = sigterm.recv() => { info!("SIGTERM"); broker.shutdown.cancel(); break }
+            _ = sigint.recv() => { info!("SIGINT"); broker.shutdown.cancel(); break }
+            s = listener.accept() => s,
+        };
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        match stream.peer_creds().map(|c| c.euid()) {
+            Ok(Some(uid)) if uid == my_uid => {}
+            other => {
+                warn!(peer = ?other, "refusing a connection from another user");
+                drop(stream);
+                continue;
+            }
+        }
+        let stream = Arc::new(stream);
+        let (r, w) = (SocketHalf(stream.clone()), SocketHalf(stream));
+        let b = broker.clone();
+        tasks.spawn(async move {
+            conn::serve(b, r, w).await;
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    drop(listener);
+    // Give connections a moment to flush their last replies.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    info!("daemon stopped");
+    Ok(())
+}
+
+fn signal_ready() {
+    let Some(fd) = std::env::var(READY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return;
+    };
+    std::env::remove_var(READY_FD_ENV);
+    // SAFETY: the starter passed us this fd for exactly this purpose; we own it from here.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    let _ = writeln!(f, "ready {}", std::process::id());
+}
+
+/// One half of a shared socket: `&Stream` reads and writes, so two `Arc`s make two halves.
+pub struct SocketHalf(pub Arc<interprocess::local_socket::tokio::Stream>);
+
+impl SocketHalf {
+    /// Split a stream into a read half and a write half.
+    pub fn pair(stream: interprocess::local_socket::tokio::Stream) -> (SocketHalf, SocketHalf) {
+        let s = Arc::new(stream);
+        (SocketHalf(s.clone()), SocketHalf(s))
+    }
+}
+
+impl tokio::io::AsyncRead for SocketHalf {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut &*self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SocketHalf {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut &*self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut &*self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut &*self.0).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,93 @@
+//! Broker-wide state shared by every connection.
+
+use crate::paths::Paths;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
+
+/// The daemon (or a stdio broker): one per process.
+pub struct Broker {
+    /// Version reported to clients.
+    pub version: String,
+    /// Where things live.
+    pub paths: Paths,
+    /// Cancelled when the broker stops.
+    pub shutdown: CancellationToken,
+    /// Message size limit per message.
+    pub max_message: usize,
+    started: Instant,
+    started_wall: SystemTime,
+    next_conn: AtomicU64,
+    connections: AtomicUsize,
+    in_flight: AtomicUsize,
+}
+
+impl Broker {
+    /// A broker with the given paths; version from `ABX_BROKER_VERSION` or the build.
+    pub fn new(paths: Paths) -> Broker {
+        let version = std::env::var("ABX_BROKER_VERSION")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| crate::VERSION.to_owned());
+        let max_message = std::env::var("ABX_MAX_MESSAGE_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(abx_protocol::DEFAULT_MAX_MESSAGE_SIZE);
+        Broker {
+            version,
+            paths,
+            shutdown: CancellationToken::new(),
+            max_message,
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            next_conn: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Milliseconds since start.
+    pub fn uptime_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Seconds since the epoch at start.
+    pub fn started_unix(&self) -> u64 {
+        self.started_wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+
+    /// Open connections.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Requests being served right now, over all connections.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn conn_opened(self: &Arc<Self>) -> (u64, Counted) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        (
+            self.next_conn.fetch_add(1, Ordering::Relaxed),
+            Counted(self.clone(), |b| &b.connections),
+        )
+    }
+
+    pub(crate) fn request_started(self: &Arc<Self>) -> Counted {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Counted(self.clone(), |b| &b.in_flight)
+    }
+}
+
+/// Decrements one of the broker's counters when dropped.
+pub(crate) struct Counted(Arc<Broker>, fn(&Broker) -> &AtomicUsize);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        (self.1)(&self.0).fetch_sub(1, Ordering::Relaxed);
+    }
+}

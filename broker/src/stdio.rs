@@ -1,0 +1,23 @@
+//! `abx broker --stdio`: a private broker serving one client on stdin/stdout.
+
+use crate::conn::{self, ConnEnd};
+use crate::{logging, Broker, Paths};
+use std::sync::Arc;
+
+/// Serve stdin/stdout until the client closes stdin or sends `exit`.
+pub fn run(paths: Paths) -> std::io::Result<()> {
+    let _log = logging::init(&paths, true);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let broker = Arc::new(Broker::new(paths));
+        tracing::info!(version = %broker.version, "stdio broker started");
+        let end = conn::serve(broker.clone(), tokio::io::stdin(), tokio::io::stdout()).await;
+        tracing::info!(?end, "stdio broker done");
+        let _: ConnEnd = end;
+    });
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    Ok(())
+}

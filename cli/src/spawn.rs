@@ -1,0 +1,146 @@
+//! Starting the daemon from a client: one start at a time (a lock), a detached process in
+//! its own session, and a ready line on a pipe so we never poll or race.
+
+use abx_broker::daemon::{is_locked, FileLock, READY_FD_ENV};
+use abx_broker::Paths;
+use abx_protocol::{AbxError, ErrorCode};
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn err(paths: &Paths, detail: impl std::fmt::Display) -> AbxError {
+    AbxError::new(
+        ErrorCode::BrokerUnreachable,
+        &[
+            ("detail", &detail.to_string()),
+            ("log", &paths.log_file().display().to_string()),
+        ],
+    )
+}
+
+/// Start a daemon unless one is (or becomes) reachable. Safe to call from many clients at
+/// once: they queue on the spawn lock and all but the first find the daemon up.
+pub async fn start_daemon(paths: &Paths) -> Result<Option<u32>, AbxError> {
+    paths.ensure().map_err(|e| err(paths, e))?;
+    let p = paths.clone();
+    tokio::task::spawn_blocking(move || start_blocking(&p))
+        .await
+        .map_err(|e| err(paths, e))?
+}
+
+fn start_blocking(paths: &Paths) -> Result<Option<u32>, AbxError> {
+    let _spawn_lock = FileLock::acquire(&paths.spawn_lock).map_err(|e| err(paths, e))?;
+    if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+        return Ok(None); // someone else started it while we waited
+    }
+    let exe = std::env::current_exe().map_err(|e| err(paths, e))?;
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(err(paths, std::io::Error::last_os_error()));
+    }
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let stderr = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(paths.log_dir.join("daemon.stderr"))
+        .map_err(|e| err(paths, e))?;
+    let wfd = write_end.as_raw_fd();
+    let mut cmd = Command::new(exe);
+    cmd.args(["broker", "run", "--detached"])
+        .env(READY_FD_ENV, "3")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::dup2(wfd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| err(paths, format!("cannot start the daemon: {e}")))?;
+    drop(write_end);
+    let pid = child.id();
+    // Read "ready <pid>" or EOF (the daemon died), with a deadline.
+    let mut file = File::from(read_end);
+    let line = read_with_deadline(&mut file, Duration::from_secs(15));
+    // The daemon is not our child to wait for: let init reap it.
+    std::mem::forget(child);
+    match line {
+        Some(l) if l.starts_with("ready") => Ok(Some(pid)),
+        _ => {
+            let tail = std::fs::read_to_string(paths.log_dir.join("daemon.stderr"))
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" | ");
+            if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+                return Ok(None);
+            }
+            Err(err(paths, format!("the daemon did not start: {tail}")))
+        }
+    }
+}
+
+fn read_with_deadline(f: &mut File, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if r < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return None;
+        }
+        if r == 0 {
+            return None;
+        }
+        match f.read(&mut buf) {
+            Ok(0) => return Some(String::from_utf8_lossy(&out).into_owned()),
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if out.contains(&b'\n') {
+                    return Some(String::from_utf8_lossy(&out).into_owned());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Wait until no daemon holds the lock.
+pub async fn wait_stopped(paths: &Paths, timeout: Duration) -> Result<(), AbxError> {
+    let deadline = Instant::now() + timeout;
+    while is_locked(paths) {
+        if Instant::now() > deadline {
+            return Err(err(paths, "the old daemon did not stop"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
