@@ -179,6 +179,9 @@ where
             None => break ConnEnd::Eof,
             Some(Err(e)) => {
                 warn!(conn = conn_id, error = %e, "closing connection: framing lost");
+                if let Some(f) = frames.decoder().framing() {
+                    framing.store(framing_tag(f), Ordering::Relaxed);
+                }
                 let err = AbxError::detail(ErrorCode::ParseError, &e);
                 conn.handle
                     .send(message::encode_response(None, Err(&err.to_rpc())))

@@ -381,7 +381,7 @@ mod tests {
     fn too_large_line_is_skipped_and_connection_survives() {
         let mut c = FrameCodec::new(10);
         let mut input = vec![b'{'];
-        input.extend(std::iter::repeat(b'x').take(50));
+        input.extend(std::iter::repeat_n(b'x', 50));
         input.extend_from_slice(b"\n{\"ok\":1}\n");
         let mut buf = BytesMut::new();
         let mut out = vec![];

@@ -1,1 +1,362 @@
+//! Test support: a temp `ABX_HOME`, the real `abx` binary, and plain std Unix-socket
+//! clients speaking either framing. Everything here talks to real processes.
 
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// How long any single read may wait before the test fails instead of hanging.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The directory of the workspace's built binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    // target/debug/deps/<test> -> target/debug
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// Path of the `abx` binary; the test command builds it before the tests run.
+pub fn abx_bin() -> PathBuf {
+    let p = bin_dir().join("abx");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build --workspace --bins)",
+        p.display()
+    );
+    p
+}
+
+/// A private `ABX_HOME` with its own daemon; the daemon is stopped on drop.
+pub struct Home {
+    _dir: tempfile::TempDir,
+    /// The `ABX_HOME` path.
+    pub path: PathBuf,
+    /// Extra environment for every `abx` this home runs.
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Home {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Home {
+    /// A fresh, empty home.
+    pub fn new() -> Home {
+        let dir = tempfile::Builder::new()
+            .prefix("abx-t")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().to_path_buf();
+        Home {
+            _dir: dir,
+            path,
+            env: vec![],
+        }
+    }
+
+    /// The daemon socket.
+    pub fn socket(&self) -> PathBuf {
+        self.path.join("run/broker.sock")
+    }
+
+    /// The runtime dir.
+    pub fn run_dir(&self) -> PathBuf {
+        self.path.join("run")
+    }
+
+    /// The log file.
+    pub fn log_file(&self) -> PathBuf {
+        self.path.join("data/logs/broker.log")
+    }
+
+    /// An `abx` command bound to this home.
+    pub fn abx(&self) -> Command {
+        let mut c = Command::new(abx_bin());
+        c.env("ABX_HOME", &self.path)
+            .env_remove("ABX_PROVIDER")
+            .env_remove("ABX_BROKER_VERSION")
+            .env("ABX_LOG", "debug")
+            .stdin(Stdio::null());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Run `abx ARGS` to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.abx().args(args).output().expect("run abx")
+    }
+
+    /// Run `abx ARGS` with `input` on stdin.
+    pub fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = self
+            .abx()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn abx");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_vec();
+        let w = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let out = child.wait_with_output().expect("wait abx");
+        w.join().expect("writer");
+        out
+    }
+
+    /// `abx broker start`; returns the daemon pid.
+    pub fn start(&self) -> u32 {
+        let out = self.run(&["-j", "broker", "start"]);
+        assert!(
+            out.status.success(),
+            "broker start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("start json");
+        v["pid"].as_u64().expect("pid") as u32
+    }
+
+    /// A line-framed client on the daemon socket (the daemon must be running).
+    pub fn connect(&self) -> Client {
+        Client::connect(&self.socket(), Framing::Line)
+    }
+
+    /// A client with the given framing.
+    pub fn connect_with(&self, f: Framing) -> Client {
+        Client::connect(&self.socket(), f)
+    }
+
+    /// The daemon pid in the lock file.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.path.join("run/broker.lock"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        if self.socket().exists() {
+            let _ = self.abx().args(["broker", "stop"]).output();
+        }
+    }
+}
+
+/// Framing for [`Client`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// Newline-delimited JSON.
+    Line,
+    /// Content-Length headers.
+    Header,
+}
+
+/// A blocking JSON-RPC client over a std `UnixStream`.
+pub struct Client {
+    /// Write side.
+    pub stream: UnixStream,
+    reader: BufReader<UnixStream>,
+    framing: Framing,
+    next_id: i64,
+}
+
+impl Client {
+    /// Connect with a framing.
+    pub fn connect(socket: &Path, framing: Framing) -> Client {
+        let stream = UnixStream::connect(socket)
+            .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+        stream
+            .set_read_timeout(Some(READ_TIMEOUT))
+            .expect("timeout");
+        let reader = BufReader::new(stream.try_clone().expect("clone"));
+        Client {
+            stream,
+            reader,
+            framing,
+            next_id: 1,
+        }
+    }
+
+    /// Write raw bytes.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write");
+    }
+
+    /// Frame and write one body.
+    pub fn send(&mut self, body: &str) {
+        let framed = frame(self.framing, body.as_bytes());
+        self.send_raw(&framed);
+    }
+
+    /// Read one framed message (panics on timeout); `None` on EOF.
+    pub fn recv_opt(&mut self) -> Option<Value> {
+        read_frame(&mut self.reader, self.framing).map(|b| {
+            serde_json::from_slice(&b).unwrap_or_else(|e| {
+                panic!(
+                    "bad JSON from broker ({e}): {}",
+                    String::from_utf8_lossy(&b)
+                )
+            })
+        })
+    }
+
+    /// Read one framed message.
+    pub fn recv(&mut self) -> Value {
+        self.recv_opt().expect("unexpected EOF from broker")
+    }
+
+    /// Send a request and read messages until its response (notifications are skipped).
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = if params.is_null() {
+            json!({"jsonrpc": "2.0", "id": id, "method": method})
+        } else {
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        };
+        self.send(&msg.to_string());
+        loop {
+            let v = self.recv();
+            if v.get("id") == Some(&json!(id)) {
+                return v;
+            }
+        }
+    }
+
+    /// A request expected to succeed: returns its result.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        let v = self.request(method, params);
+        assert!(v.get("error").is_none(), "{method} failed: {v}");
+        v["result"].clone()
+    }
+
+    /// A request expected to fail: returns its error object.
+    pub fn call_err(&mut self, method: &str, params: Value) -> Value {
+        let v = self.request(method, params);
+        assert!(
+            v.get("result").is_none(),
+            "{method} unexpectedly succeeded: {v}"
+        );
+        v["error"].clone()
+    }
+}
+
+/// Frame a body.
+pub fn frame(f: Framing, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 32);
+    match f {
+        Framing::Line => {
+            out.extend_from_slice(body);
+            out.push(b'\n');
+        }
+        Framing::Header => {
+            out.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+            out.extend_from_slice(body);
+        }
+    }
+    out
+}
+
+/// Read one frame from a buffered reader; `None` on EOF.
+pub fn read_frame<R: BufRead>(r: &mut R, f: Framing) -> Option<Vec<u8>> {
+    match f {
+        Framing::Line => {
+            let mut line = Vec::new();
+            let n = r.read_until(b'\n', &mut line).expect("read (timed out?)");
+            if n == 0 {
+                return None;
+            }
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            Some(line)
+        }
+        Framing::Header => {
+            let mut len = None;
+            loop {
+                let mut h = String::new();
+                let n = r.read_line(&mut h).expect("read header (timed out?)");
+                if n == 0 {
+                    return None;
+                }
+                let h = h.trim_end();
+                if h.is_empty() {
+                    if len.is_some() {
+                        break;
+                    }
+                    continue;
+                }
+                let (k, v) = h.split_once(':').expect("header line");
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = Some(v.trim().parse::<usize>().expect("length"));
+                }
+            }
+            let mut body = vec![0; len.expect("Content-Length")];
+            r.read_exact(&mut body).expect("body");
+            Some(body)
+        }
+    }
+}
+
+/// Parse every framed message in `bytes`.
+pub fn parse_all(bytes: &[u8], f: Framing) -> Vec<Value> {
+    let mut r = BufReader::new(bytes);
+    let mut out = vec![];
+    while let Some(b) = read_frame(&mut r, f) {
+        if b.iter().all(|c| c.is_ascii_whitespace()) {
+            continue;
+        }
+        out.push(
+            serde_json::from_slice(&b)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&b))),
+        );
+    }
+    out
+}
+
+/// The `error.data.abx` code of an error object.
+pub fn abx_code(err: &Value) -> &str {
+    err["data"]["abx"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no data.abx in {err}"))
+}
+
+/// Wait until `f` is true, polling (a liveness bound, not a speed assertion).
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// True while a process exists.
+pub fn alive(pid: u32) -> bool {
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Resident set size of a process in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}

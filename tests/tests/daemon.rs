@@ -1,0 +1,249 @@
+//! The daemon's life: paths and permissions, locks, stale sockets, concurrent starts,
+//! version replacement, peer uid checks, and the `abx rpc` / `abx broker` verbs.
+
+use abx_tests::{alive, parse_all, wait_until, Framing, Home};
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+fn mode(p: &std::path::Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn private_directory_and_socket() {
+    let home = Home::new();
+    home.start();
+    assert_eq!(mode(&home.run_dir()), 0o700);
+    assert_eq!(mode(&home.socket()), 0o600);
+    assert_eq!(mode(&home.path.join("data")), 0o700);
+    assert_eq!(mode(&home.path.join("config")), 0o700);
+    assert!(
+        home.log_file().exists(),
+        "the daemon logs to a file under the data dir"
+    );
+}
+
+#[test]
+fn start_stop_status_verbs() {
+    let home = Home::new();
+    let out = home.run(&["broker", "status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("[E1007] "));
+    let out = home.run(&["broker", "start"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("abx broker started (pid "));
+    let out = home.run(&["broker", "start"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("abx broker is already running"));
+    let out = home.run(&["broker", "status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Status       running"), "{text}");
+    assert!(text.contains(&format!("Version      {}", env!("CARGO_PKG_VERSION"))));
+    let out = home.run(&["-j", "broker", "status"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pid = v["pid"].as_u64().unwrap() as u32;
+    assert_eq!(Some(pid), home.daemon_pid());
+    let out = home.run(&["broker", "stop"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("abx broker stopped"));
+    wait_until("daemon exit", Duration::from_secs(10), || !alive(pid));
+    assert!(!home.socket().exists(), "the socket is removed on exit");
+    let out = home.run(&["broker", "stop"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not running"));
+}
+
+#[test]
+fn stale_socket_is_probed_and_replaced() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.run_dir()).unwrap();
+    // A socket file nobody listens on (its listener is gone).
+    let l = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();
+    drop(l);
+    assert!(home.socket().exists());
+    assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err());
+    let pid = home.start();
+    let mut c = home.connect();
+    assert_eq!(c.call("broker/status", Value::Null)["pid"], pid);
+}
+
+#[test]
+fn a_second_daemon_never_steals_a_live_socket() {
+    let home = Home::new();
+    let pid = home.start();
+    let out = home.run(&["broker", "run"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[E1012]") && err.contains(&pid.to_string()),
+        "{err}"
+    );
+    let mut c = home.connect();
+    assert_eq!(c.call("broker/status", Value::Null)["pid"], pid);
+    // Even with the lock file removed by hand, a socket that answers is never taken.
+    std::fs::remove_file(home.run_dir().join("broker.lock")).unwrap();
+    let out = home.run(&["broker", "run"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.call("broker/status", Value::Null)["pid"], pid);
+}
+
+#[test]
+fn clients_starting_at_once_get_one_daemon() {
+    let home = Home::new();
+    let input = concat!(r#"{"jsonrpc":"2.0","id":1,"method":"broker/status"}"#, "\n");
+    let children: Vec<_> = (0..6)
+        .map(|_| {
+            let mut c = home
+                .abx()
+                .arg("rpc")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+            c
+        })
+        .collect();
+    let mut pids = std::collections::HashSet::new();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = parse_all(&out.stdout, Framing::Line);
+        assert_eq!(v.len(), 1);
+        pids.insert(v[0]["result"]["pid"].as_u64().unwrap());
+    }
+    assert_eq!(pids.len(), 1, "one daemon for all: {pids:?}");
+    assert_eq!(pids.into_iter().next().map(|p| p as u32), home.daemon_pid());
+}
+
+#[test]
+fn an_idle_daemon_of_another_version_is_replaced_a_busy_one_is_not() {
+    let mut home = Home::new();
+    home.env
+        .push(("ABX_BROKER_VERSION".into(), "0.0.0-old".into()));
+    let old = home.start();
+    home.env.clear();
+    let mut c = home.connect();
+    assert_eq!(c.call("broker/status", Value::Null)["version"], "0.0.0-old");
+    // Busy: another connection is open, so the old daemon stays and we are warned.
+    let out = home.run(&["-j", "broker", "status"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["version"], "0.0.0-old", "status never starts or replaces");
+    let out = home.run_with_input(
+        &["rpc"],
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"broker/status\"}\n",
+    );
+    let v = parse_all(&out.stdout, Framing::Line);
+    assert_eq!(v[0]["result"]["pid"], old);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[E1008]"));
+    // Idle: replaced by this version.
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let out = home.run_with_input(
+        &["rpc"],
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"broker/status\"}\n",
+    );
+    let v = parse_all(&out.stdout, Framing::Line);
+    assert_eq!(
+        v[0]["result"]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{v:?}"
+    );
+    assert_ne!(v[0]["result"]["pid"], old);
+    wait_until("old daemon exit", Duration::from_secs(10), || !alive(old));
+}
+
+#[test]
+fn another_uid_is_refused() {
+    let home = Home::new();
+    home.start();
+    // Open the doors the permissions normally close, so only the peer check remains.
+    for d in [home.path.as_path(), &home.run_dir()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(home.socket(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A copy of the probe where the other user can reach it.
+    let ping = home.path.join("sockping");
+    std::fs::copy(abx_tests::bin_dir().join("sockping"), &ping).unwrap();
+    std::fs::set_permissions(&ping, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let same = std::process::Command::new(&ping)
+        .arg(home.socket())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&same.stdout).contains("\"result\":{}"),
+        "same uid is served"
+    );
+    let other = std::process::Command::new(&ping)
+        .arg(home.socket())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&other.stdout);
+    assert_eq!(
+        text.trim(),
+        "EOF",
+        "another uid must be cut off unserved: {text} {}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    let log = std::fs::read_to_string(home.log_file()).unwrap();
+    assert!(
+        log.contains("refusing a connection from another user"),
+        "{log}"
+    );
+}
+
+#[test]
+fn rpc_bridge_in_both_framings_waits_for_every_reply() {
+    let home = Home::new();
+    // Line framing: one request, one reply line (the README's example).
+    let out = home.run_with_input(
+        &["rpc"],
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"broker/ping\"}\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"
+    );
+    // Content-Length framing in, Content-Length out; many requests, stdin closed at once.
+    let mut input = Vec::new();
+    for i in 0..50 {
+        let body = json!({"jsonrpc": "2.0", "id": i, "method": "broker/ping"}).to_string();
+        input.extend(abx_tests::frame(Framing::Header, body.as_bytes()));
+    }
+    // A pretty-printed (multi-line) message passes through too.
+    let pretty = "{\n  \"jsonrpc\": \"2.0\",\n  \"id\": \"p\",\n  \"method\": \"broker/status\"\n}";
+    input.extend(abx_tests::frame(Framing::Header, pretty.as_bytes()));
+    let out = home.run_with_input(&["rpc"], &input);
+    assert!(out.stdout.starts_with(b"Content-Length: "));
+    let msgs = parse_all(&out.stdout, Framing::Header);
+    assert_eq!(msgs.len(), 51);
+    assert!(msgs
+        .iter()
+        .any(|m| m["id"] == "p" && m["result"]["pid"].is_u64()));
+    // Errors pass through with their codes; a notification gets nothing back.
+    let out = home.run_with_input(
+        &["rpc"],
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"initialized\"}\nnonsense\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"x/y\"}",
+    );
+    let msgs = parse_all(&out.stdout, Framing::Line);
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert_eq!(msgs[0]["error"]["code"], -32700);
+    assert_eq!(msgs[1]["error"]["code"], -32601);
+}
