@@ -13,6 +13,7 @@
 pub mod conn;
 pub mod daemon;
 pub mod dispatch;
+pub mod local;
 pub mod logging;
 pub mod paths;
 pub mod state;

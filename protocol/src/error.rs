@@ -158,6 +158,11 @@ error_codes! {
         "Stdin of exec '{exec}' is closed.",
         "Start it again to send more input.";
 
+    /// No such process in the sandbox.
+    ProcessNotFound = 3006, rpc 3006, exit 4,
+        "Process {pid} not found in sandbox '{sandbox}'.",
+        "Run 'abx sandbox process list {sandbox}' to see its processes.";
+
     // E4xxx: files
     /// No such file.
     FileNotFound = 4001, rpc 4001, exit 4,
