@@ -7,6 +7,8 @@
 //!   ([`OUTBOUND_BUDGET`]). A client that stops reading fills only its own queue: its own
 //!   handlers wait, nobody else's.
 //! - The writer drains the queue, coalescing whatever is ready into one write.
+//! - Requests that must apply in order (`exec/write`, `exec/resize`, `exec/kill` of one
+//!   exec) run in arrival order on a lane of their own; the rest run concurrently.
 //! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once.
 //! - Lifecycle: `shutdown` makes later requests fail with E1010; `exit` closes.
 
@@ -102,6 +104,55 @@ pub struct Conn {
     in_flight: Arc<Semaphore>,
     /// Who connected, from `initialize`.
     pub client: Mutex<Option<PeerInfo>>,
+    /// Ordered lanes: requests with the same key run one after another, in arrival order.
+    lanes: Mutex<HashMap<String, mpsc::UnboundedSender<Laned>>>,
+}
+
+type Laned = (Request, CancellationToken, OwnedSemaphorePermit);
+
+/// Requests that must apply in the order they were sent (stdin bytes, then its eof) get a
+/// lane key; everything else runs concurrently.
+fn lane_key(req: &Request) -> Option<String> {
+    if !matches!(
+        req.method.as_str(),
+        "exec/write" | "exec/resize" | "exec/kill"
+    ) {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct K {
+        #[serde(rename = "execId")]
+        exec_id: String,
+    }
+    let k: K = serde_json::from_str(req.params.as_deref()?.get()).ok()?;
+    Some(k.exec_id)
+}
+
+async fn lane_worker(
+    broker: Arc<Broker>,
+    conn: Arc<Conn>,
+    key: String,
+    mut rx: mpsc::UnboundedReceiver<Laned>,
+) {
+    loop {
+        let item = {
+            let mut lanes = conn.lanes.lock().expect("lanes lock");
+            match rx.try_recv() {
+                Ok(item) => item,
+                Err(_) => {
+                    // Empty: retire under the lock, so no request is queued to a dead lane.
+                    lanes.remove(&key);
+                    return;
+                }
+            }
+        };
+        let (req, token, permit) = item;
+        let replied = CancellationToken::new();
+        let body = run_request(&broker, &conn, req, token, replied.clone()).await;
+        conn.handle.send(body).await;
+        replied.cancel();
+        drop(permit);
+    }
 }
 
 impl Conn {
@@ -163,6 +214,7 @@ where
         shutting_down: AtomicBool::new(false),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         client: Mutex::new(None),
+        lanes: Mutex::new(HashMap::new()),
     });
     debug!(conn = conn_id, "connection opened");
 
@@ -323,10 +375,28 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
                 return false;
             }
             let token = register(conn, &req.id);
+            if let Some(key) = lane_key(&req) {
+                let mut lanes = conn.lanes.lock().expect("lanes lock");
+                let item = (req, token, permit);
+                let item = match lanes.get(&key) {
+                    Some(tx) => match tx.send(item) {
+                        Ok(()) => return false,
+                        Err(mpsc::error::SendError(item)) => item,
+                    },
+                    None => item,
+                };
+                let (tx, rx) = mpsc::unbounded_channel();
+                let _ = tx.send(item);
+                lanes.insert(key.clone(), tx);
+                tokio::spawn(lane_worker(broker.clone(), conn.clone(), key, rx));
+                return false;
+            }
             let (broker, conn) = (broker.clone(), conn.clone());
             tokio::spawn(async move {
-                let body = run_request(&broker, &conn, req, token).await;
+                let replied = CancellationToken::new();
+                let body = run_request(&broker, &conn, req, token, replied.clone()).await;
                 conn.handle.send(body).await;
+                replied.cancel();
                 drop(permit);
             });
             false
@@ -349,6 +419,7 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
             let permit = acquire(conn).await;
             let mut exit = false;
             let mut futs = Vec::new();
+            let replied = CancellationToken::new();
             let mut bodies: Vec<Option<Vec<u8>>> = Vec::with_capacity(items.len());
             for item in items {
                 match item {
@@ -356,10 +427,11 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
                         let token = register(conn, &req.id);
                         let idx = bodies.len();
                         bodies.push(None);
-                        let (broker, conn) = (broker.clone(), conn.clone());
-                        futs.push(
-                            async move { (idx, run_request(&broker, &conn, req, token).await) },
-                        );
+                        let (broker, conn, replied) =
+                            (broker.clone(), conn.clone(), replied.clone());
+                        futs.push(async move {
+                            (idx, run_request(&broker, &conn, req, token, replied).await)
+                        });
                     }
                     Ok(Message::Notification(n)) => exit |= notification(conn, n),
                     Ok(Message::Response(_)) => {}
@@ -378,6 +450,7 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
                 if !bodies.is_empty() {
                     conn2.handle.send(message::encode_batch(&bodies)).await;
                 }
+                replied.cancel();
                 drop(permit);
             });
             exit
@@ -427,6 +500,7 @@ async fn run_request(
     conn: &Arc<Conn>,
     req: Request,
     token: CancellationToken,
+    replied: CancellationToken,
 ) -> Vec<u8> {
     let _counted = broker.request_started();
     let outcome = if conn.shutting_down.load(Ordering::Relaxed) {
@@ -439,6 +513,7 @@ async fn run_request(
             broker: broker.clone(),
             conn: conn.clone(),
             cancel: token.clone(),
+            replied,
         };
         tokio::select! {
             r = dispatch::call(&cx, &req.method, req.params.as_deref()) => r,

@@ -96,6 +96,7 @@ fn startup_error(detail: impl std::fmt::Display, paths: &Paths) -> AbxError {
 
 /// Run the daemon in the foreground until `broker/shutdown` or SIGTERM/SIGINT.
 pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
+    crate::state::tune_allocator();
     paths.ensure().map_err(|e| startup_error(e, &paths))?;
     let _log = logging::init(&paths, log_to_stderr);
     let mut lock = match FileLock::try_acquire(&paths.daemon_lock) {
@@ -189,13 +190,25 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
                 continue;
             }
         };
-        match stream.peer_creds().map(|c| c.euid()) {
+        let creds = stream.peer_creds();
+        match creds.as_ref().map(|c| c.euid()) {
             Ok(Some(uid)) if uid == my_uid => {}
             other => {
                 warn!(peer = ?other, "refusing a connection from another user");
                 drop(stream);
                 continue;
             }
+        }
+        // A sandbox's process runs as this user too; it must not drive the broker (it could
+        // read the user's files through files/upload, or kill other sandboxes).
+        if let Some(sb) = creds
+            .ok()
+            .and_then(|c| c.pid())
+            .and_then(crate::local::procs::sandbox_of)
+        {
+            warn!(sandbox = %sb, "refusing a connection from inside a sandbox");
+            drop(stream);
+            continue;
         }
         let stream = Arc::new(stream);
         let (r, w) = (SocketHalf(stream.clone()), SocketHalf(stream));

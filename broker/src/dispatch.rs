@@ -1,15 +1,17 @@
 //! The method table: every request method the broker serves, and its handler.
 
 use crate::conn::Conn;
+use crate::provider::{CallCx, Provider};
 use crate::state::Broker;
 use abx_protocol::api::{
     methods, BrokerShutdownParams, InitializeParams, InitializeResult, PeerInfo,
 };
+use abx_protocol::features;
 use abx_protocol::{AbxError, ErrorCode, PROTOCOL_VERSION};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::json;
 use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +23,9 @@ pub struct Cx {
     pub conn: Arc<Conn>,
     /// Cancelled by `$/cancelRequest` or when the connection goes away.
     pub cancel: CancellationToken,
+    /// Fired once this request's reply is queued (streams wait for it, so a client always
+    /// sees `exec/start`'s reply before the stream's first notification).
+    pub replied: CancellationToken,
 }
 
 /// A handler's result: raw JSON, so no `Value` tree is ever built for big results.
@@ -54,6 +59,9 @@ pub async fn call(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
         methods::PING => ping(),
         methods::STATUS => status(&cx.broker),
         methods::BROKER_SHUTDOWN => broker_shutdown(cx, params(method, p)?),
+        "provider/list" => provider_list(cx),
+        "provider/info" => provider_info(cx, params(method, p)?),
+        m if features::PROVIDER_METHODS.contains(&m) => route(cx, m, p).await,
         _ => Err(AbxError::new(
             ErrorCode::MethodNotFound,
             &[("method", method)],
@@ -78,8 +86,8 @@ pub fn status(b: &Broker) -> Reply {
         "socket": b.paths.socket,
         "dataDir": b.paths.data_dir,
         "logFile": b.paths.log_file(),
-        "providers": [],
-        "sandboxes": 0,
+        "providers": b.registry.all().iter().map(|p| json!({"id": p.summary().id, "kind": p.summary().kind, "running": true})).collect::<Vec<_>>(),
+        "sandboxes": b.registry.all().iter().map(|p| p.sandbox_count()).sum::<usize>(),
     }))
 }
 
@@ -121,4 +129,190 @@ fn broker_shutdown(cx: &Cx, p: BrokerShutdownParams) -> Reply {
         b.shutdown.cancel();
     });
     reply(&json!({}))
+}
+
+fn provider_list(cx: &Cx) -> Reply {
+    let default = cx.broker.registry.default_id();
+    let list: Vec<Value> = cx
+        .broker
+        .registry
+        .all()
+        .iter()
+        .map(|p| {
+            let s = p.summary();
+            json!({
+                "id": s.id, "name": s.name, "version": s.version, "kind": s.kind,
+                "trust": s.trust, "features": s.features, "default": s.id == default,
+            })
+        })
+        .collect();
+    reply(&json!({ "providers": list }))
+}
+
+#[derive(serde::Deserialize)]
+struct IdParam {
+    id: String,
+}
+
+fn provider_info(cx: &Cx, p: IdParam) -> Reply {
+    let prov = cx.broker.registry.get(&p.id)?;
+    let s = prov.summary();
+    let mut v = json!({
+        "id": s.id, "name": s.name, "version": s.version, "kind": s.kind, "trust": s.trust,
+        "features": s.features, "default": s.id == cx.broker.registry.default_id(),
+        "description": s.description,
+    });
+    if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), prov.info()) {
+        obj.extend(extra);
+    }
+    reply(&v)
+}
+
+/// Resolve a `sandbox` argument: `provider:id`, or a bare id (a provider that knows it, then
+/// the index). Returns the provider and its own id.
+fn resolve_sandbox(b: &Broker, s: &str) -> Result<(Arc<dyn Provider>, String), AbxError> {
+    if let Some((prov, id)) = s.split_once(':') {
+        if let Ok(p) = b.registry.get(prov) {
+            return Ok((p, id.to_owned()));
+        }
+    }
+    if let Some(p) = b.registry.owner_of(s) {
+        return Ok((p, s.to_owned()));
+    }
+    if let Some(pid) = b.index.get(s) {
+        if let Ok(p) = b.registry.get(&pid) {
+            return Ok((p, s.to_owned()));
+        }
+    }
+    Err(AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", s)]))
+}
+
+/// Route a provider method: resolve, gate, rewrite, call, record.
+async fn route(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
+    let b = &cx.broker;
+    let mut params: Value = match p {
+        Some(raw) => {
+            serde_json::from_str(raw.get()).map_err(|e| AbxError::invalid_params(method, e))?
+        }
+        None => json!({}),
+    };
+    let Some(obj) = params.as_object_mut() else {
+        return Err(AbxError::invalid_params(method, "params must be an object"));
+    };
+    let explicit = match obj.remove("provider") {
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Null) | None => None,
+        Some(_) => {
+            return Err(AbxError::invalid_params(
+                method,
+                "provider must be a string",
+            ))
+        }
+    };
+    let (provider, local_id) = if let Some(sb) = obj.get("sandbox") {
+        let s = sb
+            .as_str()
+            .ok_or_else(|| AbxError::invalid_params(method, "sandbox must be a string"))?;
+        let (prov, id) = match resolve_sandbox(b, s) {
+            Ok(r) => r,
+            // Killing is idempotent: a sandbox that is gone is killed already.
+            Err(e) if method == "sandbox/kill" && e.code == ErrorCode::SandboxNotFound => {
+                return reply(&json!({"killed": false}));
+            }
+            Err(e) => return Err(e),
+        };
+        (prov, Some(id))
+    } else if let Some(h) = obj.get("execId").or_else(|| obj.get("watchId")) {
+        let h = h
+            .as_str()
+            .ok_or_else(|| AbxError::invalid_params(method, "execId/watchId must be a string"))?;
+        match b.handles.get(h) {
+            Some(pid) => (b.registry.get(&pid)?, None),
+            None if obj.contains_key("execId") => {
+                return Err(AbxError::new(ErrorCode::ExecNotFound, &[("exec", h)]))
+            }
+            None => return Err(AbxError::invalid_params(method, format!("no watch '{h}'"))),
+        }
+    } else if method == "sandbox/list" && explicit.is_none() {
+        return list_all(cx).await;
+    } else {
+        let id = explicit.clone().unwrap_or_else(|| b.registry.default_id());
+        (b.registry.get(&id)?, None)
+    };
+    let summary = provider.summary().clone();
+    let has_pty = method == "exec/start" && obj.get("pty").is_some_and(|v| !v.is_null());
+    for f in [
+        features::for_method(method, has_pty),
+        has_pty.then_some("exec.stream"),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !summary.features.iter().any(|x| x == f) {
+            return Err(crate::provider::unsupported(&summary.id, f));
+        }
+    }
+    if let Some(id) = &local_id {
+        obj.insert("sandbox".into(), Value::String(id.clone()));
+    }
+    let ccx = CallCx {
+        conn: cx.conn.handle.clone(),
+        cancel: cx.cancel.clone(),
+        replied: cx.replied.clone(),
+    };
+    let res = provider.call(&ccx, method, params).await;
+    match (&res, method) {
+        (Ok(raw), "sandbox/create") => {
+            if let Some(id) = serde_json::from_str::<Value>(raw.get())
+                .ok()
+                .and_then(|v| v["id"].as_str().map(str::to_owned))
+            {
+                b.index.insert(&id, &summary.id);
+            }
+        }
+        (Ok(_), "sandbox/kill") => {
+            if let Some(id) = &local_id {
+                b.index.remove(id);
+            }
+        }
+        (Ok(raw), "exec/start" | "files/watch") => {
+            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
+                if let Some(h) = v["execId"].as_str().or(v["watchId"].as_str()) {
+                    b.handles.insert(h, &summary.id);
+                }
+            }
+        }
+        (Err(e), _) if e.code == ErrorCode::SandboxNotFound => {
+            if let Some(id) = &local_id {
+                b.index.remove(id);
+            }
+        }
+        _ => {}
+    }
+    res
+}
+
+async fn list_all(cx: &Cx) -> Reply {
+    let mut all = Vec::new();
+    let ccx = CallCx {
+        conn: cx.conn.handle.clone(),
+        cancel: cx.cancel.clone(),
+        replied: cx.replied.clone(),
+    };
+    for p in cx.broker.registry.all() {
+        if !p
+            .summary()
+            .features
+            .iter()
+            .any(|f| f == "sandbox.lifecycle")
+        {
+            continue;
+        }
+        let raw = p.call(&ccx, "sandbox/list", json!({})).await?;
+        let v: Value = serde_json::from_str(raw.get()).map_err(AbxError::internal)?;
+        if let Some(list) = v["sandboxes"].as_array() {
+            all.extend(list.iter().cloned());
+        }
+    }
+    reply(&json!({ "sandboxes": all }))
 }

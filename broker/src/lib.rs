@@ -13,11 +13,14 @@
 pub mod conn;
 pub mod daemon;
 pub mod dispatch;
+pub mod index;
 pub mod local;
 pub mod logging;
 pub mod paths;
+pub mod provider;
 pub mod state;
 pub mod stdio;
+pub mod util;
 
 pub use paths::Paths;
 pub use state::Broker;

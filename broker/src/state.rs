@@ -16,6 +16,12 @@ pub struct Broker {
     pub shutdown: CancellationToken,
     /// Message size limit per message.
     pub max_message: usize,
+    /// The providers.
+    pub registry: crate::provider::Registry,
+    /// Which provider owns which sandbox.
+    pub index: crate::index::Index,
+    /// Exec and watch ids -> provider.
+    pub handles: crate::provider::Handles,
     started: Instant,
     started_wall: SystemTime,
     next_conn: AtomicU64,
@@ -25,7 +31,24 @@ pub struct Broker {
 
 impl Broker {
     /// A broker with the given paths; version from `ABX_BROKER_VERSION` or the build.
+    /// Starts the builtin providers, so it must be called inside a tokio runtime.
     pub fn new(paths: Paths) -> Broker {
+        // Sandboxes must not see the broker's own state (other sandboxes, config, secrets).
+        crate::local::isolate::hide_paths([
+            paths.runtime_dir.clone(),
+            paths.data_dir.clone(),
+            paths.config_dir.clone(),
+        ]);
+        let local: Arc<dyn crate::provider::Provider> = Arc::new(
+            crate::local::provider::LocalProvider::start(&paths.data_dir),
+        );
+        let registry = crate::provider::Registry::new(vec![local]);
+        if let Ok(p) = std::env::var("ABX_PROVIDER") {
+            if !p.is_empty() && registry.set_default(&p).is_err() {
+                tracing::warn!(provider = %p, "ABX_PROVIDER names a provider that is not installed");
+            }
+        }
+        let index = crate::index::Index::load(paths.data_dir.join("sandboxes.json"));
         let version = std::env::var("ABX_BROKER_VERSION")
             .ok()
             .filter(|v| !v.is_empty())
@@ -39,6 +62,9 @@ impl Broker {
             paths,
             shutdown: CancellationToken::new(),
             max_message,
+            registry,
+            index,
+            handles: Default::default(),
             started: Instant::now(),
             started_wall: SystemTime::now(),
             next_conn: AtomicU64::new(1),
@@ -89,5 +115,16 @@ pub(crate) struct Counted(Arc<Broker>, fn(&Broker) -> &AtomicUsize);
 impl Drop for Counted {
     fn drop(&mut self) {
         (self.1)(&self.0).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Keep the daemon's memory honest: big buffers (file chunks, exec output) are mmapped and
+/// returned to the system when freed, and few malloc arenas are kept. Without this glibc
+/// raises its mmap threshold after the first large free and keeps every later chunk.
+pub fn tune_allocator() {
+    // SAFETY: plain glibc tunables, set before the runtime starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }

@@ -5,6 +5,7 @@ mod client;
 mod output;
 mod rpc;
 mod spawn;
+mod stream;
 
 use abx_broker::Paths;
 use abx_protocol::api::methods;
@@ -41,6 +42,39 @@ enum Command {
     Broker(BrokerArgs),
     /// Bridge stdin/stdout to the daemon (either framing).
     Rpc,
+    /// Run a command in a throwaway sandbox: create, stream, kill.
+    Run {
+        /// Template of the sandbox.
+        #[arg(long)]
+        template: Option<String>,
+        /// Seconds before the command is killed.
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// The command (one shell string, or words).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+    },
+    /// Run a command in a sandbox; abx exits with its exit code.
+    Exec {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Seconds before the command is killed.
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// The command (one shell string, or words).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -120,6 +154,25 @@ fn run(cli: Cli, paths: Paths) -> Result<u8, Failure> {
             runtime().block_on(rpc::run(&paths))?;
             Ok(0)
         }
+        Command::Run {
+            template,
+            timeout,
+            command,
+        } => runtime().block_on(run_throwaway(
+            &paths,
+            cli.provider.as_deref(),
+            template.as_deref(),
+            timeout,
+            &command,
+        )),
+        Command::Exec {
+            sandbox,
+            timeout,
+            command,
+        } => runtime().block_on(async {
+            let mut c = Client::connect(&paths).await?;
+            stream::exec(&mut c, &sandbox, &stream::shell_join(&command), timeout).await
+        }),
     }
 }
 
@@ -195,4 +248,40 @@ async fn broker_stop(paths: &Paths, json_mode: bool) -> Result<u8, Failure> {
         println!("abx broker stopped (pid {pid}).");
     }
     Ok(0)
+}
+
+async fn run_throwaway(
+    paths: &Paths,
+    provider: Option<&str>,
+    template: Option<&str>,
+    timeout: Option<f64>,
+    command: &[String],
+) -> Result<u8, Failure> {
+    let mut c = Client::connect(paths).await?;
+    let mut params = json!({});
+    if let Some(p) = provider {
+        params["provider"] = json!(p);
+    }
+    if let Some(t) = template {
+        params["template"] = json!(t);
+    }
+    let sb = c.call("sandbox/create", Some(&params)).await?;
+    let id = sb["id"].as_str().unwrap_or_default().to_owned();
+    let prov = sb["provider"].as_str().unwrap_or_default().to_owned();
+    let full = if prov.is_empty() {
+        id.clone()
+    } else {
+        format!("{prov}:{id}")
+    };
+    let cmd = stream::shell_join(command);
+    let result = tokio::select! {
+        r = stream::exec(&mut c, &full, &cmd, timeout) => r,
+        _ = tokio::signal::ctrl_c() => Ok(130),
+    };
+    // Always clean up, on success, failure or Ctrl-C.
+    let mut k = Client::connect(paths).await?;
+    let _ = k
+        .call("sandbox/kill", Some(&json!({"sandbox": full})))
+        .await;
+    result
 }

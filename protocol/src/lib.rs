@@ -14,6 +14,7 @@
 pub mod api;
 pub mod codec;
 pub mod error;
+pub mod features;
 pub mod id;
 pub mod message;
 

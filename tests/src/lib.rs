@@ -172,6 +172,8 @@ pub struct Client {
     reader: BufReader<UnixStream>,
     framing: Framing,
     next_id: i64,
+    /// Messages read while waiting for a response (notifications), served first by `recv`.
+    pending: std::collections::VecDeque<Value>,
 }
 
 impl Client {
@@ -188,6 +190,7 @@ impl Client {
             reader,
             framing,
             next_id: 1,
+            pending: Default::default(),
         }
     }
 
@@ -204,6 +207,9 @@ impl Client {
 
     /// Read one framed message (panics on timeout); `None` on EOF.
     pub fn recv_opt(&mut self) -> Option<Value> {
+        if let Some(v) = self.pending.pop_front() {
+            return Some(v);
+        }
         read_frame(&mut self.reader, self.framing).map(|b| {
             serde_json::from_slice(&b).unwrap_or_else(|e| {
                 panic!(
@@ -212,6 +218,34 @@ impl Client {
                 )
             })
         })
+    }
+
+    /// Read one message, or `None` when nothing arrives within `wait`.
+    pub fn try_recv(&mut self, wait: Duration) -> Option<Value> {
+        if let Some(v) = self.pending.pop_front() {
+            return Some(v);
+        }
+        if self.reader.buffer().is_empty() {
+            self.stream.set_read_timeout(Some(wait)).expect("timeout");
+            let ready = self.reader.fill_buf().map(|b| !b.is_empty());
+            self.stream
+                .set_read_timeout(Some(READ_TIMEOUT))
+                .expect("timeout");
+            match ready {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return None
+                }
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        self.recv_opt()
     }
 
     /// Read one framed message.
@@ -230,10 +264,13 @@ impl Client {
         };
         self.send(&msg.to_string());
         loop {
-            let v = self.recv();
+            let v = read_frame(&mut self.reader, self.framing)
+                .map(|b| serde_json::from_slice::<Value>(&b).expect("JSON from broker"))
+                .expect("unexpected EOF from broker");
             if v.get("id") == Some(&json!(id)) {
                 return v;
             }
+            self.pending.push_back(v);
         }
     }
 
@@ -359,4 +396,86 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .expect("VmRSS")
+}
+
+/// Output of one streamed exec, gathered from its notifications.
+#[derive(Debug, Default)]
+pub struct Streamed {
+    /// stdout (or pty) bytes.
+    pub stdout: Vec<u8>,
+    /// stderr bytes.
+    pub stderr: Vec<u8>,
+    /// Every exec/output params in arrival order.
+    pub events: Vec<Value>,
+    /// The exec/exit params.
+    pub exit: Value,
+    /// How many exec/exit notifications arrived (must be exactly one).
+    pub exits: usize,
+}
+
+/// Decode exec/output data.
+pub fn output_bytes(p: &Value) -> Vec<u8> {
+    use base64::Engine;
+    let d = p["data"].as_str().unwrap_or_default();
+    if p["encoding"] == "base64" {
+        base64::engine::general_purpose::STANDARD
+            .decode(d)
+            .expect("base64")
+    } else {
+        d.as_bytes().to_vec()
+    }
+}
+
+impl Client {
+    /// Read notifications of `exec_id` until its exec/exit (other messages are skipped).
+    pub fn collect(&mut self, exec_id: &str) -> Streamed {
+        let mut s = Streamed::default();
+        loop {
+            let v = self.recv();
+            if v["params"]["execId"] != exec_id {
+                continue;
+            }
+            match v["method"].as_str() {
+                Some("exec/output") => {
+                    let b = output_bytes(&v["params"]);
+                    if v["params"]["stream"] == "stderr" {
+                        s.stderr.extend(b);
+                    } else {
+                        s.stdout.extend(b);
+                    }
+                    s.events.push(v["params"].clone());
+                }
+                Some("exec/exit") => {
+                    s.exits += 1;
+                    s.exit = v["params"].clone();
+                    return s;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Create a local sandbox and return its id.
+    pub fn create(&mut self, params: Value) -> String {
+        let r = self.call("sandbox/create", params);
+        r["id"].as_str().expect("sandbox id").to_owned()
+    }
+
+    /// `exec/run` a shell string and return the result.
+    pub fn sh(&mut self, sandbox: &str, command: &str) -> Value {
+        self.call("exec/run", json!({"sandbox": sandbox, "command": command}))
+    }
+}
+
+/// sha256 hex of bytes (via the system's sha256sum, to stay dependency-free).
+pub fn sha256_file(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }

@@ -5,9 +5,11 @@
 //! - [`isolate`]: how a sandbox's process is confined (namespaces, Landlock, caps).
 //! - [`procs`]: finding, signalling and listing a sandbox's processes.
 
+pub mod exec;
 pub mod files;
 pub mod isolate;
 pub mod procs;
+pub mod provider;
 pub mod watch;
 
 use abx_protocol::{AbxError, ErrorCode};

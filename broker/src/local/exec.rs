@@ -1,0 +1,781 @@
+//! Running commands in a local sandbox: `exec/run` (collect) and `exec/start` (stream).
+//!
+//! Every exec is its own session and process group, confined by [`super::isolate`], with a
+//! clean environment (nothing of the broker's own environment leaks in: it may hold the
+//! user's secrets). A timeout or a kill takes the whole tree down (the group and every
+//! descendant). Output is passed byte-exact: UTF-8 text as is, anything else base64 with an
+//! `encoding` field, never replaced.
+//!
+//! Streams: one pump task per exec reads stdout and stderr (or the pty) and sends
+//! `exec/output` in read order, then exactly one `exec/exit`. Notifications go to the
+//! exec's current sink; when that connection is gone the output is kept in a bounded
+//! buffer (oldest dropped) until `exec/attach` replays it to a new connection.
+
+use super::{isolate, procs, SandboxDirs};
+use crate::conn::ConnHandle;
+use abx_protocol::{AbxError, ErrorCode};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+
+/// Default cap of each captured stream of `exec/run`.
+pub const DEFAULT_MAX_OUTPUT: u64 = 16 * 1024 * 1024;
+/// Output kept for a detached stream.
+const DETACHED_BUFFER: usize = 1024 * 1024;
+/// How long to keep reading after the main process exits (background children may hold
+/// the pipes open forever).
+const DRAIN_GRACE: Duration = Duration::from_millis(250);
+const CHUNK: usize = 64 * 1024;
+
+/// The params shared by `exec/run` and `exec/start`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecParams {
+    /// The sandbox (already resolved by the broker).
+    pub sandbox: String,
+    /// A shell string, run with `sh -c`.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Or an argv, run directly.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    /// Working directory (sandbox path; default /workspace).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Seconds before the whole tree is killed.
+    #[serde(default)]
+    pub timeout: Option<f64>,
+    /// Input for stdin (then closed).
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Encoding of `stdin`: utf-8 (default) or base64.
+    #[serde(default)]
+    pub stdin_encoding: Option<String>,
+    /// Cap per captured stream (`exec/run`).
+    #[serde(default)]
+    pub max_output: Option<u64>,
+    /// Terminal size: run on a pty (`exec/start`).
+    #[serde(default)]
+    pub pty: Option<PtySize>,
+    /// Client metadata (ignored).
+    #[serde(default, rename = "_meta")]
+    pub meta: Option<Value>,
+}
+
+/// A pty size.
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub struct PtySize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// Decode `data` in `encoding` (utf-8 or base64).
+pub fn decode_data(data: &str, encoding: Option<&str>) -> Result<Vec<u8>, AbxError> {
+    match encoding.unwrap_or("utf-8") {
+        "utf-8" | "utf8" | "text" => Ok(data.as_bytes().to_vec()),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|e| AbxError::detail(ErrorCode::InvalidData, format!("invalid base64: {e}"))),
+        other => Err(AbxError::detail(
+            ErrorCode::InvalidData,
+            format!("unknown encoding '{other}'"),
+        )),
+    }
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn base_env(sandbox_env: &BTreeMap<String, String>, pty: bool) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("USER".into(), whoami()),
+        (
+            "TERM".into(),
+            if pty { "xterm-256color" } else { "dumb" }.into(),
+        ),
+    ];
+    for (k, v) in sandbox_env {
+        env.push((k.clone(), v.clone()));
+    }
+    env
+}
+
+fn whoami() -> String {
+    std::env::var("USER").unwrap_or_else(|_| {
+        if unsafe { libc::geteuid() } == 0 {
+            "root".into()
+        } else {
+            "user".into()
+        }
+    })
+}
+
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// Where an exec runs: the sandbox's directories, id and create-time environment.
+#[derive(Clone, Copy)]
+pub struct Site<'a> {
+    /// Its directories.
+    pub dirs: &'a SandboxDirs,
+    /// Its id.
+    pub id: &'a str,
+    /// The env given at create.
+    pub env: &'a BTreeMap<String, String>,
+}
+
+/// A spawned exec: the child, its pipes or pty, and its process group.
+pub struct Spawned {
+    /// The child.
+    pub child: Child,
+    /// Its pid (= its process group).
+    pub pid: i32,
+    /// Stdin (pipe or the pty master).
+    pub stdin: Option<Writer>,
+    /// Stdout (pipe or the pty master).
+    pub stdout: Option<Reader>,
+    /// Stderr (none for a pty).
+    pub stderr: Option<Reader>,
+    /// The pty master, for resizing.
+    pub pty: Option<Arc<OwnedFd>>,
+}
+
+/// Spawn an exec in a sandbox.
+pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned, AbxError> {
+    let (dirs, sandbox_id, sandbox_env) = (site.dirs, site.id, site.env);
+    let mut cmd = match (&p.command, &p.argv) {
+        (Some(c), None) => {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c").arg(c);
+            cmd
+        }
+        (None, Some(argv)) if !argv.is_empty() => {
+            let mut cmd = Command::new(&argv[0]);
+            cmd.args(&argv[1..]);
+            cmd
+        }
+        (Some(_), Some(_)) => {
+            return Err(AbxError::invalid_params(
+                "exec",
+                "give either command or argv, not both",
+            ))
+        }
+        _ => {
+            return Err(AbxError::invalid_params(
+                "exec",
+                "command (a shell string) or argv (a non-empty list) is required",
+            ))
+        }
+    };
+    if let Some(t) = p.timeout {
+        if !(t > 0.0 && t <= 30.0 * 86_400.0) {
+            return Err(AbxError::new(
+                ErrorCode::InvalidTimeout,
+                &[
+                    ("timeout", &t.to_string()),
+                    ("detail", "must be more than 0 and at most 30 days"),
+                ],
+            ));
+        }
+    }
+    let pty = p.pty.is_some();
+    cmd.env_clear();
+    for (k, v) in base_env(sandbox_env, pty) {
+        cmd.env(k, v);
+    }
+    if let Some(env) = &p.env {
+        for (k, v) in env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(AbxError::invalid_params(
+                    "exec",
+                    format!("invalid environment variable {k:?}"),
+                ));
+            }
+            cmd.env(k, v);
+        }
+    }
+    cmd.kill_on_drop(false);
+    let mut master: Option<OwnedFd> = None;
+    if let Some(size) = p.pty {
+        let (m, s) = open_pty(size).map_err(|e| {
+            AbxError::detail(
+                ErrorCode::ExecFailedToStart,
+                format!("cannot open a pty: {e}"),
+            )
+        })?;
+        let slave_fd = s.as_raw_fd();
+        let dup = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
+        cmd.stdin(dup(&s).map_err(AbxError::internal)?)
+            .stdout(dup(&s).map_err(AbxError::internal)?)
+            .stderr(Stdio::from(s));
+        let _ = slave_fd;
+        // SAFETY: async-signal-safe calls only.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        master = Some(m);
+    } else {
+        cmd.stdin(if want_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        // SAFETY: async-signal-safe calls only.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let confine =
+        isolate::Confine::new(dirs, sandbox_id, p.cwd.as_deref().unwrap_or("/workspace"))?;
+    confine.apply(&mut cmd);
+    let mut child = cmd.spawn().map_err(|e| {
+        if isolate::is_setup_error(&e) {
+            return AbxError::detail(ErrorCode::ExecFailedToStart, isolate::explain_spawn_error(&e))
+                .with_suggestion("The sandbox could not be set up; set ABX_ISOLATION=landlock (or none) for the broker to use a weaker model, and see the broker log.");
+        }
+        let what = p.argv.as_ref().map_or("sh", |a| a[0].as_str());
+        let e = AbxError::detail(ErrorCode::ExecFailedToStart, format!("{what}: {e}"));
+        if p.argv.is_some() {
+            e.with_suggestion("Check the program name (argv[0] is run without a shell, found on PATH inside the sandbox).")
+        } else {
+            e
+        }
+    })?;
+    let pid = child.id().map_or(0, |p| p as i32);
+    type Ends = (
+        Option<Writer>,
+        Option<Reader>,
+        Option<Reader>,
+        Option<Arc<OwnedFd>>,
+    );
+    let (stdin, stdout, stderr, pty): Ends = match master {
+        Some(m) => {
+            let m = Arc::new(m);
+            let r = tokio::fs::File::from_std(std::fs::File::from(
+                m.try_clone().map_err(AbxError::internal)?,
+            ));
+            let w = tokio::fs::File::from_std(std::fs::File::from(
+                m.try_clone().map_err(AbxError::internal)?,
+            ));
+            (Some(Box::new(w)), Some(Box::new(r)), None, Some(m))
+        }
+        None => (
+            child.stdin.take().map(|s| Box::new(s) as _),
+            child.stdout.take().map(|s| Box::new(s) as _),
+            child.stderr.take().map(|s| Box::new(s) as _),
+            None,
+        ),
+    };
+    Ok(Spawned {
+        child,
+        pid,
+        stdin,
+        stdout,
+        stderr,
+        pty,
+    })
+}
+
+fn open_pty(size: PtySize) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut m = 0;
+    let mut s = 0;
+    let ws = libc::winsize {
+        ws_row: size.rows.max(1),
+        ws_col: size.cols.max(1),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    if unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openpty returned two fresh fds we now own.
+    let (m, s) = unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
+    for fd in [m.as_raw_fd(), s.as_raw_fd()] {
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok((m, s))
+}
+
+/// Set a pty's size.
+pub fn resize(master: &OwnedFd, size: PtySize) -> std::io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: size.rows.max(1),
+        ws_col: size.cols.max(1),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Kills the exec's whole tree when dropped, unless disarmed (cancellation, errors).
+pub struct TreeGuard(pub i32, pub bool);
+
+impl Drop for TreeGuard {
+    fn drop(&mut self) {
+        if self.1 && self.0 > 0 {
+            procs::kill_tree(self.0, libc::SIGKILL);
+        }
+    }
+}
+
+/// Read a stream to the end (or until told to stop), keeping at most `cap` bytes.
+async fn collect<R: AsyncRead + Unpin>(mut r: R, cap: u64, stop: Arc<Notify>) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = tokio::select! {
+            n = r.read(&mut buf) => n,
+            _ = stop.notified() => break,
+        };
+        match n {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(out.len() as u64) as usize;
+                if n > room {
+                    truncated = true;
+                }
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (out, truncated)
+}
+
+/// `exec/run`: run to completion and collect the output.
+pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
+    let stdin_data = match &p.stdin {
+        Some(s) => Some(decode_data(s, p.stdin_encoding.as_deref())?),
+        None => None,
+    };
+    if p.pty.is_some() {
+        return Err(AbxError::invalid_params(
+            "exec/run",
+            "pty is for exec/start",
+        ));
+    }
+    let started = Instant::now();
+    let mut sp = spawn(site, &p, stdin_data.is_some())?;
+    let mut guard = TreeGuard(sp.pid, true);
+    let cap = p.max_output.unwrap_or(DEFAULT_MAX_OUTPUT);
+    if let (Some(mut w), Some(data)) = (sp.stdin.take(), stdin_data) {
+        tokio::spawn(async move {
+            let _ = w.write_all(&data).await;
+            let _ = w.shutdown().await;
+        });
+    }
+    let stop = Arc::new(Notify::new());
+    let out_task = tokio::spawn(collect(sp.stdout.take().expect("piped"), cap, stop.clone()));
+    let err_task = tokio::spawn(collect(sp.stderr.take().expect("piped"), cap, stop.clone()));
+    let timeout = p.timeout.map(Duration::from_secs_f64);
+    let waited = match timeout {
+        Some(t) => tokio::time::timeout(t, sp.child.wait()).await.ok(),
+        None => Some(sp.child.wait().await),
+    };
+    let (status, timed_out) = match waited {
+        Some(s) => (s.ok(), false),
+        None => {
+            procs::kill_tree(sp.pid, libc::SIGKILL);
+            (sp.child.wait().await.ok(), true)
+        }
+    };
+    // Let the pipes drain; background children may keep them open.
+    let drain = async {
+        let (o, e) = tokio::join!(out_task, err_task);
+        (o.unwrap_or_default(), e.unwrap_or_default())
+    };
+    tokio::pin!(drain);
+    let ((stdout, t1), (stderr, t2)) = match tokio::time::timeout(DRAIN_GRACE, &mut drain).await {
+        Ok(r) => r,
+        Err(_) => {
+            stop.notify_waiters();
+            drain.await
+        }
+    };
+    guard.1 = timed_out; // the tree is already dead on timeout; otherwise leave background jobs
+    drop(guard);
+    let (code, signal) = exit_info(status);
+    let mut v = json!({
+        "exitCode": code,
+        "timedOut": timed_out,
+        "durationMs": started.elapsed().as_millis() as u64,
+        "truncated": t1 || t2,
+    });
+    if let Some(s) = signal {
+        v["signal"] = json!(s);
+    }
+    match (std::str::from_utf8(&stdout), std::str::from_utf8(&stderr)) {
+        (Ok(o), Ok(e)) => {
+            v["stdout"] = json!(o);
+            v["stderr"] = json!(e);
+        }
+        _ => {
+            v["stdout"] = json!(b64(&stdout));
+            v["stderr"] = json!(b64(&stderr));
+            v["encoding"] = json!("base64");
+        }
+    }
+    Ok(v)
+}
+
+fn exit_info(status: Option<std::process::ExitStatus>) -> (Value, Option<String>) {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => (json!(c), None),
+            (None, Some(sig)) => (json!(128 + sig), Some(signal_name(sig))),
+            _ => (Value::Null, None),
+        },
+        None => (Value::Null, None),
+    }
+}
+
+/// `SIGKILL` for 9, etc.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGALRM => "SIGALRM",
+        _ => return format!("SIG{sig}"),
+    };
+    name.to_owned()
+}
+
+/// Where a stream's notifications go: a connection, or a bounded buffer while detached.
+struct Sink {
+    conn: Option<ConnHandle>,
+    buffer: VecDeque<Vec<u8>>,
+    buffered: usize,
+    dropped: u64,
+}
+
+/// One running (or finished, exit not yet delivered) `exec/start`.
+pub struct Stream {
+    /// `e-…` id.
+    pub id: String,
+    /// The sandbox it runs in.
+    pub sandbox: String,
+    /// Its process group.
+    pub pid: i32,
+    sink: Mutex<Sink>,
+    stdin: tokio::sync::Mutex<Option<Writer>>,
+    pty: Option<Arc<OwnedFd>>,
+    attached: Notify,
+    /// Set once the exit notification has been delivered.
+    pub done: std::sync::atomic::AtomicBool,
+}
+
+impl Stream {
+    /// The connection id this stream reports to.
+    pub fn owner(&self) -> Option<u64> {
+        self.sink.lock().expect("sink").conn.as_ref().map(|c| c.id)
+    }
+
+    /// Write to stdin; `eof` closes it.
+    pub async fn write(&self, data: &[u8], eof: bool) -> Result<(), AbxError> {
+        let mut g = self.stdin.lock().await;
+        let Some(w) = g.as_mut() else {
+            return Err(AbxError::new(
+                ErrorCode::ExecStdinClosed,
+                &[("exec", &self.id)],
+            ));
+        };
+        if !data.is_empty() && w.write_all(data).await.is_err() {
+            *g = None;
+            return Err(AbxError::new(
+                ErrorCode::ExecStdinClosed,
+                &[("exec", &self.id)],
+            ));
+        }
+        let _ = w.flush().await;
+        if eof {
+            if self.pty.is_some() {
+                // A pty has no half-close: send the terminal's EOF character.
+                let _ = w.write_all(&[4]).await;
+                let _ = w.flush().await;
+            } else {
+                let _ = w.shutdown().await;
+                *g = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resize its pty.
+    pub fn resize(&self, size: PtySize) -> Result<(), AbxError> {
+        match &self.pty {
+            Some(m) => resize(m, size).map_err(AbxError::internal),
+            None => Err(AbxError::invalid_params(
+                "exec/resize",
+                format!("exec '{}' has no pty", self.id),
+            )),
+        }
+    }
+
+    /// Send notifications to `conn` from now on, replaying what was buffered.
+    pub async fn attach(&self, conn: ConnHandle) -> Value {
+        let (buffered, dropped) = {
+            let mut s = self.sink.lock().expect("sink");
+            s.conn = Some(conn.clone());
+            let b: Vec<Vec<u8>> = s.buffer.drain(..).collect();
+            s.buffered = 0;
+            (b, std::mem::take(&mut s.dropped))
+        };
+        let replayed = buffered.len();
+        for body in buffered {
+            conn.send(body).await;
+        }
+        self.attached.notify_waiters();
+        json!({"execId": self.id, "running": !self.done.load(std::sync::atomic::Ordering::Relaxed), "replayed": replayed, "droppedBytes": dropped})
+    }
+
+    async fn emit(&self, body: Vec<u8>) {
+        let conn = self.sink.lock().expect("sink").conn.clone();
+        if let Some(c) = conn {
+            if c.send(body.clone()).await {
+                return;
+            }
+        }
+        let mut s = self.sink.lock().expect("sink");
+        s.conn = None;
+        s.buffered += body.len();
+        s.buffer.push_back(body);
+        while s.buffered > DETACHED_BUFFER && s.buffer.len() > 1 {
+            let old = s.buffer.pop_front().expect("non-empty");
+            s.buffered -= old.len();
+            s.dropped += old.len() as u64;
+        }
+    }
+}
+
+/// Split off the longest valid UTF-8 prefix; a trailing partial character is kept for the
+/// next chunk. Returns (text or None if invalid, carry).
+fn utf8_split(mut bytes: Vec<u8>) -> (Result<String, Vec<u8>>, Vec<u8>) {
+    match std::str::from_utf8(&bytes) {
+        Ok(_) => (Ok(String::from_utf8(bytes).expect("checked")), Vec::new()),
+        Err(e) if e.error_len().is_none() => {
+            let carry = bytes.split_off(e.valid_up_to());
+            (Ok(String::from_utf8(bytes).expect("checked")), carry)
+        }
+        Err(_) => (Err(bytes), Vec::new()),
+    }
+}
+
+/// `exec/start`: spawn and stream. Returns the stream entry; the pump runs on its own.
+pub fn start(
+    site: Site<'_>,
+    p: ExecParams,
+    id: String,
+    conn: ConnHandle,
+    replied: tokio_util::sync::CancellationToken,
+    on_done: impl FnOnce(&str) + Send + 'static,
+) -> Result<Arc<Stream>, AbxError> {
+    let initial_stdin = match &p.stdin {
+        Some(s) => Some(decode_data(s, p.stdin_encoding.as_deref())?),
+        None => None,
+    };
+    let mut sp = spawn(site, &p, true)?;
+    let stream = Arc::new(Stream {
+        id: id.clone(),
+        sandbox: site.id.to_owned(),
+        pid: sp.pid,
+        sink: Mutex::new(Sink {
+            conn: Some(conn),
+            buffer: VecDeque::new(),
+            buffered: 0,
+            dropped: 0,
+        }),
+        stdin: tokio::sync::Mutex::new(sp.stdin.take()),
+        pty: sp.pty.clone(),
+        attached: Notify::new(),
+        done: std::sync::atomic::AtomicBool::new(false),
+    });
+    if let Some(data) = initial_stdin {
+        let s = stream.clone();
+        tokio::spawn(async move {
+            let _ = s.write(&data, true).await;
+        });
+    }
+    let timeout = p.timeout.map(Duration::from_secs_f64);
+    let s = stream.clone();
+    tokio::spawn(async move {
+        // The client must see exec/start's reply (the execId) before any output.
+        let _ = tokio::time::timeout(Duration::from_secs(10), replied.cancelled()).await;
+        pump(s, sp, timeout).await;
+        on_done(&id);
+    });
+    Ok(stream)
+}
+
+async fn pump(s: Arc<Stream>, mut sp: Spawned, timeout: Option<Duration>) {
+    let pid = sp.pid;
+    let mut out = sp.stdout.take();
+    let mut err = sp.stderr.take();
+    let (mut carry_o, mut carry_e) = (Vec::new(), Vec::new());
+    let mut buf_o = vec![0u8; CHUNK];
+    let mut buf_e = vec![0u8; CHUNK];
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut timed_out = false;
+    let mut status = None;
+    let mut exited_at: Option<tokio::time::Instant> = None;
+    let stream_name = if s.pty.is_some() { "pty" } else { "stdout" };
+    loop {
+        if out.is_none() && err.is_none() && status.is_some() {
+            break;
+        }
+        if let Some(t) = exited_at {
+            if t.elapsed() > DRAIN_GRACE {
+                break;
+            }
+        }
+        let sleep_until = match (deadline, exited_at) {
+            (_, Some(t)) => t + DRAIN_GRACE,
+            (Some(d), None) if !timed_out => d,
+            _ => tokio::time::Instant::now() + Duration::from_secs(3600),
+        };
+        tokio::select! {
+            r = read_opt(&mut out, &mut buf_o) => match r {
+                Some(n) if n > 0 => {
+                    let mut chunk = std::mem::take(&mut carry_o);
+                    chunk.extend_from_slice(&buf_o[..n]);
+                    carry_o = send_chunk(&s, stream_name, chunk).await;
+                }
+                _ => out = None,
+            },
+            r = read_opt(&mut err, &mut buf_e) => match r {
+                Some(n) if n > 0 => {
+                    let mut chunk = std::mem::take(&mut carry_e);
+                    chunk.extend_from_slice(&buf_e[..n]);
+                    carry_e = send_chunk(&s, "stderr", chunk).await;
+                }
+                _ => err = None,
+            },
+            st = sp.child.wait(), if status.is_none() => {
+                status = Some(st.ok());
+                exited_at = Some(tokio::time::Instant::now());
+            },
+            _ = tokio::time::sleep_until(sleep_until) => {
+                if exited_at.is_none() && !timed_out {
+                    timed_out = true;
+                    procs::kill_tree(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+    for (name, carry) in [(stream_name, carry_o), ("stderr", carry_e)] {
+        if !carry.is_empty() {
+            send_raw(&s, name, &carry).await;
+        }
+    }
+    let status = match status {
+        Some(st) => st,
+        None => sp.child.wait().await.ok(),
+    };
+    let (code, signal) = exit_info(status);
+    let mut exit = json!({"execId": s.id, "exitCode": code, "timedOut": timed_out});
+    if let Some(sig) = signal {
+        exit["signal"] = json!(sig);
+    }
+    s.emit(abx_protocol::message::encode_notification(
+        "exec/exit",
+        Some(&exit),
+    ))
+    .await;
+    // A detached stream keeps its exit for a later attach; wait for one (bounded).
+    let delivered = s.sink.lock().expect("sink").conn.is_some();
+    if !delivered {
+        let _ = tokio::time::timeout(Duration::from_secs(600), s.attached.notified()).await;
+    }
+    s.done.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+async fn read_opt(r: &mut Option<Reader>, buf: &mut [u8]) -> Option<usize> {
+    match r {
+        Some(r) => r.read(buf).await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn send_chunk(s: &Stream, stream: &str, chunk: Vec<u8>) -> Vec<u8> {
+    let (text, carry) = utf8_split(chunk);
+    match text {
+        Ok(t) if !t.is_empty() => {
+            let body = abx_protocol::message::encode_notification(
+                "exec/output",
+                Some(&json!({"execId": s.id, "stream": stream, "data": t})),
+            );
+            s.emit(body).await;
+        }
+        Ok(_) => {}
+        Err(bytes) => send_raw(s, stream, &bytes).await,
+    }
+    carry
+}
+
+async fn send_raw(s: &Stream, stream: &str, bytes: &[u8]) {
+    let body = abx_protocol::message::encode_notification(
+        "exec/output",
+        Some(&json!({"execId": s.id, "stream": stream, "data": b64(bytes), "encoding": "base64"})),
+    );
+    s.emit(body).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_chunks_carry_partial_characters() {
+        let bytes = "héllo".as_bytes().to_vec();
+        let (t, carry) = utf8_split(bytes[..2].to_vec());
+        assert_eq!(t.unwrap(), "h");
+        assert_eq!(carry, vec![0xc3]);
+        let (t, _) = utf8_split(vec![0xff, b'a']);
+        assert!(t.is_err());
+    }
+}

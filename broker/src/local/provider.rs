@@ -1,0 +1,889 @@
+//! The `local` provider itself: sandbox records, lifetimes, and the method table.
+//!
+//! A sandbox is a directory `data/local/sandboxes/<id>/` holding `sandbox.json` (its record,
+//! written atomically), `workspace/` and `tmp/`. Records are loaded at start; expired ones
+//! are reaped then and whenever a lifetime runs out (a reaper task sleeps until the next
+//! expiry). Lifetimes are the daemon's to enforce, so they survive restarts.
+
+use super::exec::{self, ExecParams, PtySize};
+use super::{files, isolate, procs, watch, SandboxDirs};
+use crate::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
+use crate::util::{now_ms, rfc3339, write_atomic};
+use abx_protocol::{features, AbxError, ErrorCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+/// Default lifetime of a sandbox, seconds.
+pub const DEFAULT_TIMEOUT: u64 = 300;
+/// Longest lifetime, seconds (30 days).
+pub const MAX_TIMEOUT: u64 = 30 * 86_400;
+/// The templates the local provider knows.
+pub const TEMPLATES: &[&str] = &["base"];
+
+/// What the local provider declares: everything it implements, nothing else.
+pub const FEATURES: &[&str] = &[
+    "sandbox.lifecycle",
+    "sandbox.timeout",
+    "sandbox.pause",
+    "sessions",
+    "exec.run",
+    "exec.stream",
+    "pty",
+    "process.manage",
+    "files.rw",
+    "files.watch",
+    "files.transfer",
+    "ports.url",
+];
+
+/// A sandbox's persisted record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    id: String,
+    template: String,
+    status: String,
+    created_ms: i64,
+    expires_ms: i64,
+    timeout: u64,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, Value>,
+}
+
+struct Sandbox {
+    dirs: SandboxDirs,
+    rec: Mutex<Record>,
+}
+
+impl Sandbox {
+    fn save(&self) -> Result<(), AbxError> {
+        let rec = self.rec.lock().expect("record").clone();
+        write_atomic(
+            &self.dirs.root.join("sandbox.json"),
+            &serde_json::to_vec_pretty(&rec).unwrap_or_default(),
+        )
+        .map_err(|e| AbxError::internal(format!("cannot save sandbox record: {e}")))
+    }
+
+    fn view(&self) -> Value {
+        let r = self.rec.lock().expect("record");
+        json!({
+            "id": r.id,
+            "provider": "local",
+            "status": r.status,
+            "template": r.template,
+            "url": format!("local://{}", r.id),
+            "region": "local",
+            "timeout": ((r.expires_ms - r.created_ms).max(0) / 1000),
+            "startedAt": rfc3339(r.created_ms / 1000),
+            "expiresAt": rfc3339(r.expires_ms / 1000),
+            "metadata": r.metadata,
+        })
+    }
+}
+
+struct Inner {
+    summary: ProviderSummary,
+    root: PathBuf,
+    sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    streams: Mutex<HashMap<String, Arc<exec::Stream>>>,
+    watches: Mutex<HashMap<String, (String, watch::Watch)>>,
+    next: AtomicU64,
+    reaper: Arc<Notify>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateParams {
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
+    timeout: Option<Value>,
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, Value>>,
+}
+
+#[derive(Deserialize)]
+struct SandboxParam {
+    sandbox: String,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(method: &str, v: Value) -> Result<T, AbxError> {
+    serde_json::from_value(v).map_err(|e| AbxError::invalid_params(method, e))
+}
+
+fn timeout_secs(v: &Value) -> Result<u64, AbxError> {
+    let bad = |d: &str| {
+        AbxError::new(
+            ErrorCode::InvalidTimeout,
+            &[("timeout", &v.to_string()), ("detail", d)],
+        )
+    };
+    let n = v.as_f64().ok_or_else(|| bad("not a number"))?;
+    if n.is_nan() || n < 1.0 {
+        return Err(bad("must be at least 1 second"));
+    }
+    if n > MAX_TIMEOUT as f64 {
+        return Err(bad("must be at most 30 days (2592000 s)"));
+    }
+    Ok(n.round() as u64)
+}
+
+fn rand_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n as usize == buf.len() {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Inner {
+    fn start(data_dir: &Path) -> Arc<Inner> {
+        let root = data_dir.join("local/sandboxes");
+        let _ = std::fs::create_dir_all(&root);
+        let p = Arc::new(Inner {
+            summary: ProviderSummary {
+                id: "local".into(),
+                name: "Local sandboxes".into(),
+                version: crate::VERSION.into(),
+                kind: Kind::Builtin,
+                trust: "builtin".into(),
+                features: FEATURES.iter().map(|s| s.to_string()).collect(),
+                description: "Sandboxes on this machine: a private /workspace and /tmp per sandbox, no account needed.".into(),
+            },
+            root,
+            sandboxes: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            reaper: Arc::new(Notify::new()),
+        });
+        p.load();
+        let weak = Arc::downgrade(&p);
+        tokio::spawn(async move { reaper(weak).await });
+        p
+    }
+
+    fn load(&self) {
+        let Ok(rd) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        let mut map = self.sandboxes.lock().expect("sandboxes");
+        for e in rd.flatten() {
+            let dir = e.path();
+            let rec: Option<Record> = std::fs::read(dir.join("sandbox.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            match rec {
+                Some(r) if r.expires_ms > now_ms() => {
+                    info!(sandbox = %r.id, "sandbox restored");
+                    map.insert(
+                        r.id.clone(),
+                        Arc::new(Sandbox {
+                            dirs: SandboxDirs::new(dir),
+                            rec: Mutex::new(r),
+                        }),
+                    );
+                }
+                Some(r) => {
+                    info!(sandbox = %r.id, "reaping sandbox that expired while the broker was down");
+                    procs::signal_all(&r.id, libc::SIGKILL);
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                None => {
+                    // A crash during create leaves a directory without a record: not a sandbox.
+                    warn!(dir = %dir.display(), "removing a half-created sandbox");
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+        }
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Sandbox>, AbxError> {
+        self.sandboxes
+            .lock()
+            .expect("sandboxes")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", id)]))
+    }
+
+    fn running(&self, id: &str) -> Result<Arc<Sandbox>, AbxError> {
+        let sb = self.get(id)?;
+        let status = sb.rec.lock().expect("record").status.clone();
+        if status != "running" {
+            return Err(AbxError::new(
+                ErrorCode::SandboxNotRunning,
+                &[("sandbox", id), ("status", &status)],
+            ));
+        }
+        Ok(sb)
+    }
+
+    fn create(&self, p: CreateParams) -> Result<Value, AbxError> {
+        let template = p
+            .template
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| "base".into());
+        if !TEMPLATES.contains(&template.as_str()) {
+            return Err(
+                AbxError::new(ErrorCode::TemplateNotFound, &[("template", &template)])
+                    .with_suggestion(
+                        "The local provider has one template: 'base' (the host system, read-only).",
+                    ),
+            );
+        }
+        let timeout = match &p.timeout {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT,
+            Some(v) => timeout_secs(v)?,
+        };
+        if let Some(env) = &p.env {
+            if let Some(k) = env
+                .keys()
+                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+            {
+                return Err(AbxError::invalid_params(
+                    "sandbox/create",
+                    format!("invalid environment variable {k:?}"),
+                ));
+            }
+        }
+        let id = format!("sb-{}", rand_id());
+        let dirs = SandboxDirs::new(self.root.join(&id));
+        let mk = |d: &Path| std::fs::create_dir_all(d);
+        mk(&dirs.workspace)
+            .and_then(|_| mk(&dirs.tmp))
+            .map_err(|e| {
+                AbxError::new(
+                    ErrorCode::SandboxCreateFailed,
+                    &[("detail", &e.to_string()), ("provider", "local")],
+                )
+            })?;
+        let now = now_ms();
+        let rec = Record {
+            id: id.clone(),
+            template,
+            status: "running".into(),
+            created_ms: now,
+            expires_ms: now + (timeout as i64) * 1000,
+            timeout,
+            env: p.env.unwrap_or_default(),
+            metadata: p.metadata.unwrap_or_default(),
+        };
+        let sb = Arc::new(Sandbox {
+            dirs,
+            rec: Mutex::new(rec),
+        });
+        if let Err(e) = sb.save() {
+            let _ = std::fs::remove_dir_all(&sb.dirs.root);
+            return Err(e);
+        }
+        self.sandboxes
+            .lock()
+            .expect("sandboxes")
+            .insert(id, sb.clone());
+        self.reaper.notify_one();
+        Ok(sb.view())
+    }
+
+    async fn kill(&self, id: &str) -> Value {
+        let sb = self.sandboxes.lock().expect("sandboxes").remove(id);
+        let Some(sb) = sb else {
+            return json!({"killed": false});
+        };
+        destroy(id, &sb.dirs.root).await;
+        let streams: Vec<String> = self
+            .streams
+            .lock()
+            .expect("streams")
+            .values()
+            .filter(|s| s.sandbox == id)
+            .map(|s| s.id.clone())
+            .collect();
+        for s in streams {
+            self.streams.lock().expect("streams").remove(&s);
+        }
+        self.watches
+            .lock()
+            .expect("watches")
+            .retain(|_, (sbid, _)| sbid != id);
+        json!({"killed": true})
+    }
+
+    fn set_timeout(&self, id: &str, v: &Value) -> Result<Value, AbxError> {
+        let secs = timeout_secs(v)?;
+        let sb = self.get(id)?;
+        {
+            let mut r = sb.rec.lock().expect("record");
+            r.expires_ms = now_ms() + (secs as i64) * 1000;
+            r.timeout = secs;
+            // The displayed timeout is the whole lifetime from creation.
+        }
+        sb.save()?;
+        self.reaper.notify_one();
+        Ok(sb.view())
+    }
+
+    fn set_paused(&self, id: &str, paused: bool) -> Result<Value, AbxError> {
+        let sb = self.get(id)?;
+        let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+        procs::signal_all(id, sig);
+        sb.rec.lock().expect("record").status = if paused { "paused" } else { "running" }.into();
+        sb.save()?;
+        Ok(sb.view())
+    }
+
+    fn stream(
+        &self,
+        cx: &CallCx,
+        exec_id: &str,
+        must_own: bool,
+    ) -> Result<Arc<exec::Stream>, AbxError> {
+        let s = self
+            .streams
+            .lock()
+            .expect("streams")
+            .get(exec_id)
+            .cloned()
+            .ok_or_else(|| AbxError::new(ErrorCode::ExecNotFound, &[("exec", exec_id)]))?;
+        if must_own && s.owner() != Some(cx.conn.id) {
+            return Err(AbxError::new(ErrorCode::ExecNotOwned, &[("exec", exec_id)]));
+        }
+        Ok(s)
+    }
+
+    async fn dispatch(
+        self: &Arc<Self>,
+        cx: &CallCx,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, AbxError> {
+        let sandbox = || -> Result<String, AbxError> {
+            Ok(parse::<SandboxParam>(method, params.clone())?.sandbox)
+        };
+        match method {
+            "sandbox/create" => self.create(parse(method, params)?),
+            "sandbox/info" | "sandbox/connect" => Ok(self.get(&sandbox()?)?.view()),
+            "sandbox/list" => {
+                let mut v: Vec<Value> = self
+                    .sandboxes
+                    .lock()
+                    .expect("sandboxes")
+                    .values()
+                    .map(|s| s.view())
+                    .collect();
+                v.sort_by(|a, b| {
+                    a["startedAt"]
+                        .as_str()
+                        .cmp(&b["startedAt"].as_str())
+                        .then(a["id"].as_str().cmp(&b["id"].as_str()))
+                });
+                Ok(json!({"sandboxes": v}))
+            }
+            "sandbox/kill" => Ok(self.kill(&sandbox()?).await),
+            "sandbox/setTimeout" => {
+                let id = sandbox()?;
+                let t = params
+                    .get("timeout")
+                    .cloned()
+                    .ok_or_else(|| AbxError::invalid_params(method, "missing field `timeout`"))?;
+                self.set_timeout(&id, &t)
+            }
+            "sandbox/pause" => self.set_paused(&sandbox()?, true),
+            "sandbox/resume" => self.set_paused(&sandbox()?, false),
+            "sandbox/capabilities" => {
+                self.get(&sandbox()?)?;
+                Ok(json!({
+                    "capabilities": features::capabilities(&self.summary.features),
+                    "features": self.summary.features,
+                }))
+            }
+            "sandbox/systemInfo" => {
+                let sb = self.get(&sandbox()?)?;
+                Ok(system_info(&sb.dirs))
+            }
+            "exec/run" => {
+                let p: ExecParams = parse(method, params)?;
+                let sb = self.running(&p.sandbox)?;
+                let env = sb.rec.lock().expect("record").env.clone();
+                let id = p.sandbox.clone();
+                exec::run(
+                    exec::Site {
+                        dirs: &sb.dirs,
+                        id: &id,
+                        env: &env,
+                    },
+                    p,
+                )
+                .await
+            }
+            "exec/start" => {
+                let p: ExecParams = parse(method, params)?;
+                let sb = self.running(&p.sandbox)?;
+                let env = sb.rec.lock().expect("record").env.clone();
+                let exec_id = format!(
+                    "e-{}-{}",
+                    self.next.fetch_add(1, Ordering::Relaxed),
+                    rand_id()
+                );
+                let weak = Arc::downgrade(self);
+                let id = p.sandbox.clone();
+                let s = exec::start(
+                    exec::Site {
+                        dirs: &sb.dirs,
+                        id: &id,
+                        env: &env,
+                    },
+                    p,
+                    exec_id.clone(),
+                    cx.conn.clone(),
+                    cx.replied.clone(),
+                    move |eid| {
+                        if let Some(me) = weak.upgrade() {
+                            me.streams.lock().expect("streams").remove(eid);
+                        }
+                    },
+                )?;
+                let pid = s.pid;
+                self.streams
+                    .lock()
+                    .expect("streams")
+                    .insert(exec_id.clone(), s);
+                Ok(json!({"execId": exec_id, "pid": pid}))
+            }
+            "exec/write" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                    #[serde(default)]
+                    data: String,
+                    #[serde(default)]
+                    encoding: Option<String>,
+                    #[serde(default)]
+                    eof: bool,
+                }
+                let p: P = parse(method, params)?;
+                let bytes = exec::decode_data(&p.data, p.encoding.as_deref())?;
+                self.stream(cx, &p.exec_id, true)?
+                    .write(&bytes, p.eof)
+                    .await?;
+                Ok(json!({}))
+            }
+            "exec/resize" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                    cols: u16,
+                    rows: u16,
+                }
+                let p: P = parse(method, params)?;
+                self.stream(cx, &p.exec_id, true)?.resize(PtySize {
+                    cols: p.cols,
+                    rows: p.rows,
+                })?;
+                Ok(json!({}))
+            }
+            "exec/kill" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                    #[serde(default)]
+                    signal: Option<String>,
+                }
+                let p: P = parse(method, params)?;
+                let sig = signal(p.signal.as_deref())?;
+                let s = self.stream(cx, &p.exec_id, true)?;
+                procs::kill_tree(s.pid, sig);
+                Ok(json!({}))
+            }
+            "exec/attach" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                }
+                let p: P = parse(method, params)?;
+                let s = self.stream(cx, &p.exec_id, false)?;
+                Ok(s.attach(cx.conn.clone()).await)
+            }
+            "process/list" => {
+                let id = sandbox()?;
+                self.get(&id)?;
+                Ok(json!({"processes": procs::list(&id)}))
+            }
+            "process/kill" => {
+                #[derive(Deserialize)]
+                struct P {
+                    sandbox: String,
+                    pid: i32,
+                    #[serde(default)]
+                    signal: Option<String>,
+                }
+                let p: P = parse(method, params)?;
+                self.get(&p.sandbox)?;
+                let sig = signal(p.signal.as_deref())?;
+                if !procs::belongs(p.pid, &p.sandbox) {
+                    return Err(AbxError::new(
+                        ErrorCode::ProcessNotFound,
+                        &[("pid", &p.pid.to_string()), ("sandbox", &p.sandbox)],
+                    ));
+                }
+                unsafe { libc::kill(p.pid, sig) };
+                Ok(json!({}))
+            }
+            m if m.starts_with("files/") => self.files(cx, m, params).await,
+            "ports/url" => {
+                #[derive(Deserialize)]
+                struct P {
+                    sandbox: String,
+                    port: Value,
+                }
+                let p: P = parse(method, params)?;
+                self.get(&p.sandbox)?;
+                let port = p
+                    .port
+                    .as_u64()
+                    .filter(|n| (1..=65535).contains(n))
+                    .ok_or_else(|| {
+                        AbxError::new(ErrorCode::InvalidPort, &[("port", &p.port.to_string())])
+                    })?;
+                Ok(json!({"url": format!("http://127.0.0.1:{port}"), "headers": {}}))
+            }
+            _ => Err(crate::provider::unsupported(
+                "local",
+                features::for_method(method, false).unwrap_or(method),
+            )),
+        }
+    }
+
+    async fn files(
+        self: &Arc<Self>,
+        cx: &CallCx,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, AbxError> {
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct P {
+            #[serde(default)]
+            sandbox: String,
+            #[serde(default)]
+            path: Option<String>,
+            #[serde(default)]
+            offset: Option<u64>,
+            #[serde(default)]
+            length: Option<u64>,
+            #[serde(default)]
+            encoding: Option<String>,
+            #[serde(default)]
+            data: Option<String>,
+            #[serde(default)]
+            append: bool,
+            #[serde(default)]
+            mode: Option<u32>,
+            #[serde(default)]
+            recursive: bool,
+            #[serde(default)]
+            parents: bool,
+            #[serde(default)]
+            from: Option<String>,
+            #[serde(default)]
+            to: Option<String>,
+            #[serde(default)]
+            local_path: Option<String>,
+            #[serde(default)]
+            watch_id: Option<String>,
+        }
+        let p: P = parse(method, params)?;
+        if method == "files/unwatch" {
+            let id = p
+                .watch_id
+                .ok_or_else(|| AbxError::invalid_params(method, "missing field `watchId`"))?;
+            return match self.watches.lock().expect("watches").remove(&id) {
+                Some(_) => Ok(json!({})),
+                None => Err(AbxError::invalid_params(method, format!("no watch '{id}'"))),
+            };
+        }
+        let sb = self.get(&p.sandbox)?;
+        let need = |v: Option<String>, f: &str| {
+            v.ok_or_else(|| AbxError::invalid_params(method, format!("missing field `{f}`")))
+        };
+        let dirs = sb.dirs.clone();
+        let id = p.sandbox.clone();
+        match method {
+            "files/watch" => {
+                let path = need(p.path, "path")?;
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<watch::Change>(256);
+                let w = watch::Watch::start(&dirs, &id, &path, p.recursive, tx)?;
+                let watch_id = format!(
+                    "w-{}-{}",
+                    self.next.fetch_add(1, Ordering::Relaxed),
+                    rand_id()
+                );
+                self.watches
+                    .lock()
+                    .expect("watches")
+                    .insert(watch_id.clone(), (id.clone(), w));
+                let conn = cx.conn.clone();
+                let wid = watch_id.clone();
+                tokio::spawn(async move {
+                    while let Some(c) = rx.recv().await {
+                        let ok = conn
+                            .notify("files/changed", &json!({"watchId": wid, "sandbox": id, "path": c.path, "kind": c.kind}))
+                            .await;
+                        if !ok {
+                            break;
+                        }
+                    }
+                });
+                return Ok(json!({"watchId": watch_id}));
+            }
+            "files/upload" | "files/download" => {
+                let local = PathBuf::from(need(p.local_path, "localPath")?);
+                let path = need(p.path, "path")?;
+                let path_view = path.clone();
+                let conn = cx.conn.clone();
+                let up = method == "files/upload";
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, u64)>(4);
+                let path2 = path.clone();
+                let sbid = id.clone();
+                let fwd = tokio::spawn(async move {
+                    while let Some((done, total)) = rx.recv().await {
+                        conn.notify(
+                            "files/progress",
+                            &json!({"sandbox": sbid, "path": path2, "bytes": done, "total": total}),
+                        )
+                        .await;
+                    }
+                });
+                let local2 = local.clone();
+                let res = tokio::task::spawn_blocking(move || {
+                    let mut progress = |d: u64, t: u64| {
+                        let _ = tx.blocking_send((d, t));
+                    };
+                    if up {
+                        files::upload(&dirs, &id, &local2, &path, &mut progress)
+                    } else {
+                        files::download(&dirs, &id, &path, &local2, &mut progress)
+                    }
+                })
+                .await
+                .map_err(AbxError::internal)??;
+                let _ = fwd.await;
+                return Ok(json!({"size": res, "localPath": local, "path": path_view}));
+            }
+            _ => {}
+        }
+        let method = method.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<Value, AbxError> {
+            let need = |v: Option<String>, f: &str| {
+                v.ok_or_else(|| AbxError::invalid_params(&method, format!("missing field `{f}`")))
+            };
+            match method.as_str() {
+                "files/read" => {
+                    let r = files::read(
+                        &dirs,
+                        &id,
+                        &need(p.path, "path")?,
+                        p.offset.unwrap_or(0),
+                        p.length,
+                        p.encoding.as_deref(),
+                    )?;
+                    // Moves the (large) data string into the Value: no copy.
+                    Ok(json!({"data": r.data, "encoding": r.encoding, "size": r.size, "eof": r.eof, "offset": r.offset}))
+                }
+                "files/write" => {
+                    let size = files::write(
+                        &dirs,
+                        &id,
+                        &need(p.path, "path")?,
+                        &need(p.data, "data")?,
+                        p.encoding.as_deref(),
+                        p.offset,
+                        p.append,
+                        p.mode,
+                    )?;
+                    Ok(json!({"size": size}))
+                }
+                "files/list" => {
+                    let entries = files::list(
+                        &dirs,
+                        &id,
+                        p.path.as_deref().unwrap_or("/workspace"),
+                        p.recursive,
+                    )?;
+                    Ok(json!({"entries": entries}))
+                }
+                "files/stat" => {
+                    Ok(
+                        serde_json::to_value(files::stat(&dirs, &id, &need(p.path, "path")?)?)
+                            .map_err(AbxError::internal)?,
+                    )
+                }
+                "files/mkdir" => {
+                    files::mkdir(&dirs, &id, &need(p.path, "path")?, p.parents).map(|_| json!({}))
+                }
+                "files/remove" => files::remove(&dirs, &id, &need(p.path, "path")?, p.recursive)
+                    .map(|_| json!({})),
+                "files/rename" => {
+                    files::rename(&dirs, &id, &need(p.from, "from")?, &need(p.to, "to")?)
+                        .map(|_| json!({}))
+                }
+                other => Err(AbxError::new(
+                    ErrorCode::MethodNotFound,
+                    &[("method", other)],
+                )),
+            }
+        })
+        .await
+        .map_err(AbxError::internal)?
+    }
+}
+
+fn signal(name: Option<&str>) -> Result<i32, AbxError> {
+    match name {
+        None => Ok(libc::SIGKILL),
+        Some(n) => procs::signal_from_name(n)
+            .ok_or_else(|| AbxError::invalid_params("kill", format!("unknown signal '{n}'"))),
+    }
+}
+
+async fn destroy(id: &str, root: &Path) {
+    procs::signal_all(id, libc::SIGKILL);
+    procs::signal_all(id, libc::SIGCONT);
+    let root = root.to_owned();
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(root)).await;
+}
+
+async fn reaper(weak: std::sync::Weak<Inner>) {
+    loop {
+        let Some(me) = weak.upgrade() else { return };
+        let now = now_ms();
+        let (expired, next): (Vec<String>, Option<i64>) = {
+            let map = me.sandboxes.lock().expect("sandboxes");
+            let expired = map
+                .values()
+                .filter(|s| s.rec.lock().expect("record").expires_ms <= now)
+                .map(|s| s.rec.lock().expect("record").id.clone())
+                .collect();
+            let next = map
+                .values()
+                .map(|s| s.rec.lock().expect("record").expires_ms)
+                .filter(|e| *e > now)
+                .min();
+            (expired, next)
+        };
+        for id in expired {
+            info!(sandbox = %id, "sandbox expired; reaping");
+            me.kill(&id).await;
+        }
+        let wait = next.map_or(Duration::from_secs(3600), |n| {
+            Duration::from_millis((n - now).max(1) as u64)
+        });
+        let wake = me.reaper.clone();
+        drop(me);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wake.notified() => {}
+        }
+    }
+}
+
+fn system_info(dirs: &SandboxDirs) -> Value {
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    unsafe { libc::uname(&mut uts) };
+    let field = |f: &[libc::c_char]| {
+        unsafe { std::ffi::CStr::from_ptr(f.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let path =
+        std::ffi::CString::new(dirs.workspace.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    let gb = |blocks: u64| ((blocks as f64 * st.f_frsize as f64) / 1e9 * 100.0).round() / 100.0;
+    let mem_mb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024);
+    json!({
+        "os": field(&uts.sysname),
+        "arch": field(&uts.machine),
+        "hostname": field(&uts.nodename),
+        "kernel": field(&uts.release),
+        "cpuCount": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "memoryTotalMb": mem_mb,
+        "diskTotalGb": gb(st.f_blocks as u64),
+        "diskFreeGb": gb(st.f_bavail as u64),
+        "isolation": isolate::describe(),
+    })
+}
+
+/// The builtin local provider.
+pub struct LocalProvider(Arc<Inner>);
+
+impl LocalProvider {
+    /// Load the sandboxes under `data_dir/local` and start the reaper (needs a runtime).
+    pub fn start(data_dir: &Path) -> LocalProvider {
+        LocalProvider(Inner::start(data_dir))
+    }
+}
+
+impl Provider for LocalProvider {
+    fn summary(&self) -> &ProviderSummary {
+        &self.0.summary
+    }
+
+    fn info(&self) -> Value {
+        json!({
+            "templates": TEMPLATES,
+            "security": {"isolation": isolate::describe()},
+            "dataDir": self.0.root,
+        })
+    }
+
+    fn sandbox_count(&self) -> usize {
+        self.0.sandboxes.lock().expect("sandboxes").len()
+    }
+
+    fn owns(&self, sandbox: &str) -> bool {
+        self.0
+            .sandboxes
+            .lock()
+            .expect("sandboxes")
+            .contains_key(sandbox)
+    }
+
+    fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
+        Box::pin(async move {
+            let v = self.0.dispatch(cx, method, params).await?;
+            serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
+        })
+    }
+}

@@ -1,0 +1,140 @@
+//! Streaming an exec to the terminal: `abx exec` and `abx run`.
+//!
+//! Output is written as it arrives (stdout to stdout, stderr to stderr); piped stdin is
+//! forwarded with `exec/write` and closed with `eof`; the exit code is the command's.
+
+use crate::client::Client;
+use crate::output::Failure;
+use abx_protocol::message::Message;
+use abx_protocol::{AbxError, ErrorCode};
+use base64::Engine;
+use serde_json::{json, Value};
+use std::io::IsTerminal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Join argv into one shell string: a single argument is taken as a shell command as is;
+/// several are quoted so that each stays one word.
+pub fn shell_join(args: &[String]) -> String {
+    if args.len() == 1 {
+        return args[0].clone();
+    }
+    args.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ")
+}
+
+fn quote(a: &str) -> String {
+    if !a.is_empty()
+        && a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        a.to_owned()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
+fn decode(v: &Value) -> Vec<u8> {
+    let data = v["data"].as_str().unwrap_or_default();
+    if v["encoding"] == "base64" {
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap_or_default()
+    } else {
+        data.as_bytes().to_vec()
+    }
+}
+
+/// Start `command` in `sandbox`, stream it, return its exit code.
+pub async fn exec(
+    c: &mut Client,
+    sandbox: &str,
+    command: &str,
+    timeout: Option<f64>,
+) -> Result<u8, Failure> {
+    let mut params = json!({"sandbox": sandbox, "command": command});
+    if let Some(t) = timeout {
+        params["timeout"] = json!(t);
+    }
+    let started = c.call("exec/start", Some(&params)).await?;
+    let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
+    let forward_stdin = !std::io::stdin().is_terminal();
+    let mut stdin = tokio::io::stdin();
+    let mut stdin_open = forward_stdin;
+    let mut out = tokio::io::stdout();
+    let mut err = tokio::io::stderr();
+    let mut buf = vec![0u8; 64 * 1024];
+    if !forward_stdin {
+        // Nothing will come: close the command's stdin so it never waits for input.
+        write_stdin(c, &exec_id, &[], true).await?;
+    }
+    loop {
+        tokio::select! {
+            m = c.next_message() => {
+                let Some(m) = m? else {
+                    return Err(AbxError::detail(ErrorCode::BrokerUnreachable, "the broker closed the connection").into());
+                };
+                let Message::Notification(n) = m else { continue };
+                let p: Value = n.params.as_deref().and_then(|p| serde_json::from_str(p.get()).ok()).unwrap_or_default();
+                if p["execId"] != exec_id.as_str() {
+                    continue;
+                }
+                match n.method.as_str() {
+                    "exec/output" => {
+                        let bytes = decode(&p);
+                        if p["stream"] == "stderr" {
+                            let _ = err.write_all(&bytes).await;
+                            let _ = err.flush().await;
+                        } else {
+                            let _ = out.write_all(&bytes).await;
+                            let _ = out.flush().await;
+                        }
+                    }
+                    "exec/exit" => {
+                        let _ = out.flush().await;
+                        if p["timedOut"] == true {
+                            eprintln!("[E3001] Command timed out.");
+                        }
+                        let code = p["exitCode"].as_i64().unwrap_or(1);
+                        return Ok(code.clamp(0, 255) as u8);
+                    }
+                    _ => {}
+                }
+            }
+            r = stdin.read(&mut buf), if stdin_open => {
+                match r {
+                    Ok(0) | Err(_) => {
+                        stdin_open = false;
+                        write_stdin(c, &exec_id, &[], true).await?;
+                    }
+                    Ok(n) => write_stdin(c, &exec_id, &buf[..n], false).await?,
+                }
+            }
+        }
+    }
+}
+
+async fn write_stdin(c: &mut Client, exec_id: &str, data: &[u8], eof: bool) -> Result<(), Failure> {
+    // Fire and forget: replies are read (and ignored) by the stream loop.
+    let params = json!({
+        "execId": exec_id,
+        "data": base64::engine::general_purpose::STANDARD.encode(data),
+        "encoding": "base64",
+        "eof": eof,
+    });
+    c.send_request("exec/write", Some(&params)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn joins_words_for_the_shell() {
+        let s =
+            |v: &[&str]| super::shell_join(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(s(&["echo hi; exit 3"]), "echo hi; exit 3");
+        assert_eq!(
+            s(&["python3", "-c", "print('x y')"]),
+            "python3 -c 'print('\\''x y'\\'')'"
+        );
+        assert_eq!(s(&["ls", ""]), "ls ''");
+    }
+}
