@@ -219,6 +219,13 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
         while tasks.try_join_next().is_some() {}
     }
     drop(listener);
+    // Stop the plugins cleanly (shutdown, exit), in parallel, bounded.
+    let stops = broker.registry.all();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(stops.iter().map(|p| p.shutdown())),
+    )
+    .await;
     // Give connections a moment to flush their last replies.
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while tasks.join_next().await.is_some() {}

@@ -1,6 +1,7 @@
 //! The method table: every request method the broker serves, and its handler.
 
 use crate::conn::Conn;
+use crate::plugins::manage;
 use crate::provider::{CallCx, Provider};
 use crate::state::Broker;
 use abx_protocol::api::{
@@ -49,6 +50,15 @@ pub const METHODS: &[&str] = &[
     methods::PING,
     methods::STATUS,
     methods::BROKER_SHUTDOWN,
+    "provider/list",
+    "provider/info",
+    "provider/install",
+    "provider/uninstall",
+    "provider/update",
+    "provider/doctor",
+    "provider/configure",
+    "provider/setDefault",
+    "provider/test",
 ];
 
 /// Run one request.
@@ -61,6 +71,27 @@ pub async fn call(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
         methods::BROKER_SHUTDOWN => broker_shutdown(cx, params(method, p)?),
         "provider/list" => provider_list(cx),
         "provider/info" => provider_info(cx, params(method, p)?),
+        "provider/install" => manage::install(&cx.broker, params(method, p)?)
+            .await
+            .and_then(|v| reply(&v)),
+        "provider/uninstall" => manage::uninstall(&cx.broker, params(method, p)?)
+            .await
+            .and_then(|v| reply(&v)),
+        "provider/update" => manage::update(&cx.broker, params(method, p)?)
+            .await
+            .and_then(|v| reply(&v)),
+        "provider/doctor" => manage::doctor(&cx.broker, params(method, p)?)
+            .await
+            .and_then(|v| reply(&v)),
+        "provider/configure" => manage::configure(&cx.broker, params(method, p)?)
+            .await
+            .and_then(|v| reply(&v)),
+        "provider/test" => crate::kit::run(cx, params(method, p)?)
+            .await
+            .and_then(|v| reply(&v)),
+        "provider/setDefault" => {
+            manage::set_default(&cx.broker, params(method, p)?).and_then(|v| reply(&v))
+        }
         m if features::PROVIDER_METHODS.contains(&m) => route(cx, m, p).await,
         _ => Err(AbxError::new(
             ErrorCode::MethodNotFound,
@@ -86,7 +117,17 @@ pub fn status(b: &Broker) -> Reply {
         "socket": b.paths.socket,
         "dataDir": b.paths.data_dir,
         "logFile": b.paths.log_file(),
-        "providers": b.registry.all().iter().map(|p| json!({"id": p.summary().id, "kind": p.summary().kind, "running": true})).collect::<Vec<_>>(),
+        "providers": b.registry.all().iter().map(|p| {
+            let info = p.info();
+            let proc_ = &info["process"];
+            json!({
+                "id": p.summary().id, "kind": p.summary().kind,
+                "running": proc_.get("running").cloned().unwrap_or(json!(true)),
+                "pid": proc_.get("pid").cloned().unwrap_or(Value::Null),
+                "inFlight": proc_.get("inFlight").cloned().unwrap_or(json!(0)),
+                "restarts": proc_.get("restarts").cloned().unwrap_or(json!(0)),
+            })
+        }).collect::<Vec<_>>(),
         "sandboxes": b.registry.all().iter().map(|p| p.sandbox_count()).sum::<usize>(),
     }))
 }
@@ -104,7 +145,7 @@ fn initialize(cx: &Cx, p: InitializeParams) -> Reply {
         capabilities: json!({
             "framings": ["line", "content-length"],
             "maxMessageSize": cx.broker.max_message,
-            "methods": METHODS,
+            "methods": METHODS.iter().chain(features::PROVIDER_METHODS).collect::<Vec<_>>(),
         }),
     })
 }

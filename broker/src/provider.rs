@@ -68,7 +68,7 @@ pub struct ProviderSummary {
 }
 
 /// A sandbox provider.
-pub trait Provider: Send + Sync {
+pub trait Provider: Send + Sync + std::any::Any {
     /// Its summary.
     fn summary(&self) -> &ProviderSummary;
 
@@ -128,6 +128,21 @@ impl Registry {
             .into_iter()
             .find(|p| p.summary().id == id)
             .ok_or_else(|| AbxError::new(ErrorCode::ProviderNotInstalled, &[("provider", id)]))
+    }
+
+    /// Add a provider, replacing one with the same id.
+    pub fn upsert(&self, p: Arc<dyn Provider>) {
+        let mut all = self.providers.write().expect("registry lock");
+        all.retain(|x| x.summary().id != p.summary().id);
+        all.push(p);
+    }
+
+    /// Remove a provider.
+    pub fn remove(&self, id: &str) {
+        self.providers
+            .write()
+            .expect("registry lock")
+            .retain(|x| x.summary().id != id);
     }
 
     /// The configured default provider id.

@@ -42,7 +42,15 @@ impl Broker {
         let local: Arc<dyn crate::provider::Provider> = Arc::new(
             crate::local::provider::LocalProvider::start(&paths.data_dir),
         );
-        let registry = crate::provider::Registry::new(vec![local]);
+        let mut providers = vec![local];
+        providers.extend(crate::plugins::manage::load_installed(&paths));
+
+        let registry = crate::provider::Registry::new(providers);
+        if let Some(d) = crate::plugins::manage::load_default(&paths) {
+            if registry.set_default(&d).is_err() {
+                tracing::warn!(provider = %d, "the configured default provider is not installed");
+            }
+        }
         if let Ok(p) = std::env::var("ABX_PROVIDER") {
             if !p.is_empty() && registry.set_default(&p).is_err() {
                 tracing::warn!(provider = %p, "ABX_PROVIDER names a provider that is not installed");

@@ -204,6 +204,27 @@ impl Client {
         params: Option<&P>,
     ) -> Result<Value, CallError> {
         let id = self.send_request(method, params).await?;
+        self.wait_for(&id, None).await
+    }
+
+    /// Call a method and hand every notification that arrives meanwhile to `on_note`
+    /// (progress bars) instead of queueing it.
+    pub async fn call_watching<P: Serialize + ?Sized>(
+        &mut self,
+        method: &str,
+        params: Option<&P>,
+        on_note: &mut dyn FnMut(&Notification),
+    ) -> Result<Value, CallError> {
+        let id = self.send_request(method, params).await?;
+        self.wait_for(&id, Some(on_note)).await
+    }
+
+    async fn wait_for(
+        &mut self,
+        id: &Id,
+        mut on_note: Option<&mut dyn FnMut(&Notification)>,
+    ) -> Result<Value, CallError> {
+        let id = id.clone();
         loop {
             match self.next_message().await? {
                 None => {
@@ -218,7 +239,10 @@ impl Client {
                         Err(e) => Err(CallError::Rpc(e)),
                     }
                 }
-                Some(Message::Notification(n)) => self.notifications.push_back(n),
+                Some(Message::Notification(n)) => match on_note.as_mut() {
+                    Some(f) => f(&n),
+                    None => self.notifications.push_back(n),
+                },
                 Some(_) => {}
             }
         }

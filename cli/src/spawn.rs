@@ -24,7 +24,16 @@ fn err(paths: &Paths, detail: impl std::fmt::Display) -> AbxError {
 /// Start a daemon unless one is (or becomes) reachable. Safe to call from many clients at
 /// once: they queue on the spawn lock and all but the first find the daemon up.
 pub async fn start_daemon(paths: &Paths) -> Result<Option<u32>, AbxError> {
-    paths.ensure().map_err(|e| err(paths, e))?;
+    paths.ensure().map_err(|e| {
+        err(
+            paths,
+            format!(
+                "cannot create its directories ({}, {}): {e}",
+                paths.runtime_dir.display(),
+                paths.data_dir.display()
+            ),
+        )
+    })?;
     let p = paths.clone();
     tokio::task::spawn_blocking(move || start_blocking(&p))
         .await

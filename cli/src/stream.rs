@@ -10,7 +10,7 @@ use abx_protocol::{AbxError, ErrorCode};
 use base64::Engine;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// Join argv into one shell string: a single argument is taken as a shell command as is;
 /// several are quoted so that each stays one word.
@@ -49,25 +49,41 @@ pub async fn exec(
     sandbox: &str,
     command: &str,
     timeout: Option<f64>,
+    cwd: Option<&str>,
 ) -> Result<u8, Failure> {
     let mut params = json!({"sandbox": sandbox, "command": command});
     if let Some(t) = timeout {
         params["timeout"] = json!(t);
     }
-    let started = c.call("exec/start", Some(&params)).await?;
+    if let Some(d) = cwd {
+        params["cwd"] = json!(d);
+    }
+    let started = c
+        .call("exec/start", Some(&params))
+        .await
+        .map_err(|e| Failure::from(e).in_method("exec/start"))?;
     let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
     let forward_stdin = !std::io::stdin().is_terminal();
-    let mut stdin = tokio::io::stdin();
-    let mut stdin_open = forward_stdin;
+    let mut stdin = forward_stdin.then(crate::term::stdin_chunks);
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();
-    let mut buf = vec![0u8; 64 * 1024];
     if !forward_stdin {
         // Nothing will come: close the command's stdin so it never waits for input.
         write_stdin(c, &exec_id, &[], true).await?;
     }
+    // Ctrl-C interrupts the remote command (SIGINT to its tree); a second one leaves.
+    let mut interrupted = false;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(AbxError::internal)?;
     loop {
         tokio::select! {
+            _ = sigint.recv() => {
+                if interrupted {
+                    return Ok(130);
+                }
+                interrupted = true;
+                let _ = c.send_request("exec/kill", Some(&json!({"execId": exec_id, "signal": "INT"}))).await;
+            }
             m = c.next_message() => {
                 let Some(m) = m? else {
                     return Err(AbxError::detail(ErrorCode::BrokerUnreachable, "the broker closed the connection").into());
@@ -83,9 +99,10 @@ pub async fn exec(
                         if p["stream"] == "stderr" {
                             let _ = err.write_all(&bytes).await;
                             let _ = err.flush().await;
-                        } else {
-                            let _ = out.write_all(&bytes).await;
-                            let _ = out.flush().await;
+                        } else if out.write_all(&bytes).await.and(out.flush().await).is_err() {
+                            // Our reader went away: stop the command, as a pipe would.
+                            let _ = c.send_request("exec/kill", Some(&json!({"execId": exec_id}))).await;
+                            return Ok(141);
                         }
                     }
                     "exec/exit" => {
@@ -93,26 +110,53 @@ pub async fn exec(
                         if p["timedOut"] == true {
                             eprintln!("[E3001] Command timed out.");
                         }
-                        let code = p["exitCode"].as_i64().unwrap_or(1);
-                        return Ok(code.clamp(0, 255) as u8);
+                        return Ok(exit_code(&p));
                     }
                     _ => {}
                 }
             }
-            r = stdin.read(&mut buf), if stdin_open => {
-                match r {
-                    Ok(0) | Err(_) => {
-                        stdin_open = false;
+            chunk = async { stdin.as_mut().expect("stdin").recv().await }, if stdin.is_some() => {
+                match chunk.flatten() {
+                    Some(data) => write_stdin(c, &exec_id, &data, false).await?,
+                    None => {
+                        stdin = None;
                         write_stdin(c, &exec_id, &[], true).await?;
                     }
-                    Ok(n) => write_stdin(c, &exec_id, &buf[..n], false).await?,
                 }
             }
         }
     }
 }
 
-async fn write_stdin(c: &mut Client, exec_id: &str, data: &[u8], eof: bool) -> Result<(), Failure> {
+/// The exit code of an `exec/exit`: `exitCode`, else 128 + the signal, else 1.
+pub fn exit_code(p: &Value) -> u8 {
+    if let Some(c) = p["exitCode"].as_i64() {
+        return c.clamp(0, 255) as u8;
+    }
+    p["signal"]
+        .as_str()
+        .and_then(signal_number)
+        .map_or(1, |n| (128 + n).clamp(0, 255) as u8)
+}
+
+fn signal_number(name: &str) -> Option<i32> {
+    Some(match name.trim_start_matches("SIG") {
+        "HUP" => 1,
+        "INT" => 2,
+        "QUIT" => 3,
+        "KILL" => 9,
+        "TERM" => 15,
+        "PIPE" => 13,
+        _ => return None,
+    })
+}
+
+pub async fn write_stdin(
+    c: &mut Client,
+    exec_id: &str,
+    data: &[u8],
+    eof: bool,
+) -> Result<(), Failure> {
     // Fire and forget: replies are read (and ignored) by the stream loop.
     let params = json!({
         "execId": exec_id,

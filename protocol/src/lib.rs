@@ -16,6 +16,7 @@ pub mod codec;
 pub mod error;
 pub mod features;
 pub mod id;
+pub mod manifest;
 pub mod message;
 
 pub use codec::{Frame, FrameCodec, Framing, DEFAULT_MAX_MESSAGE_SIZE};

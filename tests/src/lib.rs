@@ -479,3 +479,153 @@ pub fn sha256_file(path: &Path) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// A process running on a pseudo-terminal (its stdin, stdout and stderr, and its
+/// controlling terminal): for prompts, `abx shell` and terminal-sized tables.
+pub struct PtyChild {
+    /// The master side: what the process writes, and where keystrokes go.
+    pub master: std::fs::File,
+    /// The process.
+    pub child: std::process::Child,
+    /// Everything read from the master so far.
+    pub output: Vec<u8>,
+}
+
+/// Set the window size of a terminal.
+pub fn set_winsize(fd: i32, cols: u16, rows: u16) {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let r = unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) };
+    assert_eq!(r, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
+}
+
+impl Home {
+    /// Run `abx ARGS` on a new pseudo-terminal of `cols` x `rows`, in its own session with
+    /// the terminal as its controlling terminal (so `/dev/tty` works).
+    pub fn spawn_pty(&self, args: &[&str], cols: u16, rows: u16) -> PtyChild {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::process::CommandExt;
+        let (mut m, mut s) = (0, 0);
+        let r = unsafe {
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+        let (master, slave) = unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
+        unsafe { libc::fcntl(master.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+        set_winsize(slave.as_raw_fd(), cols, rows);
+        let mut cmd = self.abx();
+        cmd.args(args)
+            .stdin(Stdio::from(slave.try_clone().expect("dup")))
+            .stdout(Stdio::from(slave.try_clone().expect("dup")))
+            .stderr(Stdio::from(slave.try_clone().expect("dup")));
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn abx on a pty");
+        drop(slave);
+        PtyChild {
+            master: std::fs::File::from(master),
+            child,
+            output: Vec::new(),
+        }
+    }
+}
+
+impl PtyChild {
+    /// Type bytes.
+    pub fn write(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).expect("write to pty");
+    }
+
+    /// Read what is there within `wait`: `Some(true)` data came, `Some(false)` nothing
+    /// came, `None` the terminal was closed.
+    fn pump(&mut self, wait: Duration) -> Option<bool> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: self.master.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let r = unsafe { libc::poll(&mut pfd, 1, wait.as_millis() as i32) };
+        if r <= 0 {
+            return Some(false);
+        }
+        let mut buf = [0u8; 4096];
+        match self.master.read(&mut buf) {
+            Ok(0) | Err(_) => None,
+            Ok(n) => {
+                self.output.extend_from_slice(&buf[..n]);
+                Some(true)
+            }
+        }
+    }
+
+    /// The output so far, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output).into_owned()
+    }
+
+    /// Read until the output contains `needle` (panics after [`READ_TIMEOUT`]).
+    pub fn expect(&mut self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + READ_TIMEOUT;
+        while !self.text().contains(needle) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {needle:?} in {:?}",
+                self.text()
+            );
+            if self.pump(Duration::from_millis(50)).is_none() {
+                assert!(
+                    self.text().contains(needle),
+                    "terminal closed without {needle:?}: {:?}",
+                    self.text()
+                );
+            }
+        }
+        self.text()
+    }
+
+    /// The terminal's local mode flags (`ICANON`, `ECHO`, ...), read through the master.
+    pub fn lflag(&self) -> libc::tcflag_t {
+        use std::os::fd::AsRawFd;
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::tcgetattr(self.master.as_raw_fd(), &mut t) };
+        assert_eq!(r, 0, "tcgetattr: {}", std::io::Error::last_os_error());
+        t.c_lflag
+    }
+
+    /// Read to the end and wait for the exit code.
+    pub fn finish(&mut self) -> (String, i32) {
+        let deadline = std::time::Instant::now() + READ_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                // What is still buffered; stop at the end or when nothing more comes.
+                while self.pump(Duration::from_millis(100)) == Some(true) {}
+                return (self.text(), st.code().unwrap_or(-1));
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "abx did not exit: {:?}",
+                self.text()
+            );
+            self.pump(Duration::from_millis(20));
+        }
+    }
+}

@@ -1,0 +1,891 @@
+//! The EPP/1 host: one child process per provider, shared by every client (DESIGN §7).
+//!
+//! Three tasks per running child (after helix-lsp): a reader (stdout: replies and
+//! notifications), a stderr logger (secrets redacted, last lines kept for error details)
+//! and a writer (stdin). The host owns the id counter and the map of pending calls; clients'
+//! ids never reach the plugin.
+//!
+//! - **Handshake:** `initialize` must answer `protocol: "EPP/1"`, the manifest's id, and
+//!   features that the manifest declares (else E8002/E8003); then `initialized`.
+//! - **Streams:** when a reply to `exec/start`/`exec/attach`/`files/watch` passes, the reader
+//!   records which connection owns that exec or watch id, and the stream's notifications go
+//!   to it alone, through a per-stream forwarder that waits until the client has the reply.
+//! - **Faults:** end of stdout fails every pending call with E8007 and the tail of stderr;
+//!   garbage or an oversized line kills the child (E8009); a call that gets no answer in time
+//!   is E8008. The next call restarts the child after a backoff; five crashes in a minute
+//!   disable it until `provider/doctor` or a reinstall resets it.
+//! - **Idle:** a child without calls or streams for `ABX_PLUGIN_IDLE_SECS` (300) is stopped.
+
+use crate::conn::ConnHandle;
+use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::message::{self, Incoming, Message};
+use abx_protocol::{AbxError, ErrorCode, Id};
+use futures::StreamExt;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Largest line a plugin may send.
+const MAX_LINE: usize = 64 * 1024 * 1024;
+/// Lines of stderr kept for error details.
+const STDERR_TAIL: usize = 20;
+/// Crashes within [`CRASH_WINDOW`] that disable a plugin.
+const CRASH_LIMIT: usize = 5;
+const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// Notifications queued per stream before the plugin's reader waits.
+const STREAM_QUEUE: usize = 1024;
+
+/// Everything needed to start the child.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Provider id (from the manifest).
+    pub id: String,
+    /// The installed tree (cwd of the child).
+    pub root: PathBuf,
+    /// argv.
+    pub command: Vec<String>,
+    /// Extra environment (ABX_*, config env fallbacks).
+    pub env: BTreeMap<String, String>,
+    /// The plugin's private data dir.
+    pub data_dir: PathBuf,
+    /// Effective config sent in `initialize` (secrets included).
+    pub config: serde_json::Map<String, Value>,
+    /// Secret values, redacted from logs and error details.
+    pub secrets: Vec<String>,
+    /// Features the manifest declares.
+    pub features: Vec<String>,
+    /// Per-call timeout.
+    pub call_timeout: Duration,
+}
+
+/// What a started child told us in its handshake.
+#[derive(Clone, Debug)]
+pub struct Handshake {
+    /// Provider name it reported.
+    pub name: String,
+    /// Version it reported.
+    pub version: String,
+    /// Features it reported.
+    pub features: Vec<String>,
+}
+
+type ReplyTx = oneshot::Sender<Result<Box<RawValue>, AbxError>>;
+
+struct Pending {
+    method: String,
+    reply: ReplyTx,
+    conn: Option<ConnHandle>,
+    replied: Option<CancellationToken>,
+}
+
+/// A per-stream forwarder: the notifications of one exec or watch, in order, to its owner.
+struct Route {
+    tx: mpsc::Sender<Vec<u8>>,
+}
+
+struct Running {
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    routes: Arc<Mutex<HashMap<String, Route>>>,
+    next_id: AtomicI64,
+    pid: u32,
+    dead: CancellationToken,
+    handshake: Handshake,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    kill: CancellationToken,
+}
+
+#[derive(Default)]
+struct State {
+    running: Option<Arc<Running>>,
+    crashes: VecDeque<Instant>,
+    restarts: u64,
+    disabled: Option<String>,
+    last_used: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// One plugin's host.
+pub struct Host {
+    spec: Mutex<Spec>,
+    state: tokio::sync::Mutex<State>,
+    status: Mutex<HostStatus>,
+}
+
+/// What `broker/status` and doctor show about a host.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    /// A child is running.
+    pub running: bool,
+    /// Its pid.
+    pub pid: Option<u32>,
+    /// Calls waiting for an answer.
+    pub in_flight: usize,
+    /// Restarts so far.
+    pub restarts: u64,
+    /// Why it is disabled, if it is.
+    pub disabled: Option<String>,
+    /// The last failure.
+    pub last_error: Option<String>,
+}
+
+fn redact(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for s in secrets {
+        if !s.is_empty() {
+            out = out.replace(s.as_str(), "[REDACTED]");
+        }
+    }
+    out
+}
+
+impl Host {
+    /// A host for `spec`; nothing starts until the first call.
+    pub fn new(spec: Spec) -> Arc<Host> {
+        let host = Arc::new(Host {
+            spec: Mutex::new(spec),
+            state: tokio::sync::Mutex::new(State::default()),
+            status: Mutex::new(HostStatus::default()),
+        });
+        let weak = Arc::downgrade(&host);
+        tokio::spawn(async move { idle_reaper(weak).await });
+        host
+    }
+
+    fn id(&self) -> String {
+        self.spec.lock().expect("spec").id.clone()
+    }
+
+    /// Replace the spec (new config or a reinstall); the running child is stopped.
+    pub async fn respec(&self, spec: Spec) {
+        *self.spec.lock().expect("spec") = spec;
+        self.stop().await;
+        let mut st = self.state.lock().await;
+        st.disabled = None;
+        st.crashes.clear();
+    }
+
+    /// Status for `broker/status` and doctor.
+    pub fn status(&self) -> HostStatus {
+        self.status.lock().expect("status").clone()
+    }
+
+    fn set_status(&self, st: &State) {
+        let mut s = self.status.lock().expect("status");
+        s.running = st.running.is_some();
+        s.pid = st.running.as_ref().map(|r| r.pid);
+        s.in_flight = st
+            .running
+            .as_ref()
+            .map_or(0, |r| r.pending.lock().expect("pending").len());
+        s.restarts = st.restarts;
+        s.disabled = st.disabled.clone();
+        s.last_error = st.last_error.clone();
+    }
+
+    /// Forget the crash history (doctor, reinstall).
+    pub async fn reset(&self) {
+        let mut st = self.state.lock().await;
+        st.disabled = None;
+        st.crashes.clear();
+        self.set_status(&st);
+    }
+
+    /// The running child, started (with its handshake) if needed.
+    async fn running(&self) -> Result<Arc<Running>, AbxError> {
+        let mut st = self.state.lock().await;
+        st.last_used = Some(Instant::now());
+        if let Some(r) = st.running.clone() {
+            if !r.dead.is_cancelled() {
+                return Ok(r);
+            }
+            // It died on its own (stop() takes it out of the state first): a crash.
+            st.running = None;
+            st.crashes.push_back(Instant::now());
+            st.last_error = Some("the plugin exited".into());
+            if st.crashes.len() >= CRASH_LIMIT {
+                st.disabled = Some(format!("crashed {} times in a minute", st.crashes.len()));
+            }
+        }
+        let id = self.id();
+        if let Some(why) = &st.disabled {
+            return Err(AbxError::new(ErrorCode::PluginCrashed, &[("provider", &id), ("detail", why)])
+                .with_suggestion(format!(
+                    "It was disabled after crashing repeatedly; run 'abx provider doctor {id}' to retry."
+                )));
+        }
+        // Backoff after recent crashes: 0, 100 ms, 200 ms, 400 ms ...
+        let now = Instant::now();
+        st.crashes.retain(|t| now.duration_since(*t) < CRASH_WINDOW);
+        if let Some(last) = st.crashes.back() {
+            let backoff = Duration::from_millis(100 * (1 << st.crashes.len().min(5)) / 2);
+            let since = now.duration_since(*last);
+            if since < backoff {
+                tokio::time::sleep(backoff - since).await;
+            }
+        }
+        let spec = self.spec.lock().expect("spec").clone();
+        match start(&spec).await {
+            Ok(r) => {
+                if !st.crashes.is_empty() {
+                    info!(provider = %id, "plugin restarted");
+                    st.restarts += 1;
+                }
+                st.running = Some(r.clone());
+                self.set_status(&st);
+                Ok(r)
+            }
+            Err(e) => {
+                st.crashes.push_back(Instant::now());
+                st.last_error = Some(e.message.clone());
+                if st.crashes.len() >= CRASH_LIMIT {
+                    st.disabled = Some(format!(
+                        "failed {} times in a minute: {}",
+                        st.crashes.len(),
+                        e.message
+                    ));
+                }
+                self.set_status(&st);
+                Err(e)
+            }
+        }
+    }
+
+    /// The handshake of the running child (starting it if needed).
+    pub async fn handshake(&self) -> Result<Handshake, AbxError> {
+        Ok(self.running().await?.handshake.clone())
+    }
+
+    /// Call a method on the plugin. `conn` and `replied` route the stream that the reply may
+    /// open (exec/start, files/watch) to the calling connection.
+    pub async fn call(
+        &self,
+        method: &str,
+        params: &Value,
+        conn: Option<ConnHandle>,
+        replied: Option<CancellationToken>,
+        cancel: Option<CancellationToken>,
+        timeout: Option<Duration>,
+    ) -> Result<Box<RawValue>, AbxError> {
+        let r = self.running().await?;
+        let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        r.pending.lock().expect("pending").insert(
+            id_num,
+            Pending {
+                method: method.to_owned(),
+                reply: tx,
+                conn,
+                replied,
+            },
+        );
+        let mut line = message::encode_request(&Id::Num(id_num), method, Some(params));
+        line.push(b'\n');
+        if r.writer.send(line).is_err() {
+            r.pending.lock().expect("pending").remove(&id_num);
+            return Err(self.crashed_error(&r, "its stdin is closed"));
+        }
+        // If this call is dropped unanswered (the client cancelled, or went away), the plugin
+        // hears `$/cancelRequest` for it.
+        let _guard = CancelOnDrop {
+            writer: r.writer.clone(),
+            pending: r.pending.clone(),
+            id: id_num,
+        };
+        let spec_timeout = self.spec.lock().expect("spec").call_timeout;
+        let limit = timeout.unwrap_or(spec_timeout);
+        let cancelled = async {
+            match &cancel {
+                Some(c) => c.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            res = rx => match res {
+                Ok(res) => res,
+                Err(_) => Err(self.crashed_error(&r, "it exited")),
+            },
+            _ = tokio::time::sleep(limit) => {
+                r.pending.lock().expect("pending").remove(&id_num);
+                self.send_cancel(&r, id_num);
+                Err(AbxError::new(ErrorCode::PluginTimedOut, &[
+                    ("provider", &self.id()), ("method", method), ("timeout", &limit.as_secs().to_string()),
+                ]))
+            }
+            _ = cancelled => {
+                r.pending.lock().expect("pending").remove(&id_num);
+                self.send_cancel(&r, id_num);
+                Err(AbxError::new(ErrorCode::RequestCancelled, &[]))
+            }
+        };
+        {
+            let st = self.state.try_lock();
+            if let Ok(st) = st {
+                self.set_status(&st);
+            }
+        }
+        outcome
+    }
+
+    fn send_cancel(&self, r: &Running, id: i64) {
+        let mut line = message::encode_notification("$/cancelRequest", Some(&json!({"id": id})));
+        line.push(b'\n');
+        let _ = r.writer.send(line);
+    }
+
+    fn crashed_error(&self, r: &Running, what: &str) -> AbxError {
+        let secrets = self.spec.lock().expect("spec").secrets.clone();
+        let tail: Vec<String> = r
+            .stderr_tail
+            .lock()
+            .expect("tail")
+            .iter()
+            .rev()
+            .take(3)
+            .rev()
+            .cloned()
+            .collect();
+        let detail = if tail.is_empty() {
+            what.to_owned()
+        } else {
+            format!("{what}; stderr: {}", redact(&tail.join(" | "), &secrets))
+        };
+        AbxError::new(
+            ErrorCode::PluginCrashed,
+            &[("provider", &self.id()), ("detail", &detail)],
+        )
+    }
+
+    /// True when a stream id (exec or watch) is routed through this host.
+    pub async fn has_route(&self, stream: &str) -> bool {
+        let st = self.state.lock().await;
+        st.running
+            .as_ref()
+            .is_some_and(|r| r.routes.lock().expect("routes").contains_key(stream))
+    }
+
+    /// Stop the child: `shutdown`, `exit`, then kill after a grace period.
+    pub async fn stop(&self) {
+        let running = self.state.lock().await.running.take();
+        let Some(r) = running else { return };
+        let (tx, rx) = oneshot::channel();
+        let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
+        r.pending.lock().expect("pending").insert(
+            id_num,
+            Pending {
+                method: "shutdown".into(),
+                reply: tx,
+                conn: None,
+                replied: None,
+            },
+        );
+        let mut line = message::encode_request(&Id::Num(id_num), "shutdown", None::<&Value>);
+        line.push(b'\n');
+        let _ = r.writer.send(line);
+        let _ = tokio::time::timeout(Duration::from_secs(2), rx).await;
+        let mut exit = message::encode_notification("exit", None::<&Value>);
+        exit.push(b'\n');
+        let _ = r.writer.send(exit);
+        if tokio::time::timeout(Duration::from_secs(2), r.dead.cancelled())
+            .await
+            .is_err()
+        {
+            r.kill.cancel();
+        }
+        let st = self.state.lock().await;
+        self.set_status(&st);
+    }
+}
+
+struct CancelOnDrop {
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    id: i64,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self
+            .pending
+            .lock()
+            .expect("pending")
+            .remove(&self.id)
+            .is_some()
+        {
+            let mut line =
+                message::encode_notification("$/cancelRequest", Some(&json!({"id": self.id})));
+            line.push(b'\n');
+            let _ = self.writer.send(line);
+        }
+    }
+}
+
+async fn idle_reaper(weak: std::sync::Weak<Host>) {
+    let idle = std::env::var("ABX_PLUGIN_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs);
+    loop {
+        tokio::time::sleep(
+            idle.min(Duration::from_secs(5))
+                .max(Duration::from_millis(200)),
+        )
+        .await;
+        let Some(host) = weak.upgrade() else { return };
+        let stop = {
+            let st = host.state.lock().await;
+            match (&st.running, st.last_used) {
+                (Some(r), Some(t)) => {
+                    t.elapsed() >= idle
+                        && r.pending.lock().expect("pending").is_empty()
+                        && r.routes.lock().expect("routes").is_empty()
+                }
+                _ => false,
+            }
+        };
+        if stop {
+            info!(provider = %host.id(), "stopping idle plugin");
+            host.stop().await;
+        }
+    }
+}
+
+/// Spawn the child and run the handshake.
+async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
+    let handshake_failed = |d: &str| {
+        AbxError::new(
+            ErrorCode::HandshakeFailed,
+            &[("provider", &spec.id), ("detail", d)],
+        )
+    };
+    let (program, args) = spec
+        .command
+        .split_first()
+        .ok_or_else(|| handshake_failed("the manifest has an empty runtime command"))?;
+    let program = if program.starts_with("./") || program.starts_with("../") {
+        spec.root.join(program).to_string_lossy().into_owned()
+    } else {
+        program.clone()
+    };
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(args)
+        .current_dir(&spec.root)
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        )
+        .env("HOME", std::env::var("HOME").unwrap_or_else(|_| "/".into()))
+        .env("LANG", "C.UTF-8")
+        .env("ABX_PROTOCOL", "EPP/1")
+        .env("ABX_PROVIDER_ID", &spec.id)
+        .env("ABX_DATA_DIR", &spec.data_dir)
+        .envs(&spec.env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // SAFETY: async-signal-safe only; its own process group, so a kill takes its children.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setpgid(0, 0);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| handshake_failed(&format!("cannot start {program}: {e}")))?;
+    let pid = child.id().unwrap_or(0);
+    let stdin = child.stdin.take().expect("piped");
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+
+    let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+    let routes: Arc<Mutex<HashMap<String, Route>>> = Arc::default();
+    let dead = CancellationToken::new();
+    let kill = CancellationToken::new();
+    let stderr_tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+
+    // stderr: the plugin's log, redacted.
+    {
+        let tail = stderr_tail.clone();
+        let secrets = spec.secrets.clone();
+        let id = spec.id.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let line = redact(&line, &secrets);
+                info!(provider = %id, "plugin: {line}");
+                let mut t = tail.lock().expect("tail");
+                t.push_back(line);
+                while t.len() > STDERR_TAIL {
+                    t.pop_front();
+                }
+            }
+        });
+    }
+    // stdin writer.
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+    {
+        let mut stdin = stdin;
+        tokio::spawn(async move {
+            while let Some(first) = wrx.recv().await {
+                let mut buf = first;
+                while let Ok(more) = wrx.try_recv() {
+                    buf.extend_from_slice(&more);
+                    if buf.len() > 1024 * 1024 {
+                        break;
+                    }
+                }
+                if stdin.write_all(&buf).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let running = Arc::new(Running {
+        writer: wtx,
+        pending: pending.clone(),
+        routes: routes.clone(),
+        next_id: AtomicI64::new(1),
+        pid,
+        dead: dead.clone(),
+        handshake: Handshake {
+            name: String::new(),
+            version: String::new(),
+            features: vec![],
+        },
+        stderr_tail: stderr_tail.clone(),
+        kill: kill.clone(),
+    });
+    // stdout reader, and the child's end.
+    {
+        let id = spec.id.clone();
+        let pending = pending.clone();
+        let routes = routes.clone();
+        let dead = dead.clone();
+        let tail = stderr_tail.clone();
+        let secrets = spec.secrets.clone();
+        tokio::spawn(async move {
+            let why = read_loop(&id, stdout, &pending, &routes, &kill, &mut child, &secrets).await;
+            // Give stderr a moment to deliver the last words.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = child.start_kill();
+            let status = child.wait().await.ok();
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            let tail: Vec<String> = tail
+                .lock()
+                .expect("tail")
+                .iter()
+                .rev()
+                .take(3)
+                .rev()
+                .cloned()
+                .collect();
+            let detail = format!(
+                "{why} ({}){}",
+                status.map_or_else(|| "no status".into(), |s| s.to_string()),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; stderr: {}", redact(&tail.join(" | "), &secrets))
+                }
+            );
+            let code = if why.starts_with("sent") {
+                ErrorCode::BadPluginReply
+            } else {
+                ErrorCode::PluginCrashed
+            };
+            let drained: Vec<Pending> = pending
+                .lock()
+                .expect("pending")
+                .drain()
+                .map(|(_, p)| p)
+                .collect();
+            if !drained.is_empty() {
+                warn!(provider = %id, calls = drained.len(), "plugin gone with calls in flight: {detail}");
+            }
+            for p in drained {
+                let e = AbxError::new(code, &[("provider", &id), ("detail", &detail)]);
+                let _ = p.reply.send(Err(e));
+            }
+            // Streams of a dead plugin end: tell their owners.
+            let streams: Vec<(String, Route)> = routes.lock().expect("routes").drain().collect();
+            for (sid, r) in streams {
+                if sid.starts_with("watch:") {
+                    continue;
+                }
+                let exit = message::encode_notification(
+                    "exec/exit",
+                    Some(
+                        &json!({"execId": sid, "exitCode": null, "timedOut": false, "error": format!("provider '{id}' crashed")}),
+                    ),
+                );
+                let _ = r.tx.send(exit).await;
+            }
+            dead.cancel();
+        });
+    }
+    // Handshake.
+    let r = running.clone();
+    let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    r.pending.lock().expect("pending").insert(
+        id_num,
+        Pending {
+            method: "initialize".into(),
+            reply: tx,
+            conn: None,
+            replied: None,
+        },
+    );
+    let params = json!({
+        "protocol": "EPP/1",
+        "broker": {"name": "abx-broker", "version": crate::VERSION},
+        "config": spec.config,
+        "dataDir": spec.data_dir,
+    });
+    let mut line = message::encode_request(&Id::Num(id_num), "initialize", Some(&params));
+    line.push(b'\n');
+    let _ = r.writer.send(line);
+    let reply = match tokio::time::timeout(Duration::from_secs(15), rx).await {
+        Ok(Ok(Ok(v))) => v,
+        Ok(Ok(Err(e))) => {
+            r.kill.cancel();
+            return Err(handshake_failed(&e.message));
+        }
+        Ok(Err(_)) => {
+            r.kill.cancel();
+            return Err(handshake_failed(
+                "the plugin exited before answering initialize",
+            ));
+        }
+        Err(_) => {
+            r.kill.cancel();
+            return Err(handshake_failed("no answer to initialize within 15 s"));
+        }
+    };
+    let v: Value = serde_json::from_str(reply.get()).unwrap_or(Value::Null);
+    let fail = |e: AbxError| {
+        r.kill.cancel();
+        Err(e)
+    };
+    match v["protocol"].as_str() {
+        Some("EPP/1") => {}
+        other => {
+            return fail(AbxError::new(
+                ErrorCode::ProtocolMismatch,
+                &[
+                    ("provider", &spec.id),
+                    ("protocol", other.unwrap_or("nothing")),
+                ],
+            ))
+        }
+    }
+    let reported_id = v["provider"]["id"].as_str().unwrap_or_default();
+    if reported_id != spec.id {
+        return fail(handshake_failed(&format!(
+            "it says it is '{reported_id}', the manifest says '{}'",
+            spec.id
+        )));
+    }
+    let features: Vec<String> = v["features"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(extra) = features.iter().find(|f| !spec.features.contains(f)) {
+        return fail(handshake_failed(&format!(
+            "it reports feature '{extra}', which its manifest does not declare"
+        )));
+    }
+    let mut init = message::encode_notification("initialized", Some(&json!({})));
+    init.push(b'\n');
+    let _ = r.writer.send(init);
+    let handshake = Handshake {
+        name: v["provider"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        version: v["provider"]["version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        features,
+    };
+    debug!(provider = %spec.id, pid, "plugin started");
+    // Rebuild with the handshake filled in (the tasks share the inner Arcs).
+    Ok(Arc::new(Running {
+        writer: r.writer.clone(),
+        pending: r.pending.clone(),
+        routes: r.routes.clone(),
+        next_id: AtomicI64::new(r.next_id.load(Ordering::Relaxed)),
+        pid,
+        dead: r.dead.clone(),
+        handshake,
+        stderr_tail: r.stderr_tail.clone(),
+        kill: r.kill.clone(),
+    }))
+}
+
+/// Read the child's stdout until it ends or misbehaves. Returns why it ended.
+async fn read_loop(
+    id: &str,
+    stdout: tokio::process::ChildStdout,
+    pending: &Arc<Mutex<HashMap<i64, Pending>>>,
+    routes: &Arc<Mutex<HashMap<String, Route>>>,
+    kill: &CancellationToken,
+    child: &mut tokio::process::Child,
+    secrets: &[String],
+) -> String {
+    let mut frames = FramedRead::new(stdout, FrameCodec::with_framing(Framing::Line, MAX_LINE));
+    loop {
+        let frame = tokio::select! {
+            f = frames.next() => f,
+            _ = kill.cancelled() => {
+                let _ = child.start_kill();
+                return "it was stopped".into();
+            }
+        };
+        let bytes = match frame {
+            None => return "it exited".into(),
+            Some(Err(e)) => return format!("sent unreadable output: {e}"),
+            Some(Ok(Frame::TooLarge { .. })) => {
+                return format!("sent a line over {} bytes", MAX_LINE);
+            }
+            Some(Ok(Frame::Message(b))) => b,
+        };
+        match message::decode(&bytes) {
+            Incoming::Single(Ok(Message::Response(r))) => {
+                let Some(Id::Num(n)) = r.id else {
+                    return "sent a reply with an id the broker never used".into();
+                };
+                let Some(p) = pending.lock().expect("pending").remove(&n) else {
+                    debug!(provider = %id, n, "late reply ignored");
+                    continue;
+                };
+                if let (Ok(raw), Some(conn)) = (&r.outcome, &p.conn) {
+                    if matches!(
+                        p.method.as_str(),
+                        "exec/start" | "exec/attach" | "files/watch"
+                    ) {
+                        if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
+                            let key = match (v["execId"].as_str(), v["watchId"].as_str()) {
+                                (Some(e), _) => Some(e.to_owned()),
+                                (None, Some(w)) => Some(format!("watch:{w}")),
+                                _ => None,
+                            };
+                            if let Some(key) = key {
+                                let route = spawn_forwarder(conn.clone(), p.replied.clone());
+                                routes.lock().expect("routes").insert(key, route);
+                            }
+                        }
+                    }
+                }
+                let _ = p
+                    .reply
+                    .send(r.outcome.map_err(|e| plugin_error(id, e, secrets)));
+            }
+            Incoming::Single(Ok(Message::Notification(n))) => {
+                let params: Value = n
+                    .params
+                    .as_deref()
+                    .and_then(|p| serde_json::from_str(p.get()).ok())
+                    .unwrap_or(Value::Null);
+                match n.method.as_str() {
+                    "exec/output" | "exec/exit" | "files/changed" | "files/progress" => {
+                        let key = match params["execId"].as_str() {
+                            Some(e) => e.to_owned(),
+                            None => {
+                                format!("watch:{}", params["watchId"].as_str().unwrap_or_default())
+                            }
+                        };
+                        let is_exit = n.method == "exec/exit";
+                        let tx = {
+                            let mut r = routes.lock().expect("routes");
+                            if is_exit {
+                                r.remove(&key).map(|r| r.tx)
+                            } else {
+                                r.get(&key).map(|r| r.tx.clone())
+                            }
+                        };
+                        match tx {
+                            Some(tx) => {
+                                let body = message::encode_notification(&n.method, Some(&params));
+                                let _ = tx.send(body).await;
+                            }
+                            None => {
+                                debug!(provider = %id, method = %n.method, "notification for an unknown stream")
+                            }
+                        }
+                    }
+                    "log" => {
+                        let msg = redact(params["message"].as_str().unwrap_or_default(), secrets);
+                        info!(provider = %id, level = %params["level"].as_str().unwrap_or("info"), "plugin log: {msg}");
+                    }
+                    other => debug!(provider = %id, method = other, "ignoring plugin notification"),
+                }
+            }
+            Incoming::Single(Ok(Message::Request(req))) => {
+                // Plugins may not call the broker (yet): answer -32601.
+                let err = AbxError::new(ErrorCode::MethodNotFound, &[("method", &req.method)]);
+                warn!(provider = %id, method = %req.method, "plugin sent a request");
+                let _ = err;
+            }
+            Incoming::Single(Err(inv)) => {
+                return format!("sent something that is not JSON-RPC: {}", inv.error.message);
+            }
+            Incoming::Batch(_) => return "sent a batch, which EPP/1 does not allow".into(),
+        }
+    }
+}
+
+/// A plugin's error reply, passed on with its code; foreign codes become E8009.
+fn plugin_error(id: &str, e: abx_protocol::RpcError, secrets: &[String]) -> AbxError {
+    let message = redact(&e.message, secrets);
+    match e.error_code() {
+        Some(code) => AbxError {
+            code,
+            message,
+            suggestion: redact(e.suggestion().unwrap_or(code.suggestion()), secrets),
+            data: serde_json::Map::new(),
+        },
+        None => AbxError::new(
+            ErrorCode::BadPluginReply,
+            &[
+                ("provider", id),
+                ("detail", &format!("error {}: {message}", e.code)),
+            ],
+        ),
+    }
+}
+
+fn spawn_forwarder(conn: ConnHandle, replied: Option<CancellationToken>) -> Route {
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+    tokio::spawn(async move {
+        if let Some(r) = replied {
+            let _ = tokio::time::timeout(Duration::from_secs(10), r.cancelled()).await;
+        }
+        while let Some(body) = rx.recv().await {
+            if !conn.send(body).await {
+                // The owner is gone: keep draining so the plugin is never blocked.
+                continue;
+            }
+        }
+    });
+    Route { tx }
+}

@@ -1,0 +1,302 @@
+//! The `provider/*` management methods: install, uninstall, update, doctor, configure,
+//! setDefault. Each works on the registry file first and then on the live [`Registry`].
+
+use super::install::{self, Request};
+use super::provider::ExecProvider;
+use super::registry;
+use crate::provider::{Kind, Provider, Registry};
+use crate::state::Broker;
+use abx_protocol::{AbxError, ErrorCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Load every installed plugin as a provider (at daemon start).
+pub fn load_installed(paths: &crate::Paths) -> Vec<Arc<dyn Provider>> {
+    let _ = registry::cleanup_orphans(&paths.data_dir);
+    registry::load(&paths.data_dir)
+        .into_iter()
+        .filter_map(|rec| {
+            let id = rec.id.clone();
+            match ExecProvider::new(rec, paths) {
+                Ok(p) => Some(Arc::new(p) as Arc<dyn Provider>),
+                Err(e) => {
+                    tracing::warn!(provider = %id, "cannot load installed provider: {e}");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// The configured default provider, if any.
+pub fn load_default(paths: &crate::Paths) -> Option<String> {
+    let text = std::fs::read_to_string(paths.config_dir.join("config.toml")).ok()?;
+    let v: toml::Value = toml::from_str(&text).ok()?;
+    v.get("default_provider")?.as_str().map(str::to_owned)
+}
+
+fn store_default(paths: &crate::Paths, id: &str) -> Result<(), AbxError> {
+    let mut table = std::fs::read_to_string(paths.config_dir.join("config.toml"))
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
+        .unwrap_or_default();
+    table.insert(
+        "default_provider".into(),
+        toml::Value::String(id.to_owned()),
+    );
+    let text = toml::to_string(&table).map_err(AbxError::internal)?;
+    crate::util::write_atomic(&paths.config_dir.join("config.toml"), text.as_bytes())
+        .map_err(AbxError::internal)
+}
+
+fn exec_provider(reg: &Registry, id: &str) -> Result<Arc<dyn Provider>, AbxError> {
+    let p = reg.get(id)?;
+    if p.summary().kind != Kind::Exec {
+        return Err(
+            AbxError::detail(ErrorCode::Usage, format!("'{id}' is a builtin provider"))
+                .with_suggestion(
+                    "Builtin providers cannot be installed, updated, configured or uninstalled.",
+                ),
+        );
+    }
+    Ok(p)
+}
+
+fn as_exec(p: &Arc<dyn Provider>) -> Option<&ExecProvider> {
+    (p.as_ref() as &dyn std::any::Any).downcast_ref::<ExecProvider>()
+}
+
+/// `provider/install`.
+pub async fn install(b: &Arc<Broker>, req: Request) -> Result<Value, AbxError> {
+    let plan = install::install(&b.paths.data_dir, &req).await?;
+    if plan.installed {
+        let rec = registry::get(&b.paths.data_dir, &plan.id)
+            .ok_or_else(|| AbxError::internal("installed provider not in the registry"))?;
+        if let Ok(old) = b.registry.get(&plan.id) {
+            old.shutdown().await;
+        }
+        let p = ExecProvider::new(rec, &b.paths)?;
+        b.registry.upsert(Arc::new(p));
+    }
+    serde_json::to_value(&plan).map_err(AbxError::internal)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+/// `provider/uninstall` params.
+pub struct UninstallParams {
+    id: String,
+    #[serde(default)]
+    confirm: bool,
+}
+
+/// `provider/uninstall`.
+pub async fn uninstall(b: &Arc<Broker>, p: UninstallParams) -> Result<Value, AbxError> {
+    let prov = exec_provider(&b.registry, &p.id)?;
+    if !p.confirm {
+        return Err(AbxError::new(
+            ErrorCode::Refused,
+            &[
+                ("detail", "Uninstalling a provider requires confirmation."),
+                (
+                    "rerun",
+                    &format!("Re-run with --yes: abx provider uninstall {} --yes", p.id),
+                ),
+            ],
+        ));
+    }
+    prov.shutdown().await;
+    b.registry.remove(&p.id);
+    registry::remove(&b.paths.data_dir, &p.id)?;
+    if b.registry.default_id() == p.id {
+        let _ = b.registry.set_default("local");
+        let _ = store_default(&b.paths, "local");
+    }
+    Ok(json!({}))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+/// `provider/update` params.
+pub struct UpdateParams {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    check: bool,
+    #[serde(default, rename = "ref")]
+    git_ref: Option<String>,
+}
+
+/// `provider/update`: re-resolve each provider's source; with `check`, only report.
+pub async fn update(b: &Arc<Broker>, p: UpdateParams) -> Result<Value, AbxError> {
+    let targets: Vec<registry::Installed> = match &p.id {
+        Some(id) => {
+            exec_provider(&b.registry, id)?;
+            vec![registry::get(&b.paths.data_dir, id).ok_or_else(|| {
+                AbxError::new(ErrorCode::ProviderNotInstalled, &[("provider", id)])
+            })?]
+        }
+        None => registry::load(&b.paths.data_dir),
+    };
+    let mut out = Vec::new();
+    for rec in targets {
+        let tampered = b
+            .registry
+            .get(&rec.id)
+            .ok()
+            .and_then(|p| as_exec(&p).map(|e| e.verify().is_err()))
+            .unwrap_or(false);
+        let git_ref = p.git_ref.clone().or_else(|| rec.source.git_ref.clone());
+        let req = Request {
+            source: rec.source.url.clone(),
+            subdir: rec.source.subdir.clone(),
+            git_ref: git_ref.clone(),
+            sha256: None,
+            allow_unpinned: rec.trust == registry::Trust::Unpinned,
+            allow_insecure_transport: true,
+            confirm: true,
+            dry_run: true,
+            replace: true,
+        };
+        let plan = match install::install(&b.paths.data_dir, &req).await {
+            Ok(plan) => plan,
+            Err(e) => {
+                out.push(json!({"id": rec.id, "from": rec.version, "to": null, "status": "error", "error": e.to_string()}));
+                continue;
+            }
+        };
+        let changed = plan.digest != rec.digest;
+        let status = match (changed || tampered, p.check) {
+            (false, _) => "up-to-date",
+            (true, true) => {
+                if tampered && !changed {
+                    "repair-available"
+                } else {
+                    "update-available"
+                }
+            }
+            (true, false) => {
+                let req = Request {
+                    dry_run: false,
+                    ..req
+                };
+                install(b, req).await?;
+                if tampered && !changed {
+                    "repaired"
+                } else {
+                    "updated"
+                }
+            }
+        };
+        out.push(json!({
+            "id": rec.id, "from": rec.version, "to": plan.version,
+            "fromDigest": rec.digest, "toDigest": plan.digest, "status": status,
+        }));
+    }
+    Ok(json!({"providers": out}))
+}
+
+#[derive(Deserialize)]
+/// `provider/doctor` params.
+pub struct IdParams {
+    id: String,
+}
+
+/// `provider/doctor`: installed, integrity, config, handshake, permissions.
+pub async fn doctor(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
+    let prov = b.registry.get(&p.id)?;
+    let s = prov.summary().clone();
+    let mut checks = vec![
+        json!({"name": "installed", "ok": true, "detail": format!("{} {}", s.name, s.version)}),
+    ];
+    let Some(e) = as_exec(&prov) else {
+        checks.push(json!({"name": "integrity", "ok": true, "detail": "builtin"}));
+        checks.push(json!({"name": "config", "ok": true, "detail": ""}));
+        checks.push(json!({"name": "handshake", "ok": true, "detail": "builtin"}));
+        return Ok(json!({"checks": checks, "ok": true}));
+    };
+    let integrity = e.verify();
+    checks.push(match &integrity {
+        Ok(()) => json!({"name": "integrity", "ok": true, "detail": super::digest::short(&e.record().digest)}),
+        Err(err) => json!({"name": "integrity", "ok": false, "detail": err.message, "code": err.code.abx()}),
+    });
+    if integrity.is_err() {
+        return Ok(json!({"checks": checks, "ok": false}));
+    }
+    let missing = e.missing_config();
+    checks.push(json!({
+        "name": "config",
+        "ok": missing.is_empty(),
+        "detail": if missing.is_empty() { String::new() } else { format!("missing required: {}", missing.join(", ")) },
+    }));
+    e.host().reset().await;
+    let hs = e.host().handshake().await;
+    checks.push(match &hs {
+        Ok(_) => json!({"name": "handshake", "ok": true, "detail": ""}),
+        Err(err) => {
+            json!({"name": "handshake", "ok": false, "detail": err.message, "code": err.code.abx()})
+        }
+    });
+    let info = prov.info();
+    let sec = &info["security"];
+    checks.push(json!({
+        "name": "permissions",
+        "ok": true,
+        "detail": format!(
+            "network: {} · filesystem: {} · spawns processes: {} ({})",
+            sec["network"], sec["filesystem"], sec["spawnsProcesses"],
+            if sec["enforced"] == true { "enforced".to_owned() } else { format!("declared, not enforced: {}", sec["why"].as_str().unwrap_or("")) }
+        ),
+    }));
+    let ok = checks.iter().all(|c| c["ok"] == true);
+    Ok(json!({"checks": checks, "ok": ok}))
+}
+
+#[derive(Deserialize)]
+/// `provider/configure` params.
+pub struct ConfigureParams {
+    id: String,
+    values: serde_json::Map<String, Value>,
+}
+
+/// `provider/configure`: store values (secrets included) in the provider's 0600 file.
+pub async fn configure(b: &Arc<Broker>, p: ConfigureParams) -> Result<Value, AbxError> {
+    let prov = exec_provider(&b.registry, &p.id)?;
+    let e = as_exec(&prov).ok_or_else(|| AbxError::internal("not a plugin"))?;
+    let manifest = &e.record().manifest;
+    let values: std::collections::BTreeMap<String, Value> = p
+        .values
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    registry::validate_values(manifest, &values)?;
+    if let Some(k) = p.values.keys().find(|k| !manifest.config.contains_key(*k)) {
+        return Err(AbxError::new(
+            ErrorCode::ConfigInvalid,
+            &[
+                ("provider", &p.id),
+                ("detail", &format!("unknown key '{k}'")),
+            ],
+        ));
+    }
+    let mut stored = registry::load_config(&b.paths.config_dir, &p.id);
+    for (k, v) in p.values {
+        if v.is_null() {
+            stored.remove(&k);
+        } else {
+            stored.insert(k, v);
+        }
+    }
+    registry::store_config(&b.paths.config_dir, &p.id, &stored)?;
+    e.reconfigure().await?;
+    Ok(json!({"configured": stored.keys().collect::<Vec<_>>()}))
+}
+
+/// `provider/setDefault`.
+pub fn set_default(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
+    b.registry.set_default(&p.id)?;
+    store_default(&b.paths, &p.id)?;
+    Ok(json!({}))
+}

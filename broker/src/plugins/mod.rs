@@ -1,0 +1,17 @@
+//! EPP/1 provider plugins (DESIGN §6, §7).
+//!
+//! - `protocol::manifest`: `abx-provider.toml`.
+//! - [`digest`]: the content digest and verification.
+//! - [`install`]: sources (directory, git, archive), pinning, confirmation, atomic install.
+//! - [`registry`]: installed providers and their stored configuration.
+//! - [`host`]: one child process per provider, shared by every client: handshake, id
+//!   rewriting, stream routing, cancellation, timeouts, restarts.
+//! - [`provider`]: an installed plugin as a [`crate::provider::Provider`]: integrity before
+//!   every use, then the host.
+
+pub mod digest;
+pub mod host;
+pub mod install;
+pub mod manage;
+pub mod provider;
+pub mod registry;

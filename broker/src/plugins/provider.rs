@@ -1,0 +1,351 @@
+//! An installed EPP/1 plugin as a [`Provider`].
+//!
+//! Before every call (and so before every start of its process) the installed tree is
+//! verified: a cheap stamp of every file (inode, ctime, size, mode) is compared with the
+//! stamp taken at the last full verification, and any difference triggers a full digest,
+//! which must equal the one recorded at install: else E8011 and the plugin never runs.
+
+use super::digest;
+use super::host::{Host, Spec};
+use super::registry::{self, Installed};
+use crate::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
+use crate::Paths;
+use abx_protocol::{features, AbxError, ErrorCode};
+use base64::Engine;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Chunk size of broker-side upload/download for plugins without `files.transfer`.
+const CHUNK: u64 = 4 * 1024 * 1024;
+
+#[derive(PartialEq, Eq, Debug)]
+struct Stamp {
+    path: PathBuf,
+    ino: u64,
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    size: u64,
+    mode: u32,
+}
+
+fn stamps(root: &Path) -> std::io::Result<Vec<Stamp>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let m = std::fs::symlink_metadata(e.path())?;
+            out.push(Stamp {
+                path: e.path(),
+                ino: m.ino(),
+                ctime: (m.ctime(), m.ctime_nsec()),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                size: m.size(),
+                mode: m.mode(),
+            });
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// An installed plugin.
+pub struct ExecProvider {
+    summary: ProviderSummary,
+    record: Installed,
+    host: Arc<Host>,
+    verified: Mutex<Option<Vec<Stamp>>>,
+    paths: Paths,
+}
+
+impl ExecProvider {
+    /// Wrap an installed record (the process starts on first use).
+    pub fn new(record: Installed, paths: &Paths) -> Result<ExecProvider, AbxError> {
+        let spec = spec_for(&record, paths)?;
+        Ok(ExecProvider {
+            summary: ProviderSummary {
+                id: record.id.clone(),
+                name: record.name.clone(),
+                version: record.version.clone(),
+                kind: Kind::Exec,
+                trust: record.trust.as_str().to_owned(),
+                features: record.manifest.features.clone(),
+                description: record.manifest.description.clone(),
+            },
+            host: Host::new(spec),
+            record,
+            verified: Mutex::new(None),
+            paths: paths.clone(),
+        })
+    }
+
+    /// The installed record.
+    pub fn record(&self) -> &Installed {
+        &self.record
+    }
+
+    /// The host (doctor, status).
+    pub fn host(&self) -> &Arc<Host> {
+        &self.host
+    }
+
+    /// Verify the installed tree against its recorded digest.
+    pub fn verify(&self) -> Result<(), AbxError> {
+        let root = &self.record.path;
+        let now = stamps(root).map_err(|_| integrity(&self.record.id))?;
+        let mut v = self.verified.lock().expect("verified");
+        if v.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        digest::verify(root, &self.record.digest, &self.record.id)?;
+        *v = Some(now);
+        Ok(())
+    }
+
+    /// Re-read the stored configuration (after `provider/configure`).
+    pub async fn reconfigure(&self) -> Result<(), AbxError> {
+        let spec = spec_for(&self.record, &self.paths)?;
+        self.host.respec(spec).await;
+        Ok(())
+    }
+
+    /// Which configuration keys are missing (for doctor).
+    pub fn missing_config(&self) -> Vec<String> {
+        let stored = registry::load_config(&self.paths.config_dir, &self.record.id);
+        registry::resolve_config(&self.record.manifest, &stored, |k| std::env::var(k).ok())
+            .map(|(_, missing)| missing)
+            .unwrap_or_default()
+    }
+
+    async fn upload(&self, cx: &CallCx, params: &Value) -> Result<Value, AbxError> {
+        let local = PathBuf::from(params["localPath"].as_str().unwrap_or_default());
+        let path = params["path"].as_str().unwrap_or_default().to_owned();
+        let sandbox = params["sandbox"].clone();
+        let local_err = |d: String| {
+            AbxError::new(
+                ErrorCode::LocalFileError,
+                &[("path", &local.display().to_string()), ("detail", &d)],
+            )
+        };
+        let mut f = std::fs::File::open(&local).map_err(|e| local_err(e.to_string()))?;
+        let total = f.metadata().map_err(|e| local_err(e.to_string()))?.len();
+        let mut buf = vec![0u8; CHUNK as usize];
+        let mut done = 0u64;
+        loop {
+            use std::io::Read;
+            let n = f.read(&mut buf).map_err(|e| local_err(e.to_string()))?;
+            if n == 0 && done > 0 {
+                break;
+            }
+            let data = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
+            let p = if done == 0 {
+                json!({"sandbox": sandbox, "path": path, "data": data, "encoding": "base64"})
+            } else {
+                json!({"sandbox": sandbox, "path": path, "data": data, "encoding": "base64", "offset": done})
+            };
+            self.host
+                .call("files/write", &p, None, None, Some(cx.cancel.clone()), None)
+                .await?;
+            done += n as u64;
+            cx.conn
+                .notify(
+                    "files/progress",
+                    &json!({"path": path, "bytes": done, "total": total}),
+                )
+                .await;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(json!({"size": done, "path": path, "localPath": local}))
+    }
+
+    async fn download(&self, cx: &CallCx, params: &Value) -> Result<Value, AbxError> {
+        use std::io::Write;
+        let local = PathBuf::from(params["localPath"].as_str().unwrap_or_default());
+        let path = params["path"].as_str().unwrap_or_default().to_owned();
+        let sandbox = params["sandbox"].clone();
+        let local_err = |d: String| {
+            AbxError::new(
+                ErrorCode::LocalFileError,
+                &[("path", &local.display().to_string()), ("detail", &d)],
+            )
+        };
+        let dir = local
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(".abx-download-{}", std::process::id()));
+        let mut f = std::fs::File::create(&tmp).map_err(|e| local_err(e.to_string()))?;
+        let mut off = 0u64;
+        let result = async {
+            loop {
+                let p = json!({"sandbox": sandbox, "path": path, "offset": off, "length": CHUNK, "encoding": "base64"});
+                let raw = self.host.call("files/read", &p, None, None, Some(cx.cancel.clone()), None).await?;
+                let v: Value = serde_json::from_str(raw.get()).map_err(AbxError::internal)?;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(v["data"].as_str().unwrap_or_default())
+                    .map_err(|e| AbxError::new(ErrorCode::BadPluginReply, &[("provider", &self.record.id), ("detail", &e.to_string())]))?;
+                f.write_all(&bytes).map_err(|e| local_err(e.to_string()))?;
+                off += bytes.len() as u64;
+                let total = v["size"].as_u64().unwrap_or(off);
+                cx.conn.notify("files/progress", &json!({"path": path, "bytes": off, "total": total})).await;
+                if v["eof"] == true || bytes.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                std::fs::rename(&tmp, &local).map_err(|e| local_err(e.to_string()))?;
+                Ok(json!({"size": off, "path": path, "localPath": local}))
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn integrity(id: &str) -> AbxError {
+    AbxError::new(ErrorCode::IntegrityFailed, &[("provider", id)])
+}
+
+/// The start spec of a plugin from its record and stored configuration.
+fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
+    // The registry's copy has no secret defaults: read them from the (verified) tree.
+    let manifest = registry::full_manifest(rec).unwrap_or_else(|_| rec.manifest.clone());
+    let stored = registry::load_config(&paths.config_dir, &rec.id);
+    let (effective, _missing) =
+        registry::resolve_config(&manifest, &stored, |k| std::env::var(k).ok())?;
+    let mut secrets = Vec::new();
+    let mut env = BTreeMap::new();
+    for (k, key) in &manifest.config {
+        let Some(v) = effective.get(k) else { continue };
+        let text = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if key.secret {
+            secrets.push(text.clone());
+        }
+        if let Some(name) = &key.env {
+            env.insert(name.clone(), text);
+        }
+    }
+    let data_dir = paths.data_dir.join("providers").join(&rec.id).join("data");
+    let _ = std::fs::create_dir_all(&data_dir);
+    let call_timeout = std::env::var("ABX_PLUGIN_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(120), Duration::from_secs);
+    Ok(Spec {
+        id: rec.id.clone(),
+        root: rec.path.clone(),
+        command: rec.manifest.runtime.command.clone(),
+        env,
+        data_dir,
+        config: effective.into_iter().collect(),
+        secrets,
+        features: rec.manifest.features.clone(),
+        call_timeout,
+    })
+}
+
+fn tag_provider(v: &mut Value, id: &str) {
+    let tag = |o: &mut Value| {
+        if let Some(obj) = o.as_object_mut() {
+            obj.insert("provider".into(), json!(id));
+        }
+    };
+    if let Some(list) = v.get_mut("sandboxes").and_then(Value::as_array_mut) {
+        list.iter_mut().for_each(tag);
+    } else if v.get("id").is_some() {
+        tag(v);
+    }
+}
+
+impl Provider for ExecProvider {
+    fn summary(&self) -> &ProviderSummary {
+        &self.summary
+    }
+
+    fn info(&self) -> Value {
+        let m = &self.record.manifest;
+        let s = &self.record.source;
+        json!({
+            "config": m.redacted_config(),
+            "inherits": m.inherits,
+            "source": {"url": s.url, "subdir": s.subdir, "ref": s.git_ref, "commit": s.commit},
+            "digest": self.record.digest,
+            "runtime": m.runtime.command,
+            "security": {
+                "network": m.security.network,
+                "filesystem": m.security.filesystem,
+                "spawnsProcesses": m.security.spawns_processes,
+                "enforced": false,
+                "why": "enforcement of plugin permissions is not implemented yet (declared only)",
+            },
+            "installedAt": self.record.installed_at,
+            "path": self.record.path,
+            "process": self.host.status(),
+        })
+    }
+
+    fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
+        Box::pin(async move {
+            self.verify()?;
+            let has = |f: &str| self.summary.features.iter().any(|x| x == f);
+            let mut v = match method {
+                "sandbox/capabilities" => json!({
+                    "capabilities": features::capabilities(&self.summary.features),
+                    "features": self.summary.features,
+                }),
+                "files/upload" if !has("files.transfer") => self.upload(cx, &params).await?,
+                "files/download" if !has("files.transfer") => self.download(cx, &params).await?,
+                _ => {
+                    let timeout = match (method, params.get("timeout").and_then(Value::as_f64)) {
+                        ("exec/run", Some(t)) => Some(Duration::from_secs_f64(t + 30.0)),
+                        ("exec/run", None) => Some(Duration::from_secs(3600)),
+                        _ => None,
+                    };
+                    let raw = self
+                        .host
+                        .call(
+                            method,
+                            &params,
+                            Some(cx.conn.clone()),
+                            Some(cx.replied.clone()),
+                            Some(cx.cancel.clone()),
+                            timeout,
+                        )
+                        .await?;
+                    if !method.starts_with("sandbox/") {
+                        return Ok(raw);
+                    }
+                    serde_json::from_str(raw.get()).map_err(|e| {
+                        AbxError::new(
+                            ErrorCode::BadPluginReply,
+                            &[("provider", &self.record.id), ("detail", &e.to_string())],
+                        )
+                    })?
+                }
+            };
+            tag_provider(&mut v, &self.record.id);
+            serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
+        })
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, ()> {
+        Box::pin(async move { self.host.stop().await })
+    }
+}

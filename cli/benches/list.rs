@@ -1,0 +1,234 @@
+//! Benchmark (not a test): `abx list` against a warm daemon, next to what a Node CLI pays
+//! just to start (`env -u NODE_EXTRA_CA_CERTS node -e 0`), and a cold first call that
+//! starts the daemon. Bar (DESIGN §13): warm `abx list` <= 0.1x node.
+//!
+//! Run: `cargo bench -p abx-cli --bench list` (Cargo builds the `abx` binary of the same
+//! profile first). Otherwise the binary is looked up in target/release, then target/debug
+//! (build it first: `cargo build --release -p abx-cli`). `ABX_BENCH_N` sets the number of
+//! warm runs (default 200). Figures are shown unpinned and pinned to one CPU with taskset
+//! (each compared only with its baseline measured the same way); absolute numbers are
+//! noted, not gated.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn find_abx() -> Option<PathBuf> {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_abx") {
+        if Path::new(p).exists() {
+            return Some(p.into());
+        }
+    }
+    let mut roots = vec![];
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/deps/list-xxxx -> target
+        if let Some(t) = exe.parent().and_then(Path::parent).and_then(Path::parent) {
+            roots.push(t.to_path_buf());
+        }
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        roots.push(t.into());
+    }
+    roots.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    for r in roots {
+        for profile in ["release", "debug"] {
+            let p = r.join(profile).join("abx");
+            if p.exists() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// A command, optionally pinned to CPU 0.
+fn cmd(pinned: bool, argv: &[&str]) -> Command {
+    let mut c = if pinned {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).args(argv);
+        c
+    } else {
+        let mut c = Command::new(argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+fn time_one(mut c: Command) -> Duration {
+    let t = Instant::now();
+    let st = c.status().expect("spawn");
+    let d = t.elapsed();
+    assert!(st.success(), "{c:?} failed: {st}");
+    d
+}
+
+struct Stats {
+    p50: Duration,
+    p90: Duration,
+    mean: Duration,
+    min: Duration,
+    n: usize,
+}
+
+fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    let n = v.len();
+    Stats {
+        p50: v[n / 2],
+        p90: v[(n * 9 / 10).min(n - 1)],
+        mean: v.iter().sum::<Duration>() / n as u32,
+        min: v[0],
+        n,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn show(name: &str, s: &Stats) {
+    println!(
+        "  {name:<28} p50 {:>10}  p90 {:>10}  mean {:>10}  min {:>10}  (n={})",
+        ms(s.p50),
+        ms(s.p90),
+        ms(s.mean),
+        ms(s.min),
+        s.n
+    );
+}
+
+struct Home {
+    dir: tempfile::TempDir,
+    abx: PathBuf,
+}
+
+impl Home {
+    fn new(abx: &Path) -> Home {
+        Home {
+            dir: tempfile::Builder::new()
+                .prefix("abx-bench")
+                .tempdir()
+                .expect("tempdir"),
+            abx: abx.to_path_buf(),
+        }
+    }
+
+    fn abx(&self, pinned: bool, args: &[&str]) -> Command {
+        let abx = self.abx.to_str().expect("utf-8 path");
+        let mut argv = vec![abx];
+        argv.extend_from_slice(args);
+        let mut c = cmd(pinned, &argv);
+        c.env("ABX_HOME", self.dir.path())
+            .env_remove("ABX_PROVIDER")
+            .env("ABX_NO_REPLACE", "1");
+        c
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        let _ = self.abx(false, &["broker", "stop"]).status();
+    }
+}
+
+fn warm_list(abx: &Path, pinned: bool, n: usize) -> Stats {
+    let home = Home::new(abx);
+    // The daemon inherits the pinning of the command that starts it.
+    time_one(home.abx(pinned, &["broker", "start"]));
+    for _ in 0..3 {
+        time_one(home.abx(pinned, &["create", "--timeout", "600"]));
+    }
+    for _ in 0..10 {
+        time_one(home.abx(pinned, &["list"]));
+    }
+    stats(
+        (0..n)
+            .map(|_| time_one(home.abx(pinned, &["list"])))
+            .collect(),
+    )
+}
+
+fn node(pinned: bool, n: usize) -> Stats {
+    let argv = ["env", "-u", "NODE_EXTRA_CA_CERTS", "node", "-e", "0"];
+    for _ in 0..3 {
+        time_one(cmd(pinned, &argv));
+    }
+    stats((0..n).map(|_| time_one(cmd(pinned, &argv))).collect())
+}
+
+fn cold_list(abx: &Path, pinned: bool, n: usize) -> Stats {
+    stats(
+        (0..n)
+            .map(|_| {
+                let home = Home::new(abx);
+                time_one(home.abx(pinned, &["list"]))
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing to parse.
+    let Some(abx) = find_abx() else {
+        eprintln!("abx binary not found: build it first (cargo build --release -p abx-cli)");
+        std::process::exit(1);
+    };
+    let n: usize = std::env::var("ABX_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let have_node = Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let have_taskset = Command::new("taskset")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    println!("abx list benchmark");
+    println!("  binary: {}", abx.display());
+    if abx.components().any(|c| c.as_os_str() == "debug") {
+        println!("  note: a debug build; use a release build for figures that mean something");
+    }
+    let modes: &[bool] = if have_taskset {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for &pinned in modes {
+        println!(
+            "\n{}",
+            if pinned {
+                "pinned (taskset -c 0: client and daemon on one CPU)"
+            } else {
+                "unpinned"
+            }
+        );
+        let warm = warm_list(&abx, pinned, n);
+        show("abx list (warm daemon)", &warm);
+        let cold = cold_list(&abx, pinned, 5.min(n));
+        show("abx list (cold: starts it)", &cold);
+        if have_node {
+            let nd = node(pinned, (n / 4).max(10));
+            show("node -e 0", &nd);
+            let r50 = warm.p50.as_secs_f64() / nd.p50.as_secs_f64();
+            let rmean = warm.mean.as_secs_f64() / nd.mean.as_secs_f64();
+            let rcold = cold.p50.as_secs_f64() / nd.p50.as_secs_f64();
+            println!(
+                "  ratio warm/node: p50 {r50:.3}x, mean {rmean:.3}x (bar <= 0.1x: {})",
+                if r50 <= 0.1 { "met" } else { "MISSED" }
+            );
+            println!("  ratio cold/node: p50 {rcold:.3}x (noted, no bar)");
+        } else {
+            println!("  node not found: the node baseline and the ratios are skipped");
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The command line: every command, its arguments and the global flags (clap derive).
+
+use clap::{Args, Parser, Subcommand};
+
+/// abx: drive code sandboxes through the abx broker.
+#[derive(Parser, Debug)]
+#[command(
+    name = "abx",
+    version,
+    about,
+    propagate_version = true,
+    after_help = "Sandbox ids are 'id' or 'provider:id'. Exit codes: 0 ok, 1 error, 2 usage or refused, 4 not found.\nSee docs/cli.md for every command and its JSON form."
+)]
+pub struct Cli {
+    /// Print machine-readable JSON (errors too, on stdout).
+    #[arg(short = 'j', long = "json", global = true)]
+    pub json: bool,
+    /// Provider to use where no sandbox id decides (default: ABX_PROVIDER, then the
+    /// configured default).
+    #[arg(
+        long,
+        global = true,
+        env = "ABX_PROVIDER",
+        value_name = "ID",
+        hide_env_values = true
+    )]
+    pub provider: Option<String>,
+    /// More detail on errors.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Answer yes to confirmations (kill).
+    #[arg(short = 'y', long, global = true)]
+    pub yes: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A sandbox id argument.
+#[derive(Args, Debug, Clone)]
+pub struct SandboxArg {
+    /// Sandbox id (`id` or `provider:id`).
+    #[arg(value_name = "SANDBOX")]
+    pub sandbox: String,
+}
+
+/// The top-level commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a sandbox and print its details.
+    Create(CreateArgs),
+    /// Show a sandbox.
+    Info(SandboxArg),
+    /// List sandboxes.
+    List,
+    /// Run a command in a sandbox; abx exits with its exit code.
+    Exec {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Seconds before the command is killed.
+        #[arg(long, value_parser = parse_seconds_f64)]
+        timeout: Option<f64>,
+        /// Working directory in the sandbox.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// The command (one shell string, or words).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+    },
+    /// Run a command in a throwaway sandbox: create, stream, kill.
+    Run {
+        /// Template of the sandbox.
+        #[arg(long)]
+        template: Option<String>,
+        /// Seconds before the command is killed.
+        #[arg(long, value_parser = parse_seconds_f64)]
+        timeout: Option<f64>,
+        /// The command (one shell string, or words).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+    },
+    /// An interactive shell (or CMD) in a sandbox on a pseudo-terminal.
+    Shell {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// What to run instead of the sandbox's shell.
+        #[arg(last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Copy a local file into a sandbox.
+    Upload {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Local file.
+        local: std::path::PathBuf,
+        /// Path in the sandbox (relative: under /workspace).
+        remote: String,
+    },
+    /// Copy a file out of a sandbox.
+    Download {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Path in the sandbox.
+        remote: String,
+        /// Local file, or an existing directory to put it in.
+        local: std::path::PathBuf,
+    },
+    /// Kill a sandbox (asks first on a terminal; --yes to skip). Idempotent.
+    Kill(SandboxArg),
+    /// Pause every process of a sandbox.
+    Pause(SandboxArg),
+    /// Resume a paused sandbox.
+    Resume(SandboxArg),
+    /// Set the remaining lifetime of a sandbox (from now).
+    SetTimeout {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Seconds (or 90s, 10m, 2h, 1d).
+        #[arg(value_parser = parse_seconds)]
+        seconds: u64,
+    },
+    /// Print the URL of a port of a sandbox.
+    Ports {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Port number.
+        port: u16,
+    },
+    /// Sandbox files, processes, system info, capabilities and named commands.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Providers: list and info.
+    #[command(subcommand)]
+    Provider(ProviderCmd),
+    /// Print a shell completion script (bash, zsh, fish, ...).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Manage the broker daemon, or serve one client on stdio (--stdio).
+    Broker(BrokerArgs),
+    /// Bridge stdin/stdout to the daemon (either framing).
+    Rpc,
+}
+
+/// `abx create`.
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// Template (the provider's; `local` has `base`).
+    #[arg(long)]
+    pub template: Option<String>,
+    /// Lifetime in seconds (or 90s, 10m, 2h, 1d; default 300).
+    #[arg(long, value_parser = parse_seconds)]
+    pub timeout: Option<u64>,
+    /// Environment of every command in the sandbox (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub env: Vec<(String, String)>,
+    /// Metadata to attach (repeatable).
+    #[arg(long = "metadata", short = 'm', value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub metadata: Vec<(String, String)>,
+}
+
+/// `abx sandbox ...`.
+#[derive(Subcommand, Debug)]
+pub enum SandboxCmd {
+    /// List sandboxes (same as `abx list`).
+    List,
+    /// Files in a sandbox.
+    #[command(subcommand)]
+    Files(FilesCmd),
+    /// Processes in a sandbox.
+    #[command(subcommand)]
+    Process(ProcessCmd),
+    /// System information.
+    #[command(subcommand)]
+    System(SystemCmd),
+    /// What a sandbox can do (derived from its provider's features).
+    Capabilities(SandboxArg),
+    /// Named commands of a sandbox's template.
+    #[command(subcommand)]
+    Command(CommandCmd),
+}
+
+/// `abx sandbox files ...`.
+#[derive(Subcommand, Debug)]
+pub enum FilesCmd {
+    /// List a directory.
+    List {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Directory (default: the sandbox's working directory, /workspace on `local`).
+        #[arg(long)]
+        path: Option<String>,
+        /// Walk subdirectories too.
+        #[arg(long, short = 'r')]
+        recursive: bool,
+    },
+    /// Print a file's bytes to stdout.
+    Read {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Path in the sandbox.
+        path: String,
+    },
+    /// Write a file from a local file (--from) or from stdin.
+    Write {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Path in the sandbox.
+        path: String,
+        /// Local file to write (default: stdin).
+        #[arg(long, short = 'f', value_name = "LOCAL")]
+        from: Option<std::path::PathBuf>,
+    },
+    /// Remove a file or directory.
+    Rm {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Path in the sandbox.
+        path: String,
+        /// Remove a directory with its contents.
+        #[arg(long, short = 'r')]
+        recursive: bool,
+    },
+    /// Create a directory.
+    Mkdir {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Path in the sandbox.
+        path: String,
+        /// Create missing parents too, and accept an existing directory.
+        #[arg(long, short = 'p')]
+        parents: bool,
+    },
+}
+
+/// `abx sandbox process ...`.
+#[derive(Subcommand, Debug)]
+pub enum ProcessCmd {
+    /// List the processes of a sandbox.
+    List(SandboxArg),
+    /// Signal a process of a sandbox.
+    Kill {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Process id.
+        pid: i64,
+        /// Signal name or number (default KILL).
+        #[arg(long, short = 's')]
+        signal: Option<String>,
+    },
+}
+
+/// `abx sandbox system ...`.
+#[derive(Subcommand, Debug)]
+pub enum SystemCmd {
+    /// OS, architecture, CPUs, disk and isolation of a sandbox.
+    Info(SandboxArg),
+}
+
+/// `abx sandbox command ...`.
+#[derive(Subcommand, Debug)]
+pub enum CommandCmd {
+    /// Run a named command of the sandbox's template.
+    Run {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// Command name.
+        name: String,
+        /// Its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// `abx provider ...`.
+#[derive(Subcommand, Debug)]
+pub enum ProviderCmd {
+    /// List the providers and their features.
+    List,
+    /// Show one provider.
+    Info {
+        /// Provider id.
+        id: String,
+    },
+}
+
+/// `abx broker ...`.
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BrokerArgs {
+    /// Serve one client on stdin/stdout instead of the daemon socket.
+    #[arg(long)]
+    pub stdio: bool,
+    #[command(subcommand)]
+    pub action: Option<BrokerAction>,
+}
+
+/// `abx broker start|stop|status|run`.
+#[derive(Subcommand, Debug)]
+pub enum BrokerAction {
+    /// Start the daemon in the background (no-op when running).
+    Start,
+    /// Stop the daemon.
+    Stop,
+    /// Show the daemon's status.
+    Status,
+    /// Run the daemon in the foreground.
+    Run {
+        /// Started by a client: log to the log file only.
+        #[arg(long, hide = true)]
+        detached: bool,
+    },
+}
+
+/// Seconds: `600`, `600s`, `10m`, `2h`, `1d`.
+pub fn parse_seconds(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a duration (seconds, or 90s, 10m, 2h, 1d)"))
+}
+
+fn parse_seconds_f64(s: &str) -> Result<f64, String> {
+    if let Ok(f) = s.trim().parse::<f64>() {
+        if f.is_finite() && f > 0.0 {
+            return Ok(f);
+        }
+        return Err(format!("'{s}' is not a positive number of seconds"));
+    }
+    parse_seconds(s).map(|n| n as f64)
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("'{s}' is not KEY=VALUE")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_seconds("600"), Ok(600));
+        assert_eq!(parse_seconds("90s"), Ok(90));
+        assert_eq!(parse_seconds("10m"), Ok(600));
+        assert_eq!(parse_seconds("2h"), Ok(7200));
+        assert_eq!(parse_seconds("1d"), Ok(86400));
+        assert!(parse_seconds("soon").is_err());
+        assert!(parse_seconds("-5").is_err());
+        assert_eq!(parse_seconds_f64("1.5"), Ok(1.5));
+    }
+}

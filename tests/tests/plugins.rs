@@ -1,0 +1,674 @@
+//! EPP/1 provider plugins end to end: install from real git repos made in a temp dir,
+//! pinning and refusals, integrity, feature gating, the shared plugin process, faults,
+//! secrets. Real daemon, real plugin processes (Python and Node fixtures).
+
+use abx_tests::{abx_code, alive, wait_until, Client, Home};
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/plugins")
+        .join(name)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A git repo holding fixtures at the given subdirs; returns (dir, file:// url, commit).
+fn repo(parts: &[(&str, &str)]) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (subdir, name) in parts {
+        copy_dir(&fixture(name), &dir.path().join(subdir));
+    }
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    git(dir.path(), &["add", "-A"]);
+    git(dir.path(), &["commit", "-q", "-m", "fixture"]);
+    let commit = git(dir.path(), &["rev-parse", "HEAD"]);
+    let url = format!("file://{}", dir.path().display());
+    (dir, url, commit)
+}
+
+fn started(home_env: &[(&str, &str)]) -> (Home, Client) {
+    let mut home = Home::new();
+    for (k, v) in home_env {
+        home.env.push((k.to_string(), v.to_string()));
+    }
+    home.start();
+    let c = home.connect();
+    (home, c)
+}
+
+/// Install a fixture from a fresh git repo, pinned; returns the repo (keep it alive).
+fn install_pinned(c: &mut Client, name: &str) -> (tempfile::TempDir, String) {
+    let (dir, url, commit) = repo(&[("plugin", name)]);
+    let r = c.request(
+        "provider/install",
+        json!({"source": url, "subdir": "plugin", "ref": commit, "allowInsecureTransport": true, "confirm": true}),
+    );
+    assert!(r.get("error").is_none(), "install {name}: {r}");
+    (dir, commit)
+}
+
+#[test]
+fn seed_flow_install_refusals_pinned_list_info_doctor_use_uninstall() {
+    let (home, mut c) = started(&[]);
+    let (_repo, url, commit) = repo(&[("opensandbox", "py-local")]);
+    // Unpinned git source: refused even with confirm (a moving ref is never accepted by --yes).
+    let e = c.call_err(
+        "provider/install",
+        json!({"source": url, "subdir": "opensandbox", "allowInsecureTransport": true, "confirm": true}),
+    );
+    assert_eq!(abx_code(&e), "E8012");
+    assert_eq!(
+        e["message"],
+        "Refusing an unpinned git source without review (--yes does not accept a moving ref)."
+    );
+    let sugg = e["data"]["suggestion"].as_str().unwrap();
+    assert!(
+        sugg.contains(&format!("--ref {commit}")) && sugg.contains("--allow-unpinned"),
+        "{sugg}"
+    );
+    // Insecure transport without the flag.
+    let e = c.call_err(
+        "provider/install",
+        json!({"source": url, "subdir": "opensandbox", "ref": commit, "confirm": true}),
+    );
+    assert_eq!(abx_code(&e), "E8012");
+    assert!(e["data"]["suggestion"]
+        .as_str()
+        .unwrap()
+        .contains("--allow-insecure-transport"));
+    // No confirmation: the re-run hint keeps every flag, --subdir included (the seed's bug).
+    let e = c.call_err(
+        "provider/install",
+        json!({"source": url, "subdir": "opensandbox", "ref": commit, "allowInsecureTransport": true}),
+    );
+    assert_eq!(e["message"], "Installing a provider requires confirmation.");
+    let sugg = e["data"]["suggestion"].as_str().unwrap();
+    for part in [
+        "--subdir opensandbox",
+        &format!("--ref {commit}"),
+        "--allow-insecure-transport",
+        "--yes",
+    ] {
+        assert!(sugg.contains(part), "{part} missing from {sugg}");
+    }
+    // Dry run: the plan, nothing installed.
+    let plan = c.call(
+        "provider/install",
+        json!({"source": url, "subdir": "opensandbox", "ref": commit, "allowInsecureTransport": true, "dryRun": true}),
+    );
+    assert_eq!(plan["id"], "py-local");
+    assert!(plan["digest"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(
+        abx_code(&c.call_err("provider/info", json!({"id": "py-local"}))),
+        "E8001"
+    );
+    // Pinned install.
+    let r = c.call(
+        "provider/install",
+        json!({"source": url, "subdir": "opensandbox", "ref": commit, "allowInsecureTransport": true, "confirm": true}),
+    );
+    assert_eq!(
+        (r["id"].clone(), r["trust"].clone(), r["version"].clone()),
+        (json!("py-local"), json!("pinned"), json!("0.1.0"))
+    );
+    let list = c.call("provider/list", Value::Null);
+    let p = list["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "py-local")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (p["kind"].clone(), p["trust"].clone(), p["default"].clone()),
+        (json!("exec"), json!("pinned"), json!(false))
+    );
+    assert!(p["features"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("exec.stream")));
+    let info = c.call("provider/info", json!({"id": "py-local"}));
+    assert_eq!(info["source"]["commit"], commit.as_str());
+    assert_eq!(info["source"]["subdir"], "opensandbox");
+    assert_eq!(info["digest"], r["digest"]);
+    assert_eq!(info["runtime"], json!(["python3", "./provider.py"]));
+    assert!(info["installedAt"].as_str().unwrap().ends_with('Z'));
+    let cfg = serde_json::to_string(&info["config"]).unwrap();
+    assert!(cfg.contains("token") && cfg.contains("greeting"));
+    let doc = c.call("provider/doctor", json!({"id": "py-local"}));
+    let names: Vec<&str> = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "installed",
+            "integrity",
+            "config",
+            "handshake",
+            "permissions"
+        ]
+    );
+    assert!(
+        doc["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["ok"] == true),
+        "{doc}"
+    );
+    // Use it: lifecycle, exec, files, kill, E2009 after kill.
+    let sb = c.call(
+        "sandbox/create",
+        json!({"provider": "py-local", "timeout": 600}),
+    );
+    assert_eq!(sb["provider"], "py-local");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let full = format!("py-local:{id}");
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": full, "command": "echo hello-from-plugin; echo err >&2; exit 3"}),
+    );
+    assert_eq!(
+        (
+            r["exitCode"].clone(),
+            r["stdout"].clone(),
+            r["stderr"].clone()
+        ),
+        (json!(3), json!("hello-from-plugin\n"), json!("err\n"))
+    );
+    // Bare ids work through the index.
+    assert_eq!(
+        c.call("sandbox/info", json!({"sandbox": id}))["provider"],
+        "py-local"
+    );
+    c.call("files/write", json!({"sandbox": full, "path": "/workspace/a.txt", "data": "AAEC/w==", "encoding": "base64"}));
+    let r = c.call(
+        "files/read",
+        json!({"sandbox": full, "path": "/workspace/a.txt", "encoding": "base64"}),
+    );
+    assert_eq!(r["data"], "AAEC/w==");
+    // Broker-side chunked upload/download (the plugin has no files.transfer).
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("up.bin");
+    std::fs::write(
+        &src,
+        (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    c.call(
+        "files/upload",
+        json!({"sandbox": full, "localPath": src, "path": "/workspace/up.bin"}),
+    );
+    let dst = tmp.path().join("down.bin");
+    c.call(
+        "files/download",
+        json!({"sandbox": full, "path": "/workspace/up.bin", "localPath": dst}),
+    );
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+    // Undeclared features: E8004 before the plugin is reached.
+    for (m, p, f) in [
+        (
+            "files/watch",
+            json!({"sandbox": full, "path": "/workspace"}),
+            "files.watch",
+        ),
+        (
+            "code/run",
+            json!({"sandbox": full, "language": "python", "code": "1"}),
+            "code.interpret",
+        ),
+        (
+            "commands/run",
+            json!({"sandbox": full, "name": "x"}),
+            "templates.read",
+        ),
+        ("sandbox/pause", json!({"sandbox": full}), "sandbox.pause"),
+        (
+            "exec/start",
+            json!({"sandbox": full, "command": "sh", "pty": {"cols": 80, "rows": 24}}),
+            "pty",
+        ),
+    ] {
+        let e = c.call_err(m, p);
+        assert_eq!(abx_code(&e), "E8004", "{m}: {e}");
+        assert_eq!(
+            e["message"],
+            format!("Provider 'py-local' does not support '{f}'.")
+        );
+    }
+    let caps = c.call("sandbox/capabilities", json!({"sandbox": full}));
+    assert!(
+        !caps["capabilities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("code")),
+        "{caps}"
+    );
+    c.call("sandbox/kill", json!({"sandbox": full}));
+    c.call("sandbox/kill", json!({"sandbox": full}));
+    assert_eq!(
+        c.call_err("sandbox/info", json!({"sandbox": full}))["code"],
+        2009
+    );
+    // Uninstall needs confirmation; then the provider is gone.
+    assert_eq!(
+        abx_code(&c.call_err("provider/uninstall", json!({"id": "py-local"}))),
+        "E8012"
+    );
+    c.call(
+        "provider/uninstall",
+        json!({"id": "py-local", "confirm": true}),
+    );
+    assert_eq!(
+        abx_code(&c.call_err("provider/info", json!({"id": "py-local"}))),
+        "E8001"
+    );
+    assert_eq!(
+        abx_code(&c.call_err("sandbox/create", json!({"provider": "py-local"}))),
+        "E8001"
+    );
+    drop(home);
+}
+
+#[test]
+fn old_manifest_name_gets_the_rename_hint_and_local_dirs_are_trusted_local() {
+    let (_home, mut c) = started(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixture("py-local"), dir.path());
+    std::fs::rename(
+        dir.path().join("abx-provider.toml"),
+        dir.path().join("ebx-provider.toml"),
+    )
+    .unwrap();
+    let e = c.call_err(
+        "provider/install",
+        json!({"source": dir.path(), "confirm": true}),
+    );
+    assert_eq!(abx_code(&e), "E8014");
+    assert_eq!(
+        e["message"],
+        "Invalid abx-provider.toml: file not found at the plugin root."
+    );
+    assert!(e["data"]["suggestion"]
+        .as_str()
+        .unwrap()
+        .contains("pre-rename 'ebx-provider.toml'"));
+    std::fs::rename(
+        dir.path().join("ebx-provider.toml"),
+        dir.path().join("abx-provider.toml"),
+    )
+    .unwrap();
+    let r = c.call(
+        "provider/install",
+        json!({"source": dir.path(), "confirm": true}),
+    );
+    assert_eq!(r["trust"], "local");
+    assert_eq!(
+        abx_code(&c.call_err(
+            "provider/install",
+            json!({"source": dir.path(), "confirm": true})
+        )),
+        "E8015"
+    );
+}
+
+#[test]
+fn every_tampering_is_caught_before_the_plugin_runs() {
+    let (_home, mut c) = started(&[]);
+    let make_writable = |p: &Path| {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755));
+    };
+    type Tamper = Box<dyn Fn(&Path)>;
+    let variants: Vec<(&str, Tamper)> = vec![
+        (
+            "edit",
+            Box::new(|r: &Path| std::fs::write(r.join("provider.py"), "print('evil')\n").unwrap()),
+        ),
+        (
+            "add",
+            Box::new(|r: &Path| std::fs::write(r.join("extra.py"), "x").unwrap()),
+        ),
+        (
+            "chmod",
+            Box::new(|r: &Path| {
+                std::fs::set_permissions(
+                    r.join("abx-provider.toml"),
+                    std::fs::Permissions::from_mode(0o755),
+                )
+                .unwrap()
+            }),
+        ),
+        (
+            "manifest",
+            Box::new(|r: &Path| {
+                let t = std::fs::read_to_string(r.join("abx-provider.toml")).unwrap();
+                std::fs::write(
+                    r.join("abx-provider.toml"),
+                    t.replace("\"files.rw\",", "\"files.rw\", \"files.watch\","),
+                )
+                .unwrap();
+            }),
+        ),
+        (
+            "symlink",
+            Box::new(|r: &Path| {
+                std::fs::remove_file(r.join("provider.py")).unwrap();
+                std::os::unix::fs::symlink("/bin/sh", r.join("provider.py")).unwrap();
+            }),
+        ),
+        (
+            "delete",
+            Box::new(|r: &Path| std::fs::remove_file(r.join("provider.py")).unwrap()),
+        ),
+    ];
+    for (name, tamper) in &variants {
+        // Fresh install for each variant.
+        c.request(
+            "provider/uninstall",
+            json!({"id": "py-local", "confirm": true}),
+        );
+        let (_r, _) = install_pinned(&mut c, "py-local");
+        let info = c.call("provider/info", json!({"id": "py-local"}));
+        let root = PathBuf::from(info["path"].as_str().unwrap());
+        make_writable(&root);
+        for e in std::fs::read_dir(&root).unwrap() {
+            make_writable(&e.unwrap().path());
+        }
+        tamper(&root);
+        let e = c.call_err("sandbox/list", json!({"provider": "py-local"}));
+        assert_eq!(abx_code(&e), "E8011", "{name}: {e}");
+        assert_eq!(
+            e["message"],
+            "Provider 'py-local': files changed since install."
+        );
+        let st = c.call("broker/status", Value::Null);
+        let p = st["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == "py-local")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            p["running"], false,
+            "{name}: the plugin must not have started"
+        );
+        let doc = c.call("provider/doctor", json!({"id": "py-local"}));
+        let integ = doc["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "integrity")
+            .unwrap()
+            .clone();
+        assert_eq!(integ["ok"], false, "{name}");
+    }
+}
+
+#[test]
+fn secrets_are_stored_privately_and_never_shown_or_logged() {
+    let secret = "s3cr3t-VALUE-9f8e7d";
+    let (home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "bad-stderr-secret");
+    c.call(
+        "provider/configure",
+        json!({"id": "bad-stderr-secret", "values": {"api_key": secret, "leak": "all"}}),
+    );
+    let file = home.path.join("config/providers/bad-stderr-secret.toml");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let info = c.call("provider/info", json!({"id": "bad-stderr-secret"}));
+    assert!(!info.to_string().contains(secret));
+    // The plugin echoes its secret to stderr; the broker log must have it redacted.
+    let mut outputs = vec![];
+    outputs.push(c.request("sandbox/list", json!({"provider": "bad-stderr-secret"})));
+    outputs.push(c.request("sandbox/create", json!({"provider": "bad-stderr-secret"})));
+    outputs.push(c.request("provider/doctor", json!({"id": "bad-stderr-secret"})));
+    for o in &outputs {
+        assert!(!o.to_string().contains(secret), "secret in a reply: {o}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let log = std::fs::read_to_string(home.log_file()).unwrap();
+    assert!(
+        log.contains("[REDACTED]"),
+        "the plugin's stderr echo reached the log redacted"
+    );
+    assert!(!log.contains(secret), "secret leaked into the log");
+    // Unknown config keys are refused with the known ones listed.
+    let e = c.call_err(
+        "provider/configure",
+        json!({"id": "bad-stderr-secret", "values": {"nope": 1}}),
+    );
+    assert_eq!(abx_code(&e), "E8006");
+    assert!(!e.to_string().contains(secret));
+}
+
+#[test]
+fn plugin_faults_are_typed_and_the_daemon_survives() {
+    let (home, mut c) = started(&[("ABX_PLUGIN_TIMEOUT_SECS", "3")]);
+    let mut repos = vec![];
+    for f in [
+        "bad-garbage",
+        "bad-hang",
+        "bad-crash",
+        "bad-crash-handshake",
+        "bad-flood",
+        "bad-liar",
+    ] {
+        repos.push(install_pinned(&mut c, f));
+    }
+    let expect = |c: &mut Client, prov: &str, codes: &[&str]| {
+        let e = c.call_err("sandbox/list", json!({"provider": prov}));
+        assert!(codes.contains(&abx_code(&e)), "{prov}: {e}");
+        e
+    };
+    expect(&mut c, "bad-garbage", &["E8009", "E8002"]);
+    expect(&mut c, "bad-hang", &["E8008"]);
+    expect(&mut c, "bad-crash", &["E8007"]);
+    expect(&mut c, "bad-crash", &["E8007"]); // restarted, crashes again
+    expect(&mut c, "bad-crash-handshake", &["E8002"]);
+    expect(&mut c, "bad-flood", &["E8009", "E8007"]);
+    let e = expect(&mut c, "bad-liar", &["E8002"]);
+    assert!(e["message"].as_str().unwrap().contains("handshake"), "{e}");
+    // A crash loop disables the plugin, and doctor says why.
+    for _ in 0..5 {
+        let _ = c.request("sandbox/list", json!({"provider": "bad-crash-handshake"}));
+    }
+    let doc = c.call("provider/doctor", json!({"id": "bad-crash-handshake"}));
+    let hs = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "handshake")
+        .unwrap()
+        .clone();
+    assert_eq!(hs["ok"], false);
+    // The daemon is unharmed and its memory bounded after the flood.
+    assert_eq!(c.call("broker/ping", Value::Null), json!({}));
+    let pid = home.daemon_pid().unwrap();
+    assert!(abx_tests::rss_kib(pid) < 200 * 1024);
+}
+
+#[test]
+fn one_plugin_process_for_all_clients_and_a_kill_with_calls_in_flight() {
+    let (home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let sb = c.call("sandbox/create", json!({"provider": "py-local"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let full = format!("py-local:{sb}");
+    // Two clients stream from the same plugin at once; each gets only its own stream.
+    let mut c2 = home.connect();
+    let e1 = c.call(
+        "exec/start",
+        json!({"sandbox": full, "command": "for i in 1 2 3; do echo one$i; sleep 0.1; done"}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let e2 = c2.call(
+        "exec/start",
+        json!({"sandbox": full, "command": "for i in 1 2 3; do echo two$i; sleep 0.1; done"}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let s1 = c.collect(&e1);
+    let s2 = c2.collect(&e2);
+    assert_eq!(String::from_utf8(s1.stdout).unwrap(), "one1\none2\none3\n");
+    assert_eq!(String::from_utf8(s2.stdout).unwrap(), "two1\ntwo2\ntwo3\n");
+    assert_eq!((s1.exits, s2.exits), (1, 1));
+    let st = c.call("broker/status", Value::Null);
+    let pid = st["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "py-local")
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    // 100 calls in flight, then the plugin is killed: 100 typed errors, then a restart.
+    for i in 0..100 {
+        c.send(&json!({"jsonrpc": "2.0", "id": 10_000 + i, "method": "exec/run", "params": {"sandbox": full, "command": "sleep 30"}}).to_string());
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let mut errors = 0;
+    while errors < 100 {
+        let v = c.recv();
+        if v["id"].as_i64().is_some_and(|i| i >= 10_000) {
+            assert_eq!(abx_code(&v["error"]), "E8007", "{v}");
+            errors += 1;
+        }
+    }
+    wait_until("old plugin gone", Duration::from_secs(5), || {
+        !alive(pid as u32)
+    });
+    let r = c.call("sandbox/list", json!({"provider": "py-local"}));
+    assert!(
+        r["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == sb.as_str()),
+        "sandboxes survive a plugin restart"
+    );
+    assert_eq!(
+        c.call("exec/run", json!({"sandbox": full, "command": "echo back"}))["stdout"],
+        "back\n"
+    );
+}
+
+#[test]
+fn cancellation_reaches_the_plugin() {
+    let (home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "bad-slow");
+    c.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "sandbox/list", "params": {"provider": "bad-slow", "sleep": 30}}).to_string());
+    std::thread::sleep(Duration::from_millis(800));
+    c.send(r#"{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":5}}"#);
+    let v = c.recv();
+    assert_eq!(
+        (v["id"].clone(), v["error"]["code"].clone()),
+        (json!(5), json!(-32800))
+    );
+    wait_until("plugin saw the cancel", Duration::from_secs(5), || {
+        std::fs::read_to_string(home.log_file())
+            .unwrap_or_default()
+            .contains("$/cancelRequest")
+    });
+}
+
+#[test]
+fn node_provider_works_too() {
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("node is not installed: skipping");
+        return;
+    }
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "node-local");
+    let sb = c.call("sandbox/create", json!({"provider": "node-local"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let full = format!("node-local:{sb}");
+    assert_eq!(
+        c.call(
+            "exec/run",
+            json!({"sandbox": full, "command": "echo from-node"})
+        )["stdout"],
+        "from-node\n"
+    );
+    let e = c.call(
+        "exec/start",
+        json!({"sandbox": full, "command": "echo a; echo b >&2; exit 2"}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let s = c.collect(&e);
+    assert_eq!((s.exit["exitCode"].clone(), s.exits), (json!(2), 1));
+    c.call("sandbox/kill", json!({"sandbox": full}));
+}
+
+#[test]
+fn update_check_and_repair() {
+    let (_home, mut c) = started(&[]);
+    let (repo_dir, url, _commit) = repo(&[("p", "py-local")]);
+    c.call(
+        "provider/install",
+        json!({"source": url, "subdir": "p", "ref": "main", "allowUnpinned": true, "allowInsecureTransport": true, "confirm": true}),
+    );
+    let r = c.call("provider/update", json!({"id": "py-local", "check": true}));
+    assert_eq!(r["providers"][0]["status"], "up-to-date");
+    // A new commit on the moving ref.
+    let f = repo_dir.path().join("p/provider.py");
+    let mut text = std::fs::read_to_string(&f).unwrap();
+    text.push_str("\n# a change\n");
+    std::fs::write(&f, text).unwrap();
+    git(repo_dir.path(), &["commit", "-qam", "change"]);
+    let r = c.call("provider/update", json!({"id": "py-local", "check": true}));
+    assert_eq!(r["providers"][0]["status"], "update-available", "{r}");
+    let r = c.call("provider/update", json!({"id": "py-local"}));
+    assert_eq!(r["providers"][0]["status"], "updated", "{r}");
+    let r = c.call("provider/update", json!({"id": "py-local", "check": true}));
+    assert_eq!(r["providers"][0]["status"], "up-to-date");
+}
