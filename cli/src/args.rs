@@ -138,7 +138,16 @@ pub enum Command {
     /// Sandbox files, processes, system info, capabilities and named commands.
     #[command(subcommand)]
     Sandbox(SandboxCmd),
-    /// Providers: list and info.
+    /// Templates of the provider (list, init, build): only where the provider declares templates.
+    Template {
+        /// list, init or build.
+        #[arg(value_parser = ["list", "init", "build"])]
+        action: String,
+        /// Arguments for the provider.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Providers: install, list, info, doctor, test, update, uninstall, configure, default.
     #[command(subcommand)]
     Provider(ProviderCmd),
     /// Print a shell completion script (bash, zsh, fish, ...).
@@ -292,6 +301,78 @@ pub enum ProviderCmd {
         /// Provider id.
         id: String,
     },
+    /// Install a provider plugin from a directory, a git URL or a .tar.gz URL.
+    Install(InstallArgs),
+    /// Remove an installed provider.
+    Uninstall {
+        /// Provider id.
+        id: String,
+    },
+    /// Update installed providers from their sources (or check with --check).
+    Update {
+        /// One provider (default: all).
+        id: Option<String>,
+        /// Only report what would change.
+        #[arg(long)]
+        check: bool,
+        /// Move to this ref (a full commit id pins it).
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+    },
+    /// Check a provider: installed, integrity, config, handshake, permissions.
+    Doctor {
+        /// Provider id.
+        id: String,
+    },
+    /// Run the contract kit against a provider.
+    Test {
+        /// Provider id.
+        id: String,
+        /// Only tests whose name contains this (comma-separated list allowed).
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Store configuration values: KEY=VALUE (KEY=- reads the value from stdin).
+    Configure {
+        /// Provider id.
+        id: String,
+        /// KEY=VALUE pairs.
+        #[arg(value_name = "KEY=VALUE")]
+        values: Vec<String>,
+        /// Remove a stored key.
+        #[arg(long, value_name = "KEY")]
+        unset: Vec<String>,
+    },
+    /// Make a provider the default.
+    Default {
+        /// Provider id.
+        id: String,
+    },
+}
+
+/// `abx provider install` flags.
+#[derive(clap::Args, Debug)]
+pub struct InstallArgs {
+    /// A directory, a git URL (https://, or file:// / http:// with --allow-insecure-transport) or a .tar.gz URL.
+    pub source: String,
+    /// The plugin's directory inside the source.
+    #[arg(long)]
+    pub subdir: Option<String>,
+    /// A full commit id (pinned) or a branch/tag (moving: needs --allow-unpinned).
+    #[arg(long = "ref")]
+    pub git_ref: Option<String>,
+    /// Pin the content digest (sha256:<hex>).
+    #[arg(long)]
+    pub sha256: Option<String>,
+    /// Accept a moving ref (trust: unpinned).
+    #[arg(long)]
+    pub allow_unpinned: bool,
+    /// Accept file:// and http:// sources.
+    #[arg(long)]
+    pub allow_insecure_transport: bool,
+    /// Show the plan (commit, digest, manifest, security) and install nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `abx broker ...`.

@@ -140,6 +140,14 @@ pub fn out(s: &str) {
     out_bytes(s.as_bytes());
 }
 
+/// Write one line (a newline is added) to stdout.
+pub fn line(s: &str) {
+    let mut t = String::with_capacity(s.len() + 1);
+    t.push_str(s);
+    t.push('\n');
+    out(&t);
+}
+
 /// Write bytes to stdout (see [`out`]).
 pub fn out_bytes(b: &[u8]) {
     let mut so = std::io::stdout().lock();

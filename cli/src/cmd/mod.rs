@@ -147,8 +147,22 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             name,
             args,
         })) => sandbox::command_run(cx, &sandbox, &name, &args).await,
+        Command::Template { action, args } => provider::template(cx, &action, &args).await,
         Command::Provider(ProviderCmd::List) => provider::list(cx).await,
         Command::Provider(ProviderCmd::Info { id }) => provider::info(cx, &id).await,
+        Command::Provider(ProviderCmd::Install(a)) => provider::install(cx, &a).await,
+        Command::Provider(ProviderCmd::Uninstall { id }) => provider::uninstall(cx, &id).await,
+        Command::Provider(ProviderCmd::Update { id, check, git_ref }) => {
+            provider::update(cx, id.as_deref(), check, git_ref.as_deref()).await
+        }
+        Command::Provider(ProviderCmd::Doctor { id }) => provider::doctor(cx, &id).await,
+        Command::Provider(ProviderCmd::Test { id, filter }) => {
+            provider::test(cx, &id, filter.as_deref()).await
+        }
+        Command::Provider(ProviderCmd::Configure { id, values, unset }) => {
+            provider::configure(cx, &id, &values, &unset).await
+        }
+        Command::Provider(ProviderCmd::Default { id }) => provider::set_default(cx, &id).await,
         Command::Completions { .. } => unreachable!("handled in run"),
     }
 }

@@ -1,7 +1,7 @@
 //! `abx provider list|info` (the other provider commands come with their broker methods).
 
 use super::{call1, Ctx};
-use crate::output::{out, print_fields, print_json, text, Failure};
+use crate::output::{line, out, print_fields, print_json, text, Failure};
 use crate::table::Table;
 use crate::term;
 use abx_protocol::features;
@@ -157,7 +157,7 @@ pub async fn info(cx: &Ctx, id: &str) -> Result<u8, Failure> {
             Some(iso) if s.as_object().is_some_and(|o| o.len() == 1) => {
                 format!("isolation: {}", super::sandbox::isolation_text(iso))
             }
-            _ => inline(s),
+            _ => security_text(s, true),
         };
         rows.push(("Security", shown));
     }
@@ -168,5 +168,363 @@ pub async fn info(cx: &Ctx, id: &str) -> Result<u8, Failure> {
         rows.push(("Installed", text(i)));
     }
     print_fields(&rows);
+    Ok(0)
+}
+
+fn install_params(a: &crate::args::InstallArgs, confirm: bool, dry_run: bool) -> Value {
+    // A local directory is sent as an absolute path (the daemon has its own cwd).
+    let source = match std::fs::canonicalize(&a.source) {
+        Ok(p) if !a.source.contains("://") => p.display().to_string(),
+        _ => a.source.clone(),
+    };
+    json!({
+        "source": source,
+        "subdir": a.subdir,
+        "ref": a.git_ref,
+        "sha256": a.sha256,
+        "allowUnpinned": a.allow_unpinned,
+        "allowInsecureTransport": a.allow_insecure_transport,
+        "confirm": confirm,
+        "dryRun": dry_run,
+    })
+}
+
+fn plan_rows(p: &Value) -> Vec<(&'static str, String)> {
+    let src = &p["source"];
+    let mut rows = vec![
+        ("ID", text(&p["id"])),
+        ("Name", text(&p["name"])),
+        ("Version", text(&p["version"])),
+        ("Trust", text(&p["trust"])),
+        ("Source", text(&src["url"])),
+    ];
+    if !src["subdir"].is_null() {
+        rows.push(("Subdir", text(&src["subdir"])));
+    }
+    if !src["commit"].is_null() {
+        rows.push(("Commit", text(&src["commit"])));
+    }
+    rows.push(("Digest", text(&p["digest"])));
+    rows.push((
+        "Features",
+        features::grouped(&strings(&p["manifest"]["features"])),
+    ));
+    rows.push((
+        "Runtime",
+        strings(&p["manifest"]["runtime"]["command"]).join(" "),
+    ));
+    rows.push(("Security", security_text(&p["security"], false)));
+    rows
+}
+
+/// `network: * · filesystem: data_dir · spawns processes: no  (declared, not enforced)`.
+fn security_text(s: &Value, with_enforcement: bool) -> String {
+    let list = |v: &Value| {
+        let items = strings(v);
+        if items.is_empty() {
+            "none".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    let spawns = s["spawnsProcesses"]
+        .as_bool()
+        .or_else(|| s["spawns_processes"].as_bool())
+        .unwrap_or(false);
+    let mut out = format!(
+        "network: {} · filesystem: {} · spawns processes: {}",
+        list(&s["network"]),
+        list(&s["filesystem"]),
+        if spawns { "yes" } else { "no" }
+    );
+    if with_enforcement {
+        if s["enforced"] == true {
+            out.push_str("  (enforced)");
+        } else {
+            let why = text(&s["why"]);
+            if why.is_empty() {
+                out.push_str("  (declared, not enforced)");
+            } else {
+                out.push_str(&format!("  (declared, not enforced: {why})"));
+            }
+        }
+    }
+    out
+}
+
+/// `abx provider install SOURCE [flags]`: on a terminal, shows the plan and asks; without
+/// a terminal, --yes is required (the broker refuses with the exact command to re-run).
+pub async fn install(cx: &Ctx, a: &crate::args::InstallArgs) -> Result<u8, Failure> {
+    let mut c = cx.connect().await?;
+    if a.dry_run {
+        let plan = super::call(&mut c, "provider/install", install_params(a, false, true)).await?;
+        if cx.json {
+            print_json(&plan);
+        } else {
+            print_fields(&plan_rows(&plan));
+        }
+        return Ok(0);
+    }
+    let mut confirm = cx.yes;
+    if !confirm && term::stdin_is_tty() && !cx.json {
+        // Review first: the plan, then a prompt. Refusals (pinning, transport) come now.
+        let plan = super::call(&mut c, "provider/install", install_params(a, false, true)).await?;
+        print_fields(&plan_rows(&plan));
+        match term::confirm(&format!(
+            "Install provider '{}' {}?",
+            text(&plan["id"]),
+            text(&plan["version"])
+        )) {
+            Some(true) => confirm = true,
+            _ => {
+                return Err(Failure::usage(
+                    "Aborted: nothing was installed.",
+                    "Re-run and answer y, or pass --yes after reviewing.",
+                ))
+            }
+        }
+    }
+    let r = super::call(
+        &mut c,
+        "provider/install",
+        install_params(a, confirm, false),
+    )
+    .await?;
+    if cx.json {
+        print_json(&r);
+    } else {
+        line(&format!(
+            "Installed provider '{}' {} ({})",
+            text(&r["id"]),
+            text(&r["version"]),
+            text(&r["trust"])
+        ));
+    }
+    Ok(0)
+}
+
+/// `abx provider uninstall ID [--yes]`.
+pub async fn uninstall(cx: &Ctx, id: &str) -> Result<u8, Failure> {
+    let mut confirm = cx.yes;
+    if !confirm && term::stdin_is_tty() && !cx.json {
+        match term::confirm(&format!("Remove provider '{id}'?")) {
+            Some(true) => confirm = true,
+            _ => {
+                return Err(Failure::usage(
+                    "Aborted: nothing was removed.",
+                    format!("Re-run with --yes: abx provider uninstall {id} --yes"),
+                ))
+            }
+        }
+    }
+    call1(
+        cx,
+        "provider/uninstall",
+        json!({"id": id, "confirm": confirm}),
+    )
+    .await?;
+    if cx.json {
+        print_json(&json!({"status": "removed", "id": id}));
+    } else {
+        line(&format!("Removed provider '{id}'"));
+    }
+    Ok(0)
+}
+
+/// `abx provider update [ID] [--check] [--ref R]`.
+pub async fn update(
+    cx: &Ctx,
+    id: Option<&str>,
+    check: bool,
+    git_ref: Option<&str>,
+) -> Result<u8, Failure> {
+    let r = call1(
+        cx,
+        "provider/update",
+        json!({"id": id, "check": check, "ref": git_ref}),
+    )
+    .await?;
+    if cx.json {
+        print_json(&r);
+        return Ok(0);
+    }
+    let list = r["providers"].as_array().cloned().unwrap_or_default();
+    let mut code = 0;
+    if list.iter().all(|p| p["status"] == "up-to-date") {
+        line(if list.is_empty() {
+            "No installed providers."
+        } else {
+            "All providers are up to date."
+        });
+        return Ok(0);
+    }
+    for p in &list {
+        let status = text(&p["status"]);
+        if status == "error" {
+            code = 1;
+        }
+        let detail = match status.as_str() {
+            "error" => format!(": {}", text(&p["error"])),
+            _ => format!(" {} -> {}", text(&p["from"]), text(&p["to"])),
+        };
+        line(&format!("{:<16} {status}{detail}", text(&p["id"])));
+    }
+    Ok(code)
+}
+
+/// `abx provider doctor ID`: `ok    installed  Name 1.0` lines; exit 1 on any failure.
+pub async fn doctor(cx: &Ctx, id: &str) -> Result<u8, Failure> {
+    let r = call1(cx, "provider/doctor", json!({"id": id})).await?;
+    let ok = r["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|c| c["ok"] == true);
+    if cx.json {
+        print_json(&r);
+    } else {
+        for c in r["checks"].as_array().into_iter().flatten() {
+            let status = if c["ok"] == true { "ok" } else { "fail" };
+            let detail = text(&c["detail"]);
+            let l = format!("{status:<5} {:<10} {detail}", text(&c["name"]));
+            line(l.trim_end());
+        }
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// `abx provider test ID [--filter F]`: a line per test as it finishes, then the totals.
+pub async fn test(cx: &Ctx, id: &str, filter: Option<&str>) -> Result<u8, Failure> {
+    use abx_protocol::message::Message;
+    let mut c = cx.connect().await?;
+    let req = c
+        .send_request("provider/test", Some(&json!({"id": id, "filter": filter})))
+        .await?;
+    let print_line = |v: &Value| {
+        let outcome = text(&v["outcome"]);
+        let detail = text(&v["detail"]);
+        let l = if detail.is_empty() || outcome == "passed" {
+            format!("{outcome:<7} {}", text(&v["name"]))
+        } else {
+            format!("{outcome:<7} {}: {detail}", text(&v["name"]))
+        };
+        line(l.trim_end());
+    };
+    let result = loop {
+        let Some(m) = c.next_message().await? else {
+            return Err(Failure::from(abx_protocol::AbxError::detail(
+                abx_protocol::ErrorCode::BrokerUnreachable,
+                "the broker closed the connection",
+            )));
+        };
+        match m {
+            Message::Notification(n) if n.method == "provider/testResult" && !cx.json => {
+                if let Some(p) = n
+                    .params
+                    .as_deref()
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                {
+                    print_line(&p);
+                }
+            }
+            Message::Response(r) if r.id.as_ref() == Some(&req) => match r.outcome {
+                Ok(raw) => break serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null),
+                Err(e) => return Err(Failure::from(e).in_method("provider/test")),
+            },
+            _ => {}
+        }
+    };
+    if cx.json {
+        print_json(&result);
+    } else {
+        line(&format!(
+            "{} passed, {} failed, {} skipped",
+            result["passed"], result["failed"], result["skipped"]
+        ));
+    }
+    Ok(if result["failed"].as_u64().unwrap_or(0) > 0 {
+        1
+    } else {
+        0
+    })
+}
+
+/// `abx provider configure ID KEY=VALUE... [--unset KEY]`.
+pub async fn configure(
+    cx: &Ctx,
+    id: &str,
+    values: &[String],
+    unset: &[String],
+) -> Result<u8, Failure> {
+    let mut map = serde_json::Map::new();
+    for kv in values {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(Failure::usage(
+                format!("'{kv}' is not KEY=VALUE."),
+                "Example: abx provider configure ID base_url=https://... api_key=-",
+            ));
+        };
+        let v = if v == "-" {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| {
+                Failure::usage(format!("cannot read stdin: {e}"), "Pipe the value in.")
+            })?;
+            s.trim_end_matches(['\n', '\r']).to_owned()
+        } else {
+            v.to_owned()
+        };
+        // Numbers and booleans keep their type; everything else is a string.
+        let parsed = match serde_json::from_str::<Value>(&v) {
+            Ok(x @ (Value::Bool(_) | Value::Number(_))) => x,
+            _ => Value::String(v),
+        };
+        map.insert(k.to_owned(), parsed);
+    }
+    for k in unset {
+        map.insert(k.clone(), Value::Null);
+    }
+    if map.is_empty() {
+        return Err(Failure::usage(
+            "Nothing to configure.",
+            "Give KEY=VALUE pairs or --unset KEY.",
+        ));
+    }
+    let r = call1(cx, "provider/configure", json!({"id": id, "values": map})).await?;
+    if cx.json {
+        print_json(&r);
+    } else {
+        line(&format!(
+            "Configured provider '{id}': {}",
+            strings(&r["configured"]).join(", ")
+        ));
+    }
+    Ok(0)
+}
+
+/// `abx provider default ID`.
+pub async fn set_default(cx: &Ctx, id: &str) -> Result<u8, Failure> {
+    call1(cx, "provider/setDefault", json!({"id": id})).await?;
+    if cx.json {
+        print_json(&json!({"default": id}));
+    } else {
+        line(&format!("Default provider is now '{id}'."));
+    }
+    Ok(0)
+}
+
+/// `abx template list|init|build`: gated on templates.read / templates.build like every
+/// other method (the seed's open problem: they ignored --provider and never said E8004).
+pub async fn template(cx: &Ctx, action: &str, args: &[String]) -> Result<u8, Failure> {
+    let method = match action {
+        "list" => "templates/list",
+        "init" => "templates/init",
+        _ => "templates/build",
+    };
+    let r = call1(cx, method, cx.with_provider(json!({"args": args}))).await?;
+    if cx.json {
+        print_json(&r);
+    } else {
+        line(&serde_json::to_string_pretty(&r).unwrap_or_default());
+    }
     Ok(0)
 }
