@@ -18,8 +18,9 @@
 //!    more connections open, first only connected, then after one `broker/ping` each (bar:
 //!    the latter adds <= 32 MiB). Unpinned only.
 //!
-//! Usage: `cargo bench -p abx-broker --bench local [-- stream|transfer|rss|pinned|unpinned ...]`
-//! (`pinned`/`unpinned` select the streaming modes; the other figures run with `unpinned`).
+//! Usage: `cargo bench -p abx-broker --bench local [-- stream|zero|urandom|transfer|rss|pinned|unpinned ...]`
+//! (`zero`/`urandom` select one streaming source; `pinned`/`unpinned` select the streaming
+//! modes; the other figures run with `unpinned`).
 //!
 //! Environment (all optional): `ABX_BENCH_QUICK=1` (64 MiB, one round), `ABX_BENCH_BYTES`
 //! (per run: a number or `64M`, `1G`; default 1 GiB), `ABX_BENCH_ROUNDS` (default 3),
@@ -32,7 +33,7 @@ use base64::Engine;
 use common::{
     cpu_ns, cpu_snap, env_bytes, env_parse, find_byte, human_bytes, max_of, median, min_of,
     pin_cmd, pin_if, round3, round_trip, status_kib, thread_cpu_ns, verdict, Mode, Out, Res,
-    Spawned, UnixRpc, GIB, MIB,
+    Spawned, UnixRpc, GIB,
 };
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -56,6 +57,8 @@ struct Config {
     modes: Vec<Mode>,
     cpu: Option<usize>,
     idle_conns: usize,
+    /// The streaming sources (`zero`, `urandom`).
+    sources: Vec<(&'static str, &'static str)>,
 }
 
 impl Config {
@@ -63,7 +66,13 @@ impl Config {
         let quick = common::quick();
         let (mut stream, mut transfer, mut rss, mut pinned, mut unpinned) =
             (false, false, false, false, false);
+        let mut sources = Vec::new();
         for w in &common::filter_words() {
+            if let Some(src) = SOURCES.iter().find(|(name, _)| name == w) {
+                stream = true;
+                sources.push(*src);
+                continue;
+            }
             match w.as_str() {
                 "stream" | "streaming" | "exec" => stream = true,
                 "transfer" | "files" | "upload" | "download" => transfer = true,
@@ -71,7 +80,7 @@ impl Config {
                 "pinned" => pinned = true,
                 "unpinned" => unpinned = true,
                 other => eprintln!(
-                    "local bench: ignoring unknown filter {other:?} (known: stream, transfer, rss, pinned, unpinned)"
+                    "local bench: ignoring unknown filter {other:?} (known: stream, zero, urandom, transfer, rss, pinned, unpinned)"
                 ),
             }
         }
@@ -80,6 +89,9 @@ impl Config {
         }
         let cpu = common::pin_cpu()?;
         let modes = common::modes("local", pinned, unpinned, cpu);
+        if sources.is_empty() {
+            sources = SOURCES.to_vec();
+        }
         let bytes = env_bytes("ABX_BENCH_BYTES")?.unwrap_or(if quick { 64 << 20 } else { 1 << 30 });
         Ok(Config {
             quick,
@@ -93,6 +105,7 @@ impl Config {
             cpu,
             idle_conns: env_parse::<usize>("ABX_BENCH_IDLE_CONNS")?.unwrap_or(1000),
             modes,
+            sources,
         })
     }
 }
@@ -158,7 +171,13 @@ fn scan_json_string(s: &[u8]) -> Option<(u64, usize, bool)> {
     let mut non_nul = false;
     // The next unescaped-looking quote at or after `i` (recomputed when an escape ate it).
     let mut quote = find_byte(s, b'"')?;
+    const NUL4: &[u8; 24] = b"\\u0000\\u0000\\u0000\\u0000";
     loop {
+        // The common case of /dev/zero: runs of `\u0000`, four at a time.
+        while s.len() >= i + 24 && s[i..i + 24] == NUL4[..] {
+            i += 24;
+            len += 4;
+        }
         match *s.get(i)? {
             b'\\' => {
                 if *s.get(i + 1)? == b'u' {
@@ -351,6 +370,7 @@ fn run_stream(
 ) -> Res<Vec<StreamFigure>> {
     let bytes = cfg.bytes;
     let rounds = cfg.rounds;
+    let sources = cfg.sources.clone();
     let client = std::thread::spawn(move || -> Res<Vec<StreamFigure>> {
         pin_if(cpu)?;
         let mut rpc = common::Rpc::unix(
@@ -361,15 +381,15 @@ fn run_stream(
         let mut scratch = Vec::new();
         // Warm up both paths (page tables, buffers, the sandbox's first exec).
         let warm = (bytes / 8).clamp(1, 64 << 20);
-        for (_, src) in SOURCES {
+        for &(_, src) in &sources {
             baseline_once(src, warm, cpu)?;
             stream_once(&mut rpc, daemon_pid, &sandbox, src, warm, &mut scratch)?;
         }
-        let mut figs: Vec<StreamFigure> = SOURCES.iter().map(|_| StreamFigure::default()).collect();
+        let mut figs: Vec<StreamFigure> = sources.iter().map(|_| StreamFigure::default()).collect();
         for round in 0..rounds {
-            for j in 0..SOURCES.len() {
-                let k = (j + round) % SOURCES.len();
-                let src = SOURCES[k].1;
+            for j in 0..sources.len() {
+                let k = (j + round) % sources.len();
+                let src = sources[k].1;
                 let fig = &mut figs[k];
                 let mut daemon = || -> Res<()> {
                     let r = stream_once(&mut rpc, daemon_pid, &sandbox, src, bytes, &mut scratch)?;
@@ -422,7 +442,7 @@ fn report_stream(out: &mut Out, cfg: &Config, mode: Mode, figs: &[StreamFigure])
         "  {:<34}{:>10}{:>10}{:>10}{:>15}{:>15}",
         "", "", "", "", "per GiB", "per GiB"
     );
-    for ((name, src), f) in SOURCES.iter().zip(figs) {
+    for ((name, src), f) in cfg.sources.iter().zip(figs) {
         let base = median(&f.baseline).unwrap_or(0.0);
         let daemon = median(&f.daemon).unwrap_or(0.0);
         let dcpu = median(&f.daemon_cpu_s_per_gib);
@@ -471,7 +491,7 @@ fn report_stream(out: &mut Out, cfg: &Config, mode: Mode, figs: &[StreamFigure])
             );
         }
         out.record(json!({
-            "kind": "stream", "figure": format!("exec_stream_{name}"), "mode": mode.name(),
+            "kind": "stream", "figure": format!("stream_{name}"), "mode": mode.name(),
             "bytes": cfg.bytes, "source": src,
             "rounds_baseline_gib_per_s": f.baseline.iter().map(|v| round3(*v)).collect::<Vec<_>>(),
             "rounds_daemon_gib_per_s": f.daemon.iter().map(|v| round3(*v)).collect::<Vec<_>>(),
@@ -480,7 +500,7 @@ fn report_stream(out: &mut Out, cfg: &Config, mode: Mode, figs: &[StreamFigure])
             "text_notifications": f.text_notes, "base64_notifications": f.base64_notes,
         }));
         out.ratio(
-            &format!("exec_stream_{name}"),
+            &format!("stream_{name}"),
             mode,
             "daemon",
             "cat",
@@ -569,6 +589,8 @@ impl Op {
 
 struct Transfer {
     rates: [Vec<f64>; 3],
+    /// The daemon's CPU seconds per GiB moved, per round.
+    cpu: [Vec<f64>; 3],
     progress_notes: u64,
     hwm_before_kib: Option<u64>,
     hwm_after_kib: Option<u64>,
@@ -603,8 +625,14 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
         .join(bare)
         .join("workspace/up.bin");
     let mut notes = 0u64;
-    let op = |rpc: &mut UnixRpc, op: Op, from: &Path, notes: &mut u64| -> Res<f64> {
+    // Returns the seconds and the daemon's CPU nanoseconds.
+    let op = |rpc: &mut UnixRpc, op: Op, from: &Path, notes: &mut u64| -> Res<(f64, u64)> {
+        if op == Op::Upload {
+            // Into a fresh file, as cp writes one: freeing the last round's copy is not timed.
+            let _ = std::fs::remove_file(&up_host);
+        }
         sync();
+        let c0 = cpu_ns(pid);
         let t0 = Instant::now();
         match op {
             Op::Cp => {
@@ -632,7 +660,12 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
                 )?;
             }
         }
-        Ok(t0.elapsed().as_secs_f64())
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = match (c0, cpu_ns(pid)) {
+            (Some(a), Some(b)) if op != Op::Cp => b.saturating_sub(a),
+            _ => 0,
+        };
+        Ok((secs, cpu))
     };
     // Warm up every path on a small file.
     for o in [Op::Cp, Op::Upload, Op::Download] {
@@ -643,6 +676,7 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
     let hwm_before_kib = status_kib(pid, "VmHWM");
     notes = 0;
     let mut rates: [Vec<f64>; 3] = Default::default();
+    let mut cpu: [Vec<f64>; 3] = Default::default();
     let mut sums = Vec::new();
     for round in 0..cfg.rounds {
         let order = if round % 2 == 0 {
@@ -651,7 +685,7 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
             [Op::Upload, Op::Download, Op::Cp]
         };
         for o in order {
-            let secs = op(&mut rpc, o, &src, &mut notes)?;
+            let (secs, cpu_used) = op(&mut rpc, o, &src, &mut notes)?;
             let (i, out_path) = match o {
                 Op::Cp => (0, &cp_dst),
                 Op::Upload => (1, &up_host),
@@ -667,6 +701,7 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
                 ));
             }
             rates[i].push(gib_per_s(cfg.bytes, secs));
+            cpu[i].push(cpu_used as f64 / 1e9 / (cfg.bytes as f64 / GIB));
         }
         if round + 1 == cfg.rounds {
             sums = sha256(&[&src, &cp_dst, &up_host, &down])?;
@@ -677,6 +712,7 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
     }
     Ok(Transfer {
         rates,
+        cpu,
         progress_notes: notes,
         hwm_before_kib,
         hwm_after_kib: status_kib(pid, "VmHWM"),
@@ -696,30 +732,38 @@ fn report_transfer(out: &mut Out, cfg: &Config, x: &Transfer) {
     );
     let _ = writeln!(
         t,
-        "  {:<34}{:>10}{:>10}{:>10}",
-        "operation", "med GiB/s", "min", "max"
+        "  {:<34}{:>10}{:>10}{:>10}{:>15}",
+        "operation", "med GiB/s", "min", "max", "daemon CPU s"
     );
-    for (o, r) in [Op::Cp, Op::Upload, Op::Download].iter().zip(&x.rates) {
+    let ops = [Op::Cp, Op::Upload, Op::Download];
+    for ((o, r), c) in ops.iter().zip(&x.rates).zip(&x.cpu) {
         let _ = writeln!(
             t,
-            "  {:<34}{:>10.3}{:>10.3}{:>10.3}",
+            "  {:<34}{:>10.3}{:>10.3}{:>10.3}{:>15}",
             o.name(),
             median(r).unwrap_or(0.0),
             min_of(r),
-            max_of(r)
+            max_of(r),
+            if *o == Op::Cp {
+                "-".to_string()
+            } else {
+                median(c).map_or_else(|| "-".into(), |v| format!("{v:.2} per GiB"))
+            }
         );
     }
     let cp = median(&x.rates[0]).unwrap_or(0.0);
     for (name, i) in [("upload", 1), ("download", 2)] {
         let v = median(&x.rates[i]).unwrap_or(0.0) / cp;
+        let best = max_of(&x.rates[i]) / max_of(&x.rates[0]);
         let _ = writeln!(
             t,
-            "  {:<34}{:>9.2}x   bar: >= 0.5x [{}]",
+            "  {:<34}{:>9.2}x   bar: >= 0.5x [{}]   (best round against best round: {best:.2}x)",
             format!("{name}/cp"),
             v,
             verdict(v >= 0.5)
         );
         out.ratio(name, mode, "daemon", "cp", v, Some((">=", 0.5)));
+        out.ratio(&format!("{name}_best"), mode, "daemon", "cp", best, None);
     }
     let same = x.sums.len() == 4 && x.sums.iter().all(|s| *s == x.sums[0]);
     let _ = writeln!(
@@ -772,6 +816,8 @@ fn report_transfer(out: &mut Out, cfg: &Config, x: &Transfer) {
         "rounds_cp_gib_per_s": x.rates[0].iter().map(|v| round3(*v)).collect::<Vec<_>>(),
         "rounds_upload_gib_per_s": x.rates[1].iter().map(|v| round3(*v)).collect::<Vec<_>>(),
         "rounds_download_gib_per_s": x.rates[2].iter().map(|v| round3(*v)).collect::<Vec<_>>(),
+        "rounds_upload_daemon_cpu_s_per_gib": x.cpu[1].iter().map(|v| round3(*v)).collect::<Vec<_>>(),
+        "rounds_download_daemon_cpu_s_per_gib": x.cpu[2].iter().map(|v| round3(*v)).collect::<Vec<_>>(),
         "sha256_identical": same, "sha256": x.sums,
         "vmhwm_before_kib": x.hwm_before_kib, "vmhwm_after_kib": x.hwm_after_kib,
         "vmrss_after_kib": x.rss_after_kib, "progress_notifications": x.progress_notes,
@@ -821,6 +867,9 @@ fn wait_connections(rpc: &mut UnixRpc, n: u64) -> Res<()> {
 }
 
 struct Idle {
+    /// `VmRSS`, then its anonymous and file-backed parts, and the thread count.
+    idle_parts: (u64, u64, u64),
+    pinged_parts: (u64, u64, u64),
     rss_idle: u64,
     hwm_idle: u64,
     rss_connected: u64,
@@ -837,6 +886,8 @@ fn run_idle(cfg: &Config, daemon: &Spawned) -> Res<Idle> {
     rpc.call("broker/ping", json!({}))?;
     settle();
     let (rss_idle, hwm_idle) = (kib("VmRSS")?, kib("VmHWM")?);
+    let parts = || -> Res<(u64, u64, u64)> { Ok((kib("RssAnon")?, kib("RssFile")?, threads(pid))) };
+    let idle_parts = parts()?;
     let mut conns = Vec::with_capacity(cfg.idle_conns);
     for _ in 0..cfg.idle_conns {
         conns.push(daemon.connect()?);
@@ -858,6 +909,7 @@ fn run_idle(cfg: &Config, daemon: &Spawned) -> Res<Idle> {
     }
     settle();
     let rss_pinged = kib("VmRSS")?;
+    let pinged_parts = parts()?;
     drop(conns);
     let deadline = Instant::now() + Duration::from_secs(10);
     while connections(&mut rpc)? > 1 && Instant::now() < deadline {
@@ -865,6 +917,8 @@ fn run_idle(cfg: &Config, daemon: &Spawned) -> Res<Idle> {
     }
     settle();
     Ok(Idle {
+        idle_parts,
+        pinged_parts,
         rss_idle,
         hwm_idle,
         rss_connected,
@@ -872,6 +926,10 @@ fn run_idle(cfg: &Config, daemon: &Spawned) -> Res<Idle> {
         rss_closed: kib("VmRSS")?,
         conns: cfg.idle_conns,
     })
+}
+
+fn threads(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count() as u64)
 }
 
 fn report_idle(out: &mut Out, x: &Idle) {
@@ -911,6 +969,17 @@ fn report_idle(out: &mut Out, x: &Idle) {
         "after they closed",
         mib(x.rss_closed)
     );
+    for (when, (anon, file, th)) in [
+        ("idle", x.idle_parts),
+        ("with the connections", x.pinged_parts),
+    ] {
+        let _ = writeln!(
+            t,
+            "  ({when}: {:.1} MiB anonymous, {:.1} MiB file-backed (the executable, libraries), {th} threads)",
+            mib(anon),
+            mib(file)
+        );
+    }
     out.absolute("idle RSS", "unpinned", mib(x.rss_idle), "MiB", ("<=", 10.0));
     out.absolute(
         &format!("+{} idle conns RSS", x.conns),
@@ -924,6 +993,10 @@ fn report_idle(out: &mut Out, x: &Idle) {
         "rss_idle_kib": x.rss_idle, "hwm_idle_kib": x.hwm_idle,
         "rss_connected_kib": x.rss_connected, "rss_pinged_kib": x.rss_pinged,
         "rss_closed_kib": x.rss_closed,
+        "idle_rss_anon_kib": x.idle_parts.0, "idle_rss_file_kib": x.idle_parts.1,
+        "idle_threads": x.idle_parts.2,
+        "pinged_rss_anon_kib": x.pinged_parts.0, "pinged_rss_file_kib": x.pinged_parts.1,
+        "pinged_threads": x.pinged_parts.2,
     }));
     out.table(&t);
 }

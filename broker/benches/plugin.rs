@@ -23,8 +23,8 @@
 mod common;
 
 use common::{
-    cpu_ns, cpu_snap, env_parse, mean_us, pct_us, pin_cmd, pin_if, push_request, round3,
-    timed_round_trip, verdict, Mode, Out, Res, Rpc, Spawned,
+    cpu_ns, cpu_snap, ctx_switches, env_parse, mean_us, pct_us, pin_cmd, pin_if, push_request,
+    round3, timed_round_trip, verdict, Mode, Out, Res, Rpc, Spawned,
 };
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -201,6 +201,8 @@ struct Measured {
     ns: Vec<u64>,
     broker_cpu_ns: u64,
     plugin_cpu_ns: u64,
+    /// The daemon's context switches over the measured calls.
+    broker_switches: u64,
 }
 
 impl Measured {
@@ -247,6 +249,7 @@ fn run_latency(
         let mut samples = vec![Vec::with_capacity(per_round * rounds); n];
         let mut cpu_b = vec![0u64; n];
         let mut cpu_p = vec![0u64; n];
+        let mut sw_b = vec![0u64; n];
         let mut req = Vec::with_capacity(256);
         let mut buf = vec![0u8; 64 * 1024];
         let mut id = 1_000_000u64;
@@ -265,6 +268,8 @@ fn run_latency(
                         let (b, q) = (p.broker_pid.and_then(cpu_ns), cpu_ns(p.plugin_pid));
                         cpu_b[k] = cpu_b[k].wrapping_sub(b.unwrap_or(0));
                         cpu_p[k] = cpu_p[k].wrapping_sub(q.unwrap_or(0));
+                        let s = p.broker_pid.and_then(ctx_switches).unwrap_or(0);
+                        sw_b[k] = sw_b[k].wrapping_sub(s);
                     }
                     id += 1;
                     req.clear();
@@ -280,6 +285,8 @@ fn run_latency(
                 let (b1, p1) = (p.broker_pid.and_then(cpu_ns), cpu_ns(p.plugin_pid));
                 cpu_b[k] = cpu_b[k].wrapping_add(b1.unwrap_or(0));
                 cpu_p[k] = cpu_p[k].wrapping_add(p1.unwrap_or(0));
+                let s = p.broker_pid.and_then(ctx_switches).unwrap_or(0);
+                sw_b[k] = sw_b[k].wrapping_add(s);
             }
         }
         let measured = paths
@@ -293,6 +300,7 @@ fn run_latency(
                     ns,
                     broker_cpu_ns: cpu_b[k],
                     plugin_cpu_ns: cpu_p[k],
+                    broker_switches: sw_b[k],
                 }
             })
             .collect();
@@ -351,6 +359,7 @@ fn report(out: &mut Out, cfg: &Config, mode: Mode, res: &[Measured]) {
             "max_us": round3(r.pct(1.0)),
             "broker_cpu_us_per_call": (r.name != "direct").then(|| round3(r.per_call(r.broker_cpu_ns))),
             "plugin_cpu_us_per_call": round3(r.per_call(r.plugin_cpu_ns)),
+            "broker_switches_per_call": (r.name != "direct").then(|| round3(r.broker_switches as f64 / r.ns.len().max(1) as f64)),
         }));
     }
     let find = |name| res.iter().find(|r| r.name == name);
@@ -373,10 +382,11 @@ fn report(out: &mut Out, cfg: &Config, mode: Mode, res: &[Measured]) {
         );
         let _ = writeln!(
             t,
-            "  {:<18}{:>9.1} us added per call at p50, {:.1} us at p99",
+            "  {:<18}{:>9.1} us added per call at p50, {:.1} us at p99; the daemon switched context {:.1} times per call",
             "broker hop",
             b.pct(0.5) - d.pct(0.5),
-            b.pct(0.99) - d.pct(0.99)
+            b.pct(0.99) - d.pct(0.99),
+            b.broker_switches as f64 / b.ns.len().max(1) as f64
         );
         out.ratio(
             "plugin_rtt_p50",

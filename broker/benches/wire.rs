@@ -297,7 +297,7 @@ impl Latency {
 /// first) so drift in the machine hits both alike.
 fn run_latency(cfg: &Config, servers: &[&Server], cpu: Option<usize>) -> Res<Vec<Latency>> {
     let kinds: Vec<Kind> = servers.iter().map(|s| s.kind).collect();
-    let mut streams = servers
+    let streams = servers
         .iter()
         .map(|s| s.connect())
         .collect::<Res<Vec<_>>>()?;

@@ -280,6 +280,17 @@ async fn route(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
         let id = explicit.clone().unwrap_or_else(|| b.registry.default_id());
         (b.registry.get(&id)?, None)
     };
+    if matches!(method, "files/upload" | "files/download") {
+        // The daemon's working directory is nobody's: local paths must be absolute.
+        if let Some(lp) = obj.get("localPath").and_then(Value::as_str) {
+            if !std::path::Path::new(lp).is_absolute() {
+                return Err(AbxError::invalid_params(
+                    method,
+                    format!("localPath must be absolute, not '{lp}'"),
+                ));
+            }
+        }
+    }
     let summary = provider.summary().clone();
     let has_pty = method == "exec/start" && obj.get("pty").is_some_and(|v| !v.is_null());
     for f in [

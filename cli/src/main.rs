@@ -4,6 +4,8 @@
 mod args;
 mod client;
 mod cmd;
+mod mcp;
+mod mux;
 mod output;
 mod rpc;
 mod spawn;
@@ -14,13 +16,27 @@ mod term;
 use abx_broker::Paths;
 use abx_protocol::ErrorCode;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 use serde_json::json;
 use std::process::ExitCode;
 
+// `abx mcp`, served here rather than from the command table.
+#[derive(Subcommand, Debug)]
+enum Serve {
+    /// Serve the Model Context Protocol on stdio, for AI agents (docs/mcp.md).
+    Mcp,
+}
+
 fn main() -> ExitCode {
-    let cli = match args::Cli::try_parse() {
-        Ok(c) => c,
+    let parsed = Serve::augment_subcommands(args::Cli::command())
+        .try_get_matches()
+        .and_then(|m| match Serve::from_arg_matches(&m) {
+            Ok(Serve::Mcp) => Ok(None),
+            Err(_) => args::Cli::from_arg_matches(&m).map(Some),
+        });
+    let cli = match parsed {
+        Ok(Some(c)) => c,
+        Ok(None) => return mcp::run(&Paths::from_env()),
         Err(e) => return usage_error(e),
     };
     let paths = Paths::from_env();

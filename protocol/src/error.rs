@@ -183,7 +183,7 @@ error_codes! {
     /// A directory that is not empty.
     DirectoryNotEmpty = 4005, rpc 4005, exit 1,
         "Directory '{path}' is not empty.",
-        "Pass recursive: true to remove it with its contents.";
+        "Remove it recursively (recursive: true; abx sandbox files rm -r) to delete its contents too.";
     /// Something already exists at the path.
     FileExists = 4006, rpc 4006, exit 1,
         "'{path}' already exists.",

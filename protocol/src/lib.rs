@@ -18,6 +18,8 @@ pub mod features;
 pub mod id;
 pub mod manifest;
 pub mod message;
+pub mod openrpc;
+pub mod schema;
 
 pub use codec::{Frame, FrameCodec, Framing, DEFAULT_MAX_MESSAGE_SIZE};
 pub use error::{AbxError, ErrorCode, RpcError};

@@ -778,6 +778,11 @@ fn big_upload_download_in_chunks_with_constant_memory() {
         json!({"sandbox": id, "localPath": "/no/such/file", "path": "x"}),
     );
     assert_eq!(abx_code(&e), "E4009");
+    let e = c.call_err(
+        "files/upload",
+        json!({"sandbox": id, "localPath": "relative/file", "path": "x"}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "relative local paths are refused");
 }
 
 #[test]

@@ -414,6 +414,28 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
     proc_ticks(&pid.to_string()).map(|t| t * 1_000_000_000 / hz)
 }
 
+/// Context switches (voluntary and not) of every live thread of a process so far.
+pub fn ctx_switches(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(s) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        for l in s.lines() {
+            if let Some(v) = l
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Some(total)
+}
+
 /// CPU time of the calling thread, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     // SAFETY: clock_gettime fills the timespec we pass.

@@ -83,7 +83,7 @@ impl Sandbox {
             "template": r.template,
             "url": format!("local://{}", r.id),
             "region": "local",
-            "timeout": ((r.expires_ms - r.created_ms).max(0) / 1000),
+            "timeout": r.timeout,
             "startedAt": rfc3339(r.created_ms / 1000),
             "expiresAt": rfc3339(r.expires_ms / 1000),
             "metadata": r.metadata,
@@ -335,7 +335,7 @@ impl Inner {
             let mut r = sb.rec.lock().expect("record");
             r.expires_ms = now_ms() + (secs as i64) * 1000;
             r.timeout = secs;
-            // The displayed timeout is the whole lifetime from creation.
+            // `timeout` shows the lifetime last asked for (create or setTimeout).
         }
         sb.save()?;
         self.reaper.notify_one();
@@ -666,6 +666,13 @@ impl Inner {
                 let conn = cx.conn.clone();
                 let up = method == "files/upload";
                 let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, u64)>(4);
+                // A first event at once, so progress bars appear before the first MiB.
+                let total0 = if up {
+                    std::fs::metadata(&local).map_or(0, |m| m.len())
+                } else {
+                    0
+                };
+                let _ = tx.try_send((0, total0));
                 let path2 = path.clone();
                 let sbid = id.clone();
                 let fwd = tokio::spawn(async move {

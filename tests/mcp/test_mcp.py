@@ -1,0 +1,318 @@
+"""`abx mcp` driven by the official MCP Python SDK (`mcp` from PyPI) over stdio.
+
+Every test runs the real `abx` binary (ABX_BIN, default target/debug/abx) with a private
+ABX_HOME, so the daemon it starts is its own; the daemon is stopped at the end with
+`abx broker stop`. Both protocol eras are covered:
+
+- "modern": the SDK's default `mode="auto"` probes `server/discover` and, answered, speaks
+  the stateless 2026-07-28 revision (`_meta` on every request, `resultType` on results);
+- "legacy": `mode="legacy"` forces the `initialize` handshake (2025-11-25).
+
+Raw JSON lines cover what the SDK cannot be made to send (old handshake versions, a version
+the server does not speak, unknown methods).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+ROOT = Path(__file__).resolve().parents[2]
+ABX = Path(os.environ.get("ABX_BIN") or ROOT / "target" / "debug" / "abx").resolve()
+
+# The eras, as the SDK's connect modes.
+MODES = {"modern": "auto", "legacy": "legacy"}
+EXPECTED_VERSION = {"modern": "2026-07-28", "legacy": "2025-11-25"}
+TOOLS = {
+    "sandbox_create",
+    "sandbox_list",
+    "sandbox_info",
+    "sandbox_kill",
+    "sandbox_set_timeout",
+    "exec",
+    "files_read",
+    "files_write",
+    "files_list",
+    "ports_url",
+    "provider_list",
+}
+
+
+@pytest.fixture(scope="module")
+def home():
+    assert ABX.exists(), f"{ABX} is missing: build it first (cargo build --workspace --bins) or set ABX_BIN"
+    d = tempfile.mkdtemp(prefix="abx-mcp-")
+    yield d
+    subprocess.run([str(ABX), "broker", "stop"], env={**os.environ, "ABX_HOME": d}, capture_output=True, timeout=30)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def server(home: str) -> StdioServerParameters:
+    return StdioServerParameters(command=str(ABX), args=["mcp"], env={"ABX_HOME": home})
+
+
+def text(result) -> str:
+    return "".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+def procs_with(marker: str) -> list[int]:
+    """Pids whose command line contains `marker` (what `ps` would show)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            out.append(int(p.name))
+    return out
+
+
+def run(fn, *args):
+    return anyio.run(fn, *args)
+
+
+@pytest.mark.parametrize("era", MODES)
+def test_tools_end_to_end(home, era):
+    async def main():
+        async with Client(server(home), mode=MODES[era]) as client:
+            assert client.protocol_version == EXPECTED_VERSION[era]
+            assert client.server_capabilities.tools is not None
+
+            tools = await client.list_tools()
+            names = {t.name for t in tools.tools}
+            assert names == TOOLS
+            exec_tool = next(t for t in tools.tools if t.name == "exec")
+            assert exec_tool.input_schema["required"] == ["sandbox", "command"]
+            assert exec_tool.output_schema is not None
+
+            providers = await client.call_tool("provider_list", {})
+            assert not providers.is_error
+            assert any(p["id"] == "local" for p in providers.structured_content["providers"])
+
+            created = await client.call_tool("sandbox_create", {"timeout": 600, "metadata": {"era": era}})
+            assert not created.is_error, text(created)
+            sb = created.structured_content["id"]
+            assert created.structured_content["status"] == "running"
+
+            listed = await client.call_tool("sandbox_list", {})
+            assert sb in {s["id"] for s in listed.structured_content["sandboxes"]}
+
+            # exec, with its output streamed as progress.
+            seen: list[str] = []
+            progress: list[float] = []
+
+            async def on_progress(p: float, total: float | None, message: str | None) -> None:
+                progress.append(p)
+                if message:
+                    seen.append(message)
+
+            r = await client.call_tool(
+                "exec",
+                {"sandbox": sb, "command": "echo hello-$X; echo oops >&2; exit 3", "env": {"X": era}},
+                progress_callback=on_progress,
+            )
+            assert not r.is_error, text(r)
+            assert r.structured_content["exitCode"] == 3
+            assert r.structured_content["stdout"] == f"hello-{era}\n"
+            assert r.structured_content["stderr"] == "oops\n"
+            assert r.structured_content["timedOut"] is False
+            assert "Exit code: 3" in text(r) and f"hello-{era}" in text(r) and "oops" in text(r)
+            assert f"hello-{era}\n" in "".join(seen), seen
+            assert progress == sorted(progress) and len(set(progress)) == len(progress)
+
+            # A timeout kills the command and says so.
+            r = await client.call_tool("exec", {"sandbox": sb, "command": "sleep 30", "timeout": 0.5})
+            assert not r.is_error and r.structured_content["timedOut"] is True
+
+            # Files: write (parents created), read back, list.
+            body = f"line 1 ({era})\nünïcode ✓\n"
+            w = await client.call_tool("files_write", {"sandbox": sb, "path": "notes/a.txt", "content": body})
+            assert not w.is_error, text(w)
+            assert w.structured_content["size"] == len(body.encode())
+            rd = await client.call_tool("files_read", {"sandbox": sb, "path": "/workspace/notes/a.txt"})
+            assert not rd.is_error, text(rd)
+            assert rd.structured_content["content"] == body
+            assert rd.structured_content["encoding"] == "utf-8"
+            assert text(rd) == body
+            ls = await client.call_tool("files_list", {"sandbox": sb, "path": "notes"})
+            assert [e["name"] for e in ls.structured_content["entries"]] == ["a.txt"]
+            r = await client.call_tool("exec", {"sandbox": sb, "command": "cat notes/a.txt"})
+            assert r.structured_content["stdout"] == body
+
+            # Failures are results with isError and the E-code, not protocol errors.
+            e = await client.call_tool("files_read", {"sandbox": sb, "path": "missing.txt"})
+            assert e.is_error and "[E4001]" in text(e), text(e)
+            e = await client.call_tool("files_read", {"sandbox": sb, "path": "/etc/passwd"})
+            assert e.is_error and "[E4002]" in text(e), text(e)
+            e = await client.call_tool("sandbox_info", {"sandbox": "no-such-sandbox"})
+            assert e.is_error and text(e).startswith("[E2009] Sandbox 'no-such-sandbox' not found."), text(e)
+            assert "Suggestion:" in text(e)
+            e = await client.call_tool("exec", {"sandbox": sb})
+            assert e.is_error and "[E1004]" in text(e) and "command" in text(e), text(e)
+
+            info = await client.call_tool("sandbox_set_timeout", {"sandbox": sb, "timeout": 900})
+            assert not info.is_error and info.structured_content["id"] == sb
+            url = await client.call_tool("ports_url", {"sandbox": sb, "port": 8080})
+            assert not url.is_error and "8080" in url.structured_content["url"]
+
+            k = await client.call_tool("sandbox_kill", {"sandbox": sb})
+            assert not k.is_error and k.structured_content == {"killed": True}
+            k = await client.call_tool("sandbox_kill", {"sandbox": sb})
+            assert k.structured_content == {"killed": False}
+            gone = await client.call_tool("sandbox_info", {"sandbox": sb})
+            assert gone.is_error and "[E2009]" in text(gone)
+
+    run(main)
+
+
+@pytest.mark.parametrize("era", MODES)
+def test_cancel_kills_the_exec_and_others_run_meanwhile(home, era):
+    marker = "987.25" if era == "modern" else "987.75"
+
+    async def main():
+        async with Client(server(home), mode=MODES[era]) as client:
+            sb = (await client.call_tool("sandbox_create", {})).structured_content["id"]
+            started = anyio.Event()
+            outcome: list = []
+
+            async def on_progress(p: float, total: float | None, message: str | None) -> None:
+                if message and "started" in message:
+                    started.set()
+
+            async def long_exec() -> None:
+                r = await client.call_tool(
+                    "exec",
+                    {"sandbox": sb, "command": f"echo started; sleep {marker}; echo never"},
+                    progress_callback=on_progress,
+                )
+                outcome.append(r)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long_exec)
+                with anyio.fail_after(20):
+                    await started.wait()
+                assert procs_with(f"sleep {marker}"), "the exec should be running"
+                # The exec in progress blocks nothing: listing and other calls answer now.
+                with anyio.fail_after(5):
+                    assert len((await client.list_tools()).tools) == len(TOOLS)
+                    r = await client.call_tool("exec", {"sandbox": sb, "command": "echo meanwhile"})
+                    assert r.structured_content["stdout"] == "meanwhile\n"
+                # Cancel: the SDK sends notifications/cancelled; the server kills the exec.
+                tg.cancel_scope.cancel()
+            assert outcome == [], "a cancelled call gets no result"
+
+            deadline = time.monotonic() + 10
+            while procs_with(f"sleep {marker}") and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+            assert not procs_with(f"sleep {marker}"), "the cancelled exec must be killed"
+
+            # The server is fine afterwards.
+            r = await client.call_tool("exec", {"sandbox": sb, "command": "echo still-here"})
+            assert r.structured_content["stdout"] == "still-here\n"
+            await client.call_tool("sandbox_kill", {"sandbox": sb})
+
+    run(main)
+
+
+class Raw:
+    """`abx mcp` spoken to with raw JSON lines."""
+
+    def __init__(self, home: str):
+        self.p = subprocess.Popen(
+            [str(ABX), "mcp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "ABX_HOME": home},
+        )
+
+    def send(self, msg: dict) -> None:
+        self.p.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.p.stdin.flush()
+
+    def recv(self) -> dict:
+        line = self.p.stdout.readline()
+        assert line, "abx mcp closed stdout"
+        return json.loads(line)
+
+    def request(self, id, method, params=None) -> dict:
+        msg = {"jsonrpc": "2.0", "id": id, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send(msg)
+        while True:
+            m = self.recv()
+            if m.get("id") == id:
+                return m
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        assert self.p.wait(timeout=10) == 0
+        self.p.stdout.close()
+        self.p.stderr.close()
+
+
+def modern_meta(version="2026-07-28"):
+    return {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    }
+
+
+def test_raw_handshake_versions_and_stateless_details(home):
+    for asked, answered in [
+        ("2024-11-05", "2024-11-05"),
+        ("2025-03-26", "2025-03-26"),
+        ("2025-06-18", "2025-06-18"),
+        ("2025-11-25", "2025-11-25"),
+        ("2026-07-28", "2025-11-25"),  # rmcp asks this in initialize
+        ("1999-01-01", "2025-11-25"),
+    ]:
+        raw = Raw(home)
+        r = raw.request(1, "initialize", {"protocolVersion": asked, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}})
+        assert r["result"]["protocolVersion"] == answered, (asked, r)
+        assert r["result"]["serverInfo"]["name"] == "abx"
+        raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert raw.request(2, "ping")["result"] == {}
+        tools = raw.request(3, "tools/list")["result"]["tools"]
+        assert {t["name"] for t in tools} == TOOLS
+        # outputSchema exists from 2025-06-18 on; annotations from 2025-03-26 on.
+        assert all(("outputSchema" in t) == (answered >= "2025-06-18") for t in tools)
+        assert all(("annotations" in t) == (answered >= "2025-03-26") for t in tools)
+        assert "resultType" not in raw.request(4, "tools/list")["result"]
+        raw.close()
+
+    raw = Raw(home)
+    d = raw.request(1, "server/discover", {"_meta": modern_meta()})["result"]
+    assert d["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in d["supportedVersions"]
+    assert d["resultType"] == "complete" and d["capabilities"]["tools"] == {"listChanged": False}
+    assert isinstance(d["ttlMs"], int) and d["cacheScope"] in ("private", "public")
+    assert d["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "abx"
+    t = raw.request(2, "tools/list", {"_meta": modern_meta()})["result"]
+    assert t["resultType"] == "complete" and "ttlMs" in t and "cacheScope" in t
+    e = raw.request(3, "tools/list", {"_meta": modern_meta("2030-01-01")})["error"]
+    assert e["code"] == -32022 and e["data"]["requested"] == "2030-01-01"
+    assert "2026-07-28" in e["data"]["supported"]
+    # Unknown methods: -32601 at once; an unknown tool is a protocol error too.
+    t0 = time.monotonic()
+    assert raw.request(4, "no/such/method", {"_meta": modern_meta()})["error"]["code"] == -32601
+    assert time.monotonic() - t0 < 2
+    assert raw.request(5, "tools/call", {"name": "nope", "arguments": {}, "_meta": modern_meta()})["error"]["code"] == -32602
+    # A failing tool is a result, with resultType in this era.
+    r = raw.request(6, "tools/call", {"name": "sandbox_info", "arguments": {"sandbox": "zz"}, "_meta": modern_meta()})["result"]
+    assert r["isError"] is True and r["resultType"] == "complete"
+    assert r["content"][0]["text"].startswith("[E2009]")
+    raw.close()

@@ -1,0 +1,473 @@
+//! The contract kit (`provider/test`) end to end: it passes on `local` and on the fixture
+//! plugins py-local and node-local, reports each violation of the deliberately broken
+//! `bad-contract` fixture, refuses a tampered plugin with E8011, and cleans up every sandbox
+//! it creates. Real daemon, real plugin processes.
+
+use abx_tests::{abx_code, Client, Home};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The eighteen tests of the seed's `abx provider test opensandbox`.
+const SEED_TESTS: &[&str] = &[
+    "test_declared_features_are_known",
+    "test_describe_never_exposes_secret_defaults",
+    "test_lifecycle",
+    "test_kill_is_idempotent",
+    "test_set_timeout",
+    "test_pause_resume",
+    "test_exec_run",
+    "test_exec_exit_code_stderr_and_env",
+    "test_exec_stream_order_and_single_exit",
+    "test_exec_timeout_is_enforced",
+    "test_process_list",
+    "test_files_roundtrip",
+    "test_files_binary_and_unicode",
+    "test_files_directory_operations",
+    "test_missing_file_is_a_typed_not_found",
+    "test_ports_url",
+    "test_undeclared_feature_fails_with_e8004",
+    "test_secret_options_are_redacted_from_errors",
+];
+
+/// Tests for features none of the providers here declares.
+const NOBODY: &[&str] = &[
+    "test_code_run",
+    "test_templates_list",
+    "test_templates_build_is_typed",
+];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/plugins")
+        .join(name)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A git repo holding fixtures at the given subdirs; returns (dir, file:// url, commit).
+fn repo(parts: &[(&str, &str)]) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (subdir, name) in parts {
+        copy_dir(&fixture(name), &dir.path().join(subdir));
+    }
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    git(dir.path(), &["add", "-A"]);
+    git(dir.path(), &["commit", "-q", "-m", "fixture"]);
+    let commit = git(dir.path(), &["rev-parse", "HEAD"]);
+    let url = format!("file://{}", dir.path().display());
+    (dir, url, commit)
+}
+
+fn started(home_env: &[(&str, &str)]) -> (Home, Client) {
+    let mut home = Home::new();
+    for (k, v) in home_env {
+        home.env.push((k.to_string(), v.to_string()));
+    }
+    home.start();
+    let c = home.connect();
+    // A kit run answers after its slowest test; notifications come as tests finish.
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(180)))
+        .unwrap();
+    (home, c)
+}
+
+/// Install a fixture from a fresh git repo, pinned; returns the repo (keep it alive).
+fn install_pinned(c: &mut Client, name: &str) -> (tempfile::TempDir, String) {
+    let (dir, url, commit) = repo(&[("plugin", name)]);
+    let r = c.request(
+        "provider/install",
+        json!({"source": url, "subdir": "plugin", "ref": commit, "allowInsecureTransport": true, "confirm": true}),
+    );
+    assert!(r.get("error").is_none(), "install {name}: {r}");
+    (dir, commit)
+}
+
+/// One kit run: the reply and the `provider/testResult` notifications that came before it.
+struct Run {
+    result: Value,
+    notes: Vec<Value>,
+    wall: Duration,
+}
+
+impl Run {
+    fn results(&self) -> &Vec<Value> {
+        self.result["results"].as_array().expect("results array")
+    }
+
+    fn get(&self, name: &str) -> &Value {
+        self.results()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not in the results: {}", self.result))
+    }
+
+    fn names(&self, outcome: &str) -> BTreeSet<String> {
+        self.results()
+            .iter()
+            .filter(|r| r["outcome"] == outcome)
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    fn print(&self, id: &str) {
+        for r in self.results() {
+            let detail = r["detail"].as_str().unwrap_or_default();
+            eprintln!(
+                "{:<7} {:<48} {:>6} ms  {detail}",
+                r["outcome"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["durationMs"]
+            );
+        }
+        eprintln!(
+            "kit on {id}: {} passed, {} failed, {} skipped; {} ms in the broker, {} ms round trip",
+            self.result["passed"],
+            self.result["failed"],
+            self.result["skipped"],
+            self.result["durationMs"],
+            self.wall.as_millis()
+        );
+    }
+}
+
+fn kit(c: &mut Client, params: Value) -> Run {
+    let t0 = Instant::now();
+    let r = c.request("provider/test", params);
+    let wall = t0.elapsed();
+    assert!(r.get("error").is_none(), "provider/test failed: {r}");
+    let mut notes = Vec::new();
+    while let Some(m) = c.try_recv(Duration::from_millis(1)) {
+        if m["method"] == "provider/testResult" {
+            notes.push(m["params"].clone());
+        }
+    }
+    Run {
+        result: r["result"].clone(),
+        notes,
+        wall,
+    }
+}
+
+/// The shape every run must have: counts, stable order, a notification per result.
+fn check_shape(run: &Run, id: &str) {
+    let results = run.results();
+    let count = |o: &str| results.iter().filter(|r| r["outcome"] == o).count() as u64;
+    assert_eq!(run.result["passed"], count("passed"));
+    assert_eq!(run.result["failed"], count("failed"));
+    assert_eq!(run.result["skipped"], count("skipped"));
+    for r in results {
+        assert!(
+            ["passed", "failed", "skipped"].contains(&r["outcome"].as_str().unwrap()),
+            "{r}"
+        );
+        assert!(r["durationMs"].is_u64(), "{r}");
+        if r["outcome"] != "passed" {
+            assert!(
+                !r["detail"].as_str().unwrap_or_default().is_empty(),
+                "a {} test says why: {r}",
+                r["outcome"]
+            );
+        }
+    }
+    // One notification per test, carrying the provider id and the same outcome.
+    assert_eq!(run.notes.len(), results.len(), "{:?}", run.notes);
+    for n in &run.notes {
+        assert_eq!(n["id"], id, "{n}");
+        let r = run.get(n["name"].as_str().unwrap());
+        assert_eq!(n["outcome"], r["outcome"], "{n} vs {r}");
+        assert_eq!(n["detail"], r["detail"], "{n} vs {r}");
+    }
+    // Stable order: the seed's tests first, in the seed's order.
+    let names: Vec<&str> = results
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    if names.len() >= SEED_TESTS.len() {
+        assert_eq!(&names[..SEED_TESTS.len()], SEED_TESTS);
+    }
+}
+
+/// Nothing the kit created is left.
+fn assert_no_sandboxes(c: &mut Client, id: &str) {
+    let list = c.call("sandbox/list", json!({"provider": id}));
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(0),
+        "the kit left sandboxes behind on {id}: {list}"
+    );
+}
+
+/// Every test ran: none failed, and the skipped ones are exactly `skipped`, each saying
+/// which feature is not declared.
+fn assert_passes(run: &Run, skipped: &[&str]) {
+    assert_eq!(
+        run.names("failed"),
+        BTreeSet::new(),
+        "failures: {}",
+        serde_json::to_string_pretty(
+            &run.results()
+                .iter()
+                .filter(|r| r["outcome"] == "failed")
+                .collect::<Vec<_>>()
+        )
+        .unwrap()
+    );
+    let want: BTreeSet<String> = skipped.iter().map(|s| s.to_string()).collect();
+    assert_eq!(run.names("skipped"), want);
+    for name in skipped {
+        let d = run.get(name)["detail"].as_str().unwrap().to_owned();
+        assert!(d.starts_with("provider does not declare "), "{name}: {d}");
+    }
+    for name in SEED_TESTS {
+        run.get(name);
+    }
+}
+
+#[test]
+fn kit_passes_on_local() {
+    let (_home, mut c) = started(&[]);
+    let run = kit(&mut c, json!({"id": "local"}));
+    run.print("local");
+    check_shape(&run, "local");
+    assert_passes(&run, NOBODY);
+    assert_no_sandboxes(&mut c, "local");
+    // A second run right away (the plugin-free bar: the whole kit on local).
+    let run2 = kit(&mut c, json!({"id": "local"}));
+    eprintln!(
+        "kit on local, second run: {} ms in the broker, {} ms round trip",
+        run2.result["durationMs"],
+        run2.wall.as_millis()
+    );
+    assert_eq!(run2.result["failed"], 0, "{}", run2.result);
+
+    // Filters: a substring or a comma list; only the selected tests are reported.
+    let f = kit(
+        &mut c,
+        json!({"id": "local", "filter": "test_lifecycle, kill_is"}),
+    );
+    let names: Vec<&str> = f
+        .results()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["test_lifecycle", "test_kill_is_idempotent"]);
+    assert_eq!(f.notes.len(), 2);
+    let f = kit(&mut c, json!({"id": "local", "filter": "files"}));
+    assert_eq!(f.results().len(), 5, "{}", f.result);
+    assert!(f
+        .results()
+        .iter()
+        .all(|r| r["name"].as_str().unwrap().contains("files")));
+    let e = c.call_err(
+        "provider/test",
+        json!({"id": "local", "filter": "no-such-test"}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    let e = c.call_err("provider/test", json!({"id": "nope"}));
+    assert_eq!(abx_code(&e), "E8001", "{e}");
+    assert_eq!(e["message"], "Provider 'nope' is not installed.");
+    assert_no_sandboxes(&mut c, "local");
+
+    // A kit run cancelled half-way still kills every sandbox it made.
+    c.send(r#"{"jsonrpc":"2.0","id":"kit-1","method":"provider/test","params":{"id":"local"}}"#);
+    let mut seen = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen && Instant::now() < deadline {
+        let list = c.call("sandbox/list", json!({"provider": "local"}));
+        seen = !list["sandboxes"].as_array().unwrap().is_empty();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(seen, "the kit made no sandbox");
+    c.send(r#"{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":"kit-1"}}"#);
+    loop {
+        let m = c.recv();
+        if m["id"] == "kit-1" {
+            assert_eq!(m["error"]["code"], -32800, "{m}");
+            break;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = c.call("sandbox/list", json!({"provider": "local"}));
+        if list["sandboxes"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a cancelled kit run left sandboxes behind: {list}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+const PLUGIN_SKIPS: &[&str] = &[
+    "test_pause_resume",
+    "test_ports_url",
+    "test_pty_and_resize",
+    "test_files_watch",
+    "test_code_run",
+    "test_templates_list",
+    "test_templates_build_is_typed",
+];
+
+#[test]
+fn kit_passes_on_py_local() {
+    // A secret value in the broker's environment: the redaction test then really checks.
+    let (_home, mut c) = started(&[("PY_LOCAL_TOKEN", "tk-kit-secret-4711")]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let run = kit(&mut c, json!({"id": "py-local"}));
+    run.print("py-local");
+    check_shape(&run, "py-local");
+    assert_passes(&run, PLUGIN_SKIPS);
+    let d = run.get("test_secret_options_are_redacted_from_errors")["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(d.starts_with("1 secret value(s) checked"), "{d}");
+    assert!(!run.result.to_string().contains("tk-kit-secret-4711"));
+    assert_no_sandboxes(&mut c, "py-local");
+}
+
+#[test]
+fn kit_passes_on_node_local() {
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("node is not installed: skipping");
+        return;
+    }
+    let (_home, mut c) = started(&[("NODE_LOCAL_TOKEN", "tk-kit-secret-0815")]);
+    let (_repo, _) = install_pinned(&mut c, "node-local");
+    let run = kit(&mut c, json!({"id": "node-local"}));
+    run.print("node-local");
+    check_shape(&run, "node-local");
+    let mut skips = PLUGIN_SKIPS.to_vec();
+    skips.push("test_process_list");
+    assert_passes(&run, &skips);
+    assert_no_sandboxes(&mut c, "node-local");
+}
+
+#[test]
+fn kit_reports_each_broken_contract() {
+    let (_home, mut c) = started(&[("BAD_CONTRACT_TOKEN", "tk-kit-leaked-1234")]);
+    let (_repo, _) = install_pinned(&mut c, "bad-contract");
+    let run = kit(&mut c, json!({"id": "bad-contract"}));
+    run.print("bad-contract");
+    check_shape(&run, "bad-contract");
+    let failed = |name: &str, needles: &[&str]| {
+        let r = run.get(name);
+        assert_eq!(r["outcome"], "failed", "{name} must fail: {r}");
+        let d = r["detail"].as_str().unwrap();
+        for n in needles {
+            assert!(d.contains(n), "{name}: {n:?} missing from {d:?}");
+        }
+    };
+    // 1. exit codes ignored.
+    failed(
+        "test_exec_exit_code_stderr_and_env",
+        &["exitCode 0", "expected 3"],
+    );
+    // 2. a generic error for a missing file.
+    failed(
+        "test_missing_file_is_a_typed_not_found",
+        &["files/read of a missing file", "E9001", "E4001"],
+    );
+    // 3. kill not idempotent.
+    failed(
+        "test_kill_is_idempotent",
+        &["second sandbox/kill", "E2009", "idempotent"],
+    );
+    // 4. exec/exit before the output (and twice).
+    failed(
+        "test_exec_stream_order_and_single_exit",
+        &["0 of 300 lines", "exec/exit"],
+    );
+    // 5. a declared feature that is not implemented.
+    failed(
+        "test_pause_resume",
+        &["declares 'sandbox.pause'", "E1003", "not implemented"],
+    );
+    // 6. connect changes the lifetime.
+    failed(
+        "test_connect_keeps_lifetime",
+        &["expiresAt", "keep the lifetime"],
+    );
+    // 7. a secret leaks into commands (named by key, never by value).
+    failed(
+        "test_secret_options_are_redacted_from_errors",
+        &["secret key 'token'", "environment of a command"],
+    );
+    assert!(
+        !run.result.to_string().contains("tk-kit-leaked-1234"),
+        "the kit's report must not quote the secret"
+    );
+    // What the fixture did not break still passes.
+    for ok in [
+        "test_declared_features_are_known",
+        "test_describe_never_exposes_secret_defaults",
+        "test_exec_run",
+        "test_files_roundtrip",
+        "test_files_binary_and_unicode",
+        "test_undeclared_feature_fails_with_e8004",
+        "test_large_file_in_chunks",
+        "test_concurrent_calls_from_two_clients",
+    ] {
+        assert_eq!(run.get(ok)["outcome"], "passed", "{}", run.get(ok));
+    }
+    // Even a provider whose kill is broken gets its sandboxes killed.
+    assert_no_sandboxes(&mut c, "bad-contract");
+}
+
+#[test]
+fn kit_refuses_a_tampered_plugin_with_e8011() {
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let info = c.call("provider/info", json!({"id": "py-local"}));
+    let root = PathBuf::from(info["path"].as_str().unwrap());
+    let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
+    let _ = std::fs::set_permissions(
+        root.join("provider.py"),
+        std::fs::Permissions::from_mode(0o644),
+    );
+    std::fs::write(root.join("provider.py"), "print('evil')\n").unwrap();
+    let e = c.call_err("provider/test", json!({"id": "py-local"}));
+    assert_eq!(abx_code(&e), "E8011", "{e}");
+    assert_eq!(
+        e["message"],
+        "Provider 'py-local': files changed since install."
+    );
+    // No test ran: nothing was reported.
+    assert!(c.try_recv(Duration::from_millis(100)).is_none());
+}
