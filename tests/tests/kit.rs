@@ -265,7 +265,8 @@ fn kit_passes_on_local() {
     check_shape(&run, "local");
     assert_passes(&run, NOBODY);
     assert_no_sandboxes(&mut c, "local");
-    // A second run right away (the plugin-free bar: the whole kit on local).
+    // A second run right away. Durations are printed, never asserted (DESIGN §13's bar of
+    // 2 s for the whole kit on local is a release-build figure).
     let run2 = kit(&mut c, json!({"id": "local"}));
     eprintln!(
         "kit on local, second run: {} ms in the broker, {} ms round trip",

@@ -154,8 +154,10 @@ impl Client {
     ) -> (i64, oneshot::Receiver<(u64, Value)>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        if !self.shared.closed.load(Ordering::Relaxed) {
-            self.shared.pending.lock().expect("pending").insert(id, tx);
+        self.shared.pending.lock().expect("pending").insert(id, tx);
+        // The reader clears `pending` after setting `closed`: one of the two sees the other.
+        if self.shared.closed.load(Ordering::SeqCst) {
+            self.shared.pending.lock().expect("pending").remove(&id);
         }
         self.wait_for(format!("the reply to {method}"));
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -296,7 +298,7 @@ async fn read_loop(mut r: BufReader<ReadHalf<DuplexStream>>, sh: Arc<Shared>) {
             }
         }
     }
-    sh.closed.store(true, Ordering::Relaxed);
+    sh.closed.store(true, Ordering::SeqCst);
     sh.pending.lock().expect("pending").clear();
     sh.streams.lock().expect("streams").clear();
 }

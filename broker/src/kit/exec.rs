@@ -101,7 +101,7 @@ async fn wait_gone(t: &T, c: &Client, sb: &Sb, pid: i64, what: &str) -> Result<(
 
 pub async fn exec_run(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let r = c
         .ok(
             "exec/run",
@@ -166,7 +166,7 @@ pub async fn exec_run(t: &T) -> Outcome {
 pub async fn exit_code_stderr_and_env(t: &T) -> Outcome {
     let c = t.client();
     let sb = t
-        .create(&c, json!({"env": {"KIT_SANDBOX_VAR": "from-create"}}))
+        .create(json!({"env": {"KIT_SANDBOX_VAR": "from-create"}}))
         .await?;
     let r = c
         .ok(
@@ -222,7 +222,7 @@ pub async fn exit_code_stderr_and_env(t: &T) -> Outcome {
 
 pub async fn stream_order_and_single_exit(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let n = 300;
     let cmd = format!(
         "i=1; while [ $i -le {n} ]; do echo line$i; i=$((i+1)); done; echo err >&2; exit 5"
@@ -272,7 +272,7 @@ pub async fn stream_order_and_single_exit(t: &T) -> Outcome {
 
 pub async fn timeout_is_enforced(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let cmd = "echo before; sleep 30";
     let run = async {
         let t0 = Instant::now();
@@ -327,7 +327,7 @@ pub async fn timeout_is_enforced(t: &T) -> Outcome {
 
 pub async fn process_list(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let mut stream = None;
     if t.has("exec.stream") {
         let (_, _, _, s) = start(&c, &sb, json!({"argv": ["sleep", "31"]})).await?;
@@ -396,7 +396,7 @@ pub async fn process_list(t: &T) -> Outcome {
 
 pub async fn stdin_and_eof(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let (id, _, _, mut s) = start(&c, &sb, json!({"command": "cat; echo done"})).await?;
     c.ok("exec/write", json!({"execId": id, "data": "abc\n"}))
         .await?;
@@ -470,7 +470,7 @@ pub async fn stdin_and_eof(t: &T) -> Outcome {
 
 pub async fn pty_and_resize(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let cmd = "stty size; test -t 0 && echo is-a-tty; read line; stty size; exit 0";
     let (id, _, _, mut s) = start(
         &c,
@@ -518,7 +518,7 @@ pub async fn pty_and_resize(t: &T) -> Outcome {
 
 pub async fn attach_after_reconnect(t: &T) -> Outcome {
     let a = t.client();
-    let sb = t.create(&a, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let cmd = "echo first; read line; echo \"got:$line\"; exit 4";
     let (id, _, _, mut s) = start(&a, &sb, json!({"command": cmd})).await?;
     let mut before = super::client::Output::default();
@@ -584,7 +584,7 @@ async fn pid_from_file(c: &Client, sb: &Sb, file: &str, what: &str) -> Result<i6
 
 pub async fn cancellation(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let cmd = "echo $$ > kit-cancel.pid; exec sleep 37";
     let (id, rx) = c
         .send("exec/run", json!({"sandbox": sb.id, "command": cmd}))
@@ -623,7 +623,7 @@ pub async fn cancellation(t: &T) -> Outcome {
 pub async fn concurrent_calls_from_two_clients(t: &T) -> Outcome {
     let a = Arc::new(t.client());
     let b = t.client();
-    let sb = t.create(&b, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     // Client A's call runs until client B says go: B's calls can only complete while it is
     // in flight if calls are served concurrently.
     let a2 = a.clone();
@@ -705,10 +705,7 @@ pub async fn unicode_everywhere(t: &T) -> Outcome {
     let c = t.client();
     let env_val = "ünïcødé ✓ 你好";
     let sb = t
-        .create(
-            &c,
-            json!({"env": {"KIT_UNI": env_val}, "metadata": {"note": "日本語 ✓"}}),
-        )
+        .create(json!({"env": {"KIT_UNI": env_val}, "metadata": {"note": "日本語 ✓"}}))
         .await?;
     ensure!(
         sb.info["metadata"]["note"] == "日本語 ✓",
@@ -815,7 +812,7 @@ pub async fn unicode_everywhere(t: &T) -> Outcome {
 
 pub async fn timeout_kills_children(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     // The grandchild: sh -> sh -> sleep (the trailing `true` keeps the outer shell).
     let run = async {
         let r = c

@@ -46,7 +46,7 @@ fn has_entry(l: &Value, path: &str, kind: &str) -> bool {
 
 pub async fn roundtrip(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let p = "/workspace/kit-hello.txt";
     let w = c
         .ok(
@@ -172,7 +172,7 @@ pub async fn roundtrip(t: &T) -> Outcome {
 
 pub async fn binary_and_unicode(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let bytes: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
     let p = "/workspace/kit-bin.dat";
     let w = c
@@ -279,7 +279,7 @@ pub async fn binary_and_unicode(t: &T) -> Outcome {
 
 pub async fn directory_operations(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let s = sb.id.as_str();
     c.ok(
         "files/mkdir",
@@ -395,7 +395,7 @@ pub async fn directory_operations(t: &T) -> Outcome {
 
 pub async fn missing_file_is_a_typed_not_found(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let s = sb.id.as_str();
     c.expect_code(
         "files/read",
@@ -443,7 +443,7 @@ pub async fn missing_file_is_a_typed_not_found(t: &T) -> Outcome {
 
 pub async fn large_file_in_chunks(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let p = "/workspace/kit-large.bin";
     let data = noise(3 * CHUNK, 0x5eed);
     for (i, chunk) in data.chunks(CHUNK).enumerate() {
@@ -550,7 +550,7 @@ fn getrandom(buf: &mut [u8]) -> bool {
 
 pub async fn upload_download(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let data = noise(CHUNK + 1234, 0xfeed);
     let up = temp_path("up");
     std::fs::write(&up.0, &data)
@@ -607,7 +607,7 @@ pub async fn upload_download(t: &T) -> Outcome {
 
 pub async fn watch(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(&c, json!({})).await?;
+    let sb = t.create(json!({})).await?;
     let r = c
         .ok(
             "files/watch",

@@ -351,12 +351,15 @@ impl T {
 
     /// Create a sandbox of the provider (lifetime 120 s unless `extra` says otherwise);
     /// it is killed when the test ends.
-    pub async fn create(&self, c: &Client, extra: Value) -> Result<Sb, String> {
+    pub async fn create(&self, extra: Value) -> Result<Sb, String> {
         let mut p = json!({"provider": self.kit.id, "timeout": SANDBOX_TIMEOUT});
         if let (Some(o), Value::Object(x)) = (p.as_object_mut(), extra) {
             o.extend(x);
         }
-        let info = c.ok("sandbox/create", p).await?;
+        let info = self
+            .create_raw(p)
+            .await
+            .map_err(|e| format!("sandbox/create failed: {e}"))?;
         let local = info["id"].as_str().unwrap_or_default().to_owned();
         ensure!(
             !local.is_empty(),
@@ -364,33 +367,80 @@ impl T {
             client::short(&info.to_string())
         );
         let id = format!("{}:{local}", self.kit.id);
-        self.sandboxes.ids.lock().expect("ids").push(id.clone());
         Ok(Sb { id, local, info })
     }
 
-    /// Remember a sandbox created some other way, so it is killed at the end.
-    pub fn track(&self, local: &str) {
-        let id = format!("{}:{local}", self.kit.id);
-        self.sandboxes.ids.lock().expect("ids").push(id);
+    /// `sandbox/create` with exactly these params. Whatever it creates is killed when the
+    /// test ends, also when the test is dropped while the call is in flight: the call runs
+    /// on a task of its own that records the sandbox (or kills it, if the test is over).
+    pub async fn create_raw(&self, params: Value) -> Result<Value, RpcErr> {
+        let broker = self.kit.broker.clone();
+        let state = self.sandboxes.state.clone();
+        let provider = self.kit.id.clone();
+        let waiting = self.waiting.clone();
+        let task = tokio::spawn(async move {
+            let c = Client::connect(&broker, waiting);
+            let r = c.call("sandbox/create", params).await;
+            if let Some(local) = r.as_ref().ok().and_then(|v| v["id"].as_str()) {
+                let id = format!("{provider}:{local}");
+                let over = {
+                    let mut st = state.lock().expect("tracker");
+                    if !st.over {
+                        st.ids.push(id.clone());
+                    }
+                    st.over
+                };
+                if over {
+                    kill_all(&broker, vec![id]).await;
+                }
+            }
+            r
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(RpcErr {
+                code: 0,
+                abx: String::new(),
+                message: format!("sandbox/create panicked: {e}"),
+                raw: Value::Null,
+            })
+        })
     }
+}
+
+#[derive(Default)]
+struct Tracked {
+    ids: Vec<String>,
+    /// The test has ended: sandboxes created from now on are killed at once.
+    over: bool,
 }
 
 /// The sandboxes of one test; whatever is left when it is dropped is killed by a task.
 struct Tracker {
     broker: Arc<Broker>,
-    ids: Mutex<Vec<String>>,
+    state: Arc<Mutex<Tracked>>,
 }
 
 impl Tracker {
+    fn end(&self) -> Vec<String> {
+        let mut st = self.state.lock().expect("tracker");
+        st.over = true;
+        std::mem::take(&mut st.ids)
+    }
+
+    /// Kill every sandbox of the test (on a task: a dropped caller does not stop it).
     async fn cleanup(&self) {
-        let ids = std::mem::take(&mut *self.ids.lock().expect("ids"));
-        kill_all(&self.broker, ids).await;
+        let ids = self.end();
+        if ids.is_empty() {
+            return;
+        }
+        let broker = self.broker.clone();
+        let _ = tokio::spawn(async move { kill_all(&broker, ids).await }).await;
     }
 }
 
 impl Drop for Tracker {
     fn drop(&mut self) {
-        let ids = std::mem::take(&mut *self.ids.lock().expect("ids"));
+        let ids = self.end();
         if ids.is_empty() {
             return;
         }
@@ -608,7 +658,7 @@ async fn run_one(kit: Arc<Kit>, test: &'static Test) -> Value {
     let t = T {
         sandboxes: Tracker {
             broker: kit.broker.clone(),
-            ids: Mutex::new(Vec::new()),
+            state: Default::default(),
         },
         kit,
         waiting: Default::default(),

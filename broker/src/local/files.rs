@@ -43,7 +43,9 @@ pub const MAX_CHUNK: u64 = 4 * 1024 * 1024;
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 
 /// The buffer of `upload`/`download` (and the progress granularity).
-const TRANSFER_BUF: usize = 1024 * 1024;
+const TRANSFER_BUF: usize = 128 * 1024;
+/// Progress is reported at most every this many bytes.
+const PROGRESS_STEP: u64 = 1024 * 1024;
 
 /// Every temporary name of a whole-file write starts with this prefix and ends with
 /// [`TEMP_SUFFIX`]; the letter after it is `c` (the target did not exist) or `m` (it did).
@@ -1190,7 +1192,7 @@ pub fn rename(dirs: &SandboxDirs, sandbox: &str, from: &str, to: &str) -> Result
 // upload / download
 
 fn report(progress: &mut dyn FnMut(u64, u64), done: u64, total: u64, last: &mut u64) {
-    if done - *last >= TRANSFER_BUF as u64 && done < total {
+    if done - *last >= PROGRESS_STEP && done < total {
         progress(done, total);
         *last = done;
     }
@@ -2080,7 +2082,7 @@ mod tests {
         assert!(calls.len() >= 2 && calls.len() <= 6, "{calls:?}");
         assert!(calls
             .windows(2)
-            .all(|w| w[1].0 - w[0].0 >= TRANSFER_BUF as u64 || w[1].0 == total));
+            .all(|w| w[1].0 - w[0].0 >= PROGRESS_STEP || w[1].0 == total));
 
         let dst = sb.outside.join("down.bin");
         std::fs::write(&dst, "old").unwrap();
