@@ -1,6 +1,8 @@
 //! Test support: a temp `ABX_HOME`, the real `abx` binary, and plain std Unix-socket
 //! clients speaking either framing. Everything here talks to real processes.
 
+pub mod fixtures;
+
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
