@@ -3,11 +3,12 @@
 //! `bad-contract` fixture, refuses a tampered plugin with E8011, and cleans up every sandbox
 //! it creates. Real daemon, real plugin processes.
 
+use abx_tests::fixtures::{self, install_pinned};
 use abx_tests::{abx_code, Client, Home};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -40,80 +41,15 @@ const NOBODY: &[&str] = &[
     "test_templates_build_is_typed",
 ];
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/plugins")
-        .join(name)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), &dst).unwrap();
-        }
-    }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
-        .output()
-        .expect("git");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// A git repo holding fixtures at the given subdirs; returns (dir, file:// url, commit).
-fn repo(parts: &[(&str, &str)]) -> (tempfile::TempDir, String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    for (subdir, name) in parts {
-        copy_dir(&fixture(name), &dir.path().join(subdir));
-    }
-    git(dir.path(), &["init", "-q", "-b", "main"]);
-    git(dir.path(), &["add", "-A"]);
-    git(dir.path(), &["commit", "-q", "-m", "fixture"]);
-    let commit = git(dir.path(), &["rev-parse", "HEAD"]);
-    let url = format!("file://{}", dir.path().display());
-    (dir, url, commit)
-}
-
+/// A started daemon with extra environment, and a client that waits long enough for a
+/// whole kit run.
 fn started(home_env: &[(&str, &str)]) -> (Home, Client) {
-    let mut home = Home::new();
-    for (k, v) in home_env {
-        home.env.push((k.to_string(), v.to_string()));
-    }
-    home.start();
-    let c = home.connect();
+    let (home, c) = fixtures::started(home_env);
     // A kit run answers after its slowest test; notifications come as tests finish.
     c.stream
         .set_read_timeout(Some(Duration::from_secs(180)))
         .unwrap();
     (home, c)
-}
-
-/// Install a fixture from a fresh git repo, pinned; returns the repo (keep it alive).
-fn install_pinned(c: &mut Client, name: &str) -> (tempfile::TempDir, String) {
-    let (dir, url, commit) = repo(&[("plugin", name)]);
-    let r = c.request(
-        "provider/install",
-        json!({"source": url, "subdir": "plugin", "ref": commit, "allowInsecureTransport": true, "confirm": true}),
-    );
-    assert!(r.get("error").is_none(), "install {name}: {r}");
-    (dir, commit)
 }
 
 /// One kit run: the reply and the `provider/testResult` notifications that came before it.
