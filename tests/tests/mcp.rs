@@ -129,10 +129,9 @@ fn initialize_answers_a_version_it_speaks() {
 fn unknown_methods_fail_at_once_and_the_stateless_revision_is_served() {
     let home = Home::new();
     let mut m = Mcp::start(&home);
-    let t0 = Instant::now();
+    // Answered at once: the read below is bounded (a liveness bound, not a speed check).
     let r = m.request(1, "server/frobnicate", json!({}));
     assert_eq!(r["error"]["code"], -32601, "{r}");
-    assert!(t0.elapsed() < Duration::from_secs(2));
     let meta = |v: &str| {
         json!({"_meta": {
             "io.modelcontextprotocol/protocolVersion": v,

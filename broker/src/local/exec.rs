@@ -222,12 +222,10 @@ pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned
                 format!("cannot open a pty: {e}"),
             )
         })?;
-        let slave_fd = s.as_raw_fd();
         let dup = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
         cmd.stdin(dup(&s).map_err(AbxError::internal)?)
             .stdout(dup(&s).map_err(AbxError::internal)?)
             .stderr(Stdio::from(s));
-        let _ = slave_fd;
         // SAFETY: async-signal-safe calls only.
         unsafe {
             cmd.pre_exec(|| {

@@ -575,10 +575,16 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         let pending = pending.clone();
         let routes = routes.clone();
         let dead = dead.clone();
+        let writer = running.writer.clone();
         let tail = stderr_tail.clone();
         let secrets = spec.secrets.clone();
         tokio::spawn(async move {
-            let why = read_loop(&id, stdout, &pending, &routes, &kill, &mut child, &secrets).await;
+            let plugin = PluginIo {
+                id: &id,
+                secrets: &secrets,
+                writer: &writer,
+            };
+            let why = read_loop(&plugin, stdout, &pending, &routes, &kill, &mut child).await;
             // Give stderr a moment to deliver the last words.
             tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = child.start_kill();
@@ -742,16 +748,23 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     }))
 }
 
+/// Who the reader reads for: the plugin's id, its secrets (redacted) and its stdin.
+struct PluginIo<'a> {
+    id: &'a str,
+    secrets: &'a [String],
+    writer: &'a mpsc::UnboundedSender<Vec<u8>>,
+}
+
 /// Read the child's stdout until it ends or misbehaves. Returns why it ended.
 async fn read_loop(
-    id: &str,
+    io: &PluginIo<'_>,
     stdout: tokio::process::ChildStdout,
     pending: &Arc<Mutex<HashMap<i64, Pending>>>,
     routes: &Arc<Mutex<HashMap<String, Route>>>,
     kill: &CancellationToken,
     child: &mut tokio::process::Child,
-    secrets: &[String],
 ) -> String {
+    let (id, secrets, writer) = (io.id, io.secrets, io.writer);
     let mut frames = FramedRead::new(stdout, FrameCodec::with_framing(Framing::Line, MAX_LINE));
     loop {
         let frame = tokio::select! {
@@ -844,7 +857,9 @@ async fn read_loop(
                 // Plugins may not call the broker (yet): answer -32601.
                 let err = AbxError::new(ErrorCode::MethodNotFound, &[("method", &req.method)]);
                 warn!(provider = %id, method = %req.method, "plugin sent a request");
-                let _ = err;
+                let mut line = message::encode_response(Some(&req.id), Err(&err.to_rpc()));
+                line.push(b'\n');
+                let _ = writer.send(line);
             }
             Incoming::Single(Err(inv)) => {
                 return format!("sent something that is not JSON-RPC: {}", inv.error.message);
