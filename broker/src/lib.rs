@@ -10,6 +10,7 @@
 //! stdout except the stdio transport's reply writer; a client that stops reading only ever
 //! blocks its own connection.
 
+pub mod confine;
 pub mod conn;
 pub mod daemon;
 pub mod dispatch;

@@ -83,6 +83,7 @@ impl Home {
     pub fn abx(&self) -> Command {
         let mut c = Command::new(abx_bin());
         c.env("ABX_HOME", &self.path)
+            .env("PATH", plugin_path())
             .env_remove("ABX_PROVIDER")
             .env_remove("ABX_BROKER_VERSION")
             .env("ABX_LOG", "debug")
@@ -630,4 +631,29 @@ impl PtyChild {
             self.pump(Duration::from_millis(20));
         }
     }
+}
+
+/// `PATH` for the daemon: the real `python3` first. A version manager's shim (pyenv) is a
+/// shell script that runs helpers, which a plugin declaring `spawns_processes = false` may
+/// not execute (docs/providers.md, "Permissions"); users point PATH at the interpreter too.
+pub fn plugin_path() -> String {
+    static P: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+        let real = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys;print(os.path.dirname(os.path.realpath(sys.executable)))",
+            ])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|d| !d.is_empty());
+        match real {
+            Some(dir) => format!("{dir}:{path}"),
+            None => path,
+        }
+    })
+    .clone()
 }

@@ -83,9 +83,6 @@
 
 use super::{split_path, Area, SandboxDirs, TMP, WORKSPACE};
 use abx_protocol::{AbxError, ErrorCode};
-use landlock::{
-    Access, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, ABI,
-};
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fmt;
 use std::fs;
@@ -97,10 +94,6 @@ use std::sync::{Mutex, OnceLock};
 
 /// The environment variable that forces a model (`namespaces`, `landlock`, `none`).
 pub const FORCE_ENV: &str = "ABX_ISOLATION";
-
-/// The Landlock ABI whose access rights we handle (V5 adds device ioctls). Newer rights are
-/// not handled, so they stay allowed; older kernels get the subset they know (best effort).
-const HANDLED_ABI: ABI = ABI::V5;
 
 /// How a sandbox's processes are confined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -175,23 +168,9 @@ pub fn model() -> Model {
     })
 }
 
-/// The Landlock ABI version of the running kernel (0 when it has none or it is disabled).
+/// The Landlock ABI in use (0 when the kernel has none; see [`crate::confine::landlock_abi`]).
 pub fn landlock_abi() -> i32 {
-    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    // SAFETY: the version query takes no pointers.
-    let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    if v < 0 {
-        0
-    } else {
-        v as i32
-    }
+    crate::confine::landlock_abi()
 }
 
 /// Whether the namespace model works here (probed once, with the reason when it does not).
@@ -703,7 +682,7 @@ unsafe fn ns_setup(ns: &NsPlan, ruleset: Option<RawFd>) -> Result<(), i32> {
             return Err(encode(Step::LandlockRule, errno()));
         }
         let attr = PathBeneathAttr {
-            allowed_access: read_access().bits(),
+            allowed_access: crate::confine::read_access().bits(),
             parent_fd: fd,
         };
         let rc = libc::syscall(
@@ -795,54 +774,16 @@ unsafe fn child_setup(p: &Plan) -> Result<(), i32> {
 // ---------------------------------------------------------------------------------------
 // Preparation (before fork).
 
-fn read_access() -> BitFlags<AccessFs> {
-    AccessFs::from_read(HANDLED_ABI)
-}
-
-/// Rights on device files we let sandboxes write to (terminals, null-like devices).
-fn device_access() -> BitFlags<AccessFs> {
-    AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev
-}
-
-const WRITABLE_DEVICES: [&str; 7] = [
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-    "/dev/tty",
-    "/dev/ptmx",
-];
-
-/// Build the Landlock ruleset; `None` when the kernel has no Landlock.
-fn build_ruleset(writable: &[PathBuf]) -> Result<Option<OwnedFd>, String> {
-    let err = |e: &dyn fmt::Display| format!("Landlock ruleset: {e}");
-    let mut rs = Ruleset::default()
-        .handle_access(AccessFs::from_all(HANDLED_ABI))
-        .map_err(|e| err(&e))?
-        .create()
-        .map_err(|e| err(&e))?;
-    rs = rs
-        .add_rule(PathBeneath::new(
-            PathFd::new("/").map_err(|e| err(&e))?,
-            read_access(),
-        ))
-        .map_err(|e| err(&e))?;
-    for dir in writable {
-        let fd = PathFd::new(dir).map_err(|e| err(&e))?;
-        rs = rs
-            .add_rule(PathBeneath::new(fd, AccessFs::from_all(HANDLED_ABI)))
-            .map_err(|e| err(&e))?;
-    }
-    for dev in WRITABLE_DEVICES.iter().copied().chain(["/dev/pts"]) {
-        // A missing device is simply not granted.
-        if let Ok(fd) = PathFd::new(dev) {
-            rs = rs
-                .add_rule(PathBeneath::new(fd, device_access()))
-                .map_err(|e| err(&e))?;
-        }
-    }
-    Ok(Option::<OwnedFd>::from(rs))
+/// The sandbox's Landlock ruleset (the shared [`crate::confine`] mechanism): read and execute
+/// everywhere, write beneath `writable`, the network left to the host.
+fn build_ruleset(writable: Vec<PathBuf>) -> Result<Option<OwnedFd>, AbxError> {
+    let policy = crate::confine::Policy {
+        read: vec![PathBuf::from("/")],
+        write: writable,
+        exec: None,
+        net: crate::confine::Net::Any,
+    };
+    Ok(policy.prepare().map_err(AbxError::internal)?.ruleset)
 }
 
 fn cstring(p: impl AsRef<OsStr>) -> Result<CString, AbxError> {
@@ -995,7 +936,7 @@ impl Confine {
                 if host_shm {
                     writable.push(shm.clone());
                 }
-                plan.ruleset = build_ruleset(&writable).map_err(AbxError::internal)?;
+                plan.ruleset = build_ruleset(writable)?;
                 plan.ns = Some(ns_plan(
                     &root,
                     &workspace,
@@ -1009,7 +950,7 @@ impl Confine {
                 if Path::new("/dev/shm").is_dir() {
                     writable.push(PathBuf::from("/dev/shm"));
                 }
-                plan.ruleset = build_ruleset(&writable).map_err(AbxError::internal)?;
+                plan.ruleset = build_ruleset(writable)?;
                 plan.cwd_fd = Some(cwd_fd);
             }
             Model::Unconfined => plan.cwd_fd = Some(cwd_fd),

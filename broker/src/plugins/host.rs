@@ -66,6 +66,8 @@ pub struct Spec {
     pub features: Vec<String>,
     /// Per-call timeout.
     pub call_timeout: Duration,
+    /// The declared permissions, enforced on the child.
+    pub permissions: Arc<super::permissions::Plan>,
 }
 
 /// What a started child told us in its handshake.
@@ -165,6 +167,11 @@ impl Host {
 
     fn id(&self) -> String {
         self.spec.lock().expect("spec").id.clone()
+    }
+
+    /// The plugin's confinement.
+    pub fn permissions(&self) -> Arc<super::permissions::Plan> {
+        self.spec.lock().expect("spec").permissions.clone()
     }
 
     /// Replace the spec (new config or a reinstall); the running child is stopped.
@@ -496,11 +503,19 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    // SAFETY: async-signal-safe only; its own process group, so a kill takes its children.
+    if let Some(tmp) = &spec.permissions.tmp_dir {
+        let _ = std::fs::create_dir_all(tmp);
+        cmd.env("TMPDIR", tmp);
+    }
+    // Built before the fork: E8016 when the declarations cannot be enforced (mode `refuse`).
+    let confined = spec.permissions.prepare(&spec.id)?;
+    // SAFETY: system calls only: its own process group (a kill takes its children), then
+    // no_new_privs, the socket filter and the Landlock ruleset.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::setpgid(0, 0);
-            Ok(())
+            crate::confine::restrict_self(&confined)
+                .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))
         });
     }
     let mut child = cmd

@@ -240,17 +240,39 @@ pub async fn doctor(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
     });
     let info = prov.info();
     let sec = &info["security"];
+    let enforced = sec["enforced"] == true;
+    let warn_mode = sec["enforcement"] == "warn";
     checks.push(json!({
         "name": "permissions",
-        "ok": true,
+        // Not enforced in `refuse` mode: the plugin cannot start.
+        "ok": enforced || warn_mode,
         "detail": format!(
             "network: {} · filesystem: {} · spawns processes: {} ({})",
-            sec["network"], sec["filesystem"], sec["spawnsProcesses"],
-            if sec["enforced"] == true { "enforced".to_owned() } else { format!("declared, not enforced: {}", sec["why"].as_str().unwrap_or("")) }
+            list_or_none(&sec["network"]), list_or_none(&sec["filesystem"]),
+            if sec["spawnsProcesses"] == true { "yes" } else { "no" },
+            if enforced {
+                "enforced".to_owned()
+            } else if warn_mode {
+                format!("NOT enforced, running anyway (enforcement = \"warn\"): {}", sec["why"].as_str().unwrap_or(""))
+            } else {
+                format!("cannot be enforced, the plugin will not start (E8016): {}", sec["why"].as_str().unwrap_or(""))
+            }
         ),
     }));
     let ok = checks.iter().all(|c| c["ok"] == true);
     Ok(json!({"checks": checks, "ok": ok}))
+}
+
+fn list_or_none(v: &Value) -> String {
+    match v.as_array() {
+        Some(a) if a.is_empty() => "none".to_owned(),
+        Some(a) => a
+            .iter()
+            .map(|x| x.as_str().unwrap_or("?"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => v.to_string(),
+    }
 }
 
 #[derive(Deserialize)]

@@ -6,6 +6,8 @@
 //! - [`registry`]: installed providers and their stored configuration.
 //! - [`host`]: one child process per provider, shared by every client: handshake, id
 //!   rewriting, stream routing, cancellation, timeouts, restarts.
+//! - [`permissions`]: the `[security]` declarations enforced on the child (Landlock,
+//!   seccomp) through [`crate::confine`].
 //! - [`provider`]: an installed plugin as a [`crate::provider::Provider`]: integrity before
 //!   every use, then the host.
 
@@ -13,5 +15,6 @@ pub mod digest;
 pub mod host;
 pub mod install;
 pub mod manage;
+pub mod permissions;
 pub mod provider;
 pub mod registry;

@@ -7,6 +7,7 @@
 
 use super::digest;
 use super::host::{Host, Spec};
+use super::permissions;
 use super::registry::{self, Installed};
 use crate::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use crate::Paths;
@@ -244,6 +245,19 @@ fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
     }
     let data_dir = paths.data_dir.join("providers").join(&rec.id).join("data");
     let _ = std::fs::create_dir_all(&data_dir);
+    let tmp_dir = paths.data_dir.join("providers").join(&rec.id).join("tmp");
+    let path_env = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    let permissions = permissions::plan(
+        &manifest.security,
+        &manifest.runtime.command,
+        &permissions::Places {
+            root: &rec.path,
+            data_dir: &data_dir,
+            tmp_dir: &tmp_dir,
+            path_env: &path_env,
+        },
+        permissions::Mode::configured(&paths.config_dir),
+    );
     let call_timeout = std::env::var("ABX_PLUGIN_TIMEOUT_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -258,6 +272,7 @@ fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
         secrets,
         features: rec.manifest.features.clone(),
         call_timeout,
+        permissions: Arc::new(permissions),
     })
 }
 
@@ -282,6 +297,7 @@ impl Provider for ExecProvider {
     fn info(&self) -> Value {
         let m = &self.record.manifest;
         let s = &self.record.source;
+        let perms = self.host.permissions().describe();
         json!({
             "config": m.redacted_config(),
             "inherits": m.inherits,
@@ -292,8 +308,11 @@ impl Provider for ExecProvider {
                 "network": m.security.network,
                 "filesystem": m.security.filesystem,
                 "spawnsProcesses": m.security.spawns_processes,
-                "enforced": false,
-                "why": "enforcement of plugin permissions is not implemented yet (declared only)",
+                "enforced": perms["enforced"],
+                "why": perms["why"],
+                "enforcement": perms["enforcement"],
+                "landlockAbi": perms["landlockAbi"],
+                "rules": perms["rules"],
             },
             "installedAt": self.record.installed_at,
             "path": self.record.path,

@@ -217,7 +217,8 @@ fn plan_rows(p: &Value) -> Vec<(&'static str, String)> {
     rows
 }
 
-/// `network: * · filesystem: data_dir · spawns processes: no  (declared, not enforced)`.
+/// `network: * · filesystem: data_dir · spawns processes: no  (enforced)`, or
+/// `(not enforced, will not start: why)`.
 fn security_text(s: &Value, with_enforcement: bool) -> String {
     let list = |v: &Value| {
         let items = strings(v);
@@ -242,10 +243,15 @@ fn security_text(s: &Value, with_enforcement: bool) -> String {
             out.push_str("  (enforced)");
         } else {
             let why = text(&s["why"]);
-            if why.is_empty() {
-                out.push_str("  (declared, not enforced)");
+            let what = if s["enforcement"] == "warn" {
+                "not enforced, runs anyway"
             } else {
-                out.push_str(&format!("  (declared, not enforced: {why})"));
+                "not enforced, will not start"
+            };
+            if why.is_empty() {
+                out.push_str(&format!("  ({what})"));
+            } else {
+                out.push_str(&format!("  ({what}: {why})"));
             }
         }
     }
