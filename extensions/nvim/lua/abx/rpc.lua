@@ -1,0 +1,391 @@
+-- JSON-RPC 2.0 client over `abx rpc` (a bridge to the per-user broker daemon).
+--
+-- The child speaks newline-delimited JSON (the broker detects the framing from the first
+-- byte). Requests run concurrently; replies are matched by id. Notifications go to
+-- listeners registered with `on(method, fn)`; `exec/output` and `exec/exit` go to the
+-- handlers of their `execId` (`subscribe_exec`), and are held until that handler is set,
+-- since the reply to `exec/start` may be read in the same chunk as the first output.
+-- `cancel(id)` sends `$/cancelRequest`.
+local util = require("abx.util")
+
+local M = {}
+
+local Client = {}
+Client.__index = Client
+
+-- Notifications for exec ids nobody subscribed to yet are kept up to this many per exec.
+local HELD_MAX = 4096
+local STDERR_KEEP = 20
+
+--- opts: cmd (argv list), env (table or nil), request_timeout (ms)
+function M.new(opts)
+  local self = setmetatable({}, Client)
+  self.cmd = opts.cmd
+  self.env = opts.env
+  self.request_timeout = opts.request_timeout or 30000
+  self.next_id = 0
+  self.pending = {} -- id -> {method, cb}
+  self.listeners = {} -- method -> {fn, ...}
+  self.execs = {} -- execId -> {on_output, on_exit}
+  self.held = {} -- execId -> {{method, params}, ...}
+  self.job = nil
+  self.partial = {}
+  self.stderr = {}
+  return self
+end
+
+function Client:is_running()
+  return self.job ~= nil
+end
+
+function Client:_fail_all(err)
+  local pending = self.pending
+  self.pending = {}
+  for _, p in pairs(pending) do
+    if p.cb then
+      pcall(p.cb, err, nil)
+    end
+  end
+  local execs = self.execs
+  self.execs = {}
+  self.held = {}
+  for id, h in pairs(execs) do
+    if h.on_lost then
+      pcall(h.on_lost, err, id)
+    end
+  end
+end
+
+function Client:_unreachable(detail)
+  return util.make_error(
+    "E1007",
+    "The abx broker is not reachable: " .. detail,
+    "Check the 'abx' path (require('abx').setup{abx = ...}), run ':checkhealth abx' or 'abx broker start'."
+  )
+end
+
+--- Start `abx rpc` unless running. Returns true, or false and an error object.
+function Client:start()
+  if self.job then
+    return true
+  end
+  self.partial = {}
+  self.stderr = {}
+  local opts = {
+    on_stdout = function(_, data)
+      self:_on_stdout(data)
+    end,
+    on_stderr = function(_, data)
+      for _, l in ipairs(data) do
+        if l ~= "" then
+          table.insert(self.stderr, l)
+          if #self.stderr > STDERR_KEEP then
+            table.remove(self.stderr, 1)
+          end
+        end
+      end
+    end,
+    on_exit = function(job, code)
+      if self.job == job then
+        self.job = nil
+        local detail = "'abx rpc' exited with code " .. tostring(code)
+        if #self.stderr > 0 then
+          detail = detail .. ": " .. table.concat(self.stderr, " ")
+        end
+        self:_fail_all(self:_unreachable(detail))
+      end
+    end,
+  }
+  if self.env and next(self.env) then
+    opts.env = self.env
+  end
+  local ok, job = pcall(vim.fn.jobstart, self.cmd, opts)
+  if not ok or type(job) ~= "number" or job <= 0 then
+    local why = ok and ("jobstart returned " .. tostring(job)) or tostring(job)
+    return false, self:_unreachable("cannot run '" .. table.concat(self.cmd, " ") .. "' (" .. why .. ")")
+  end
+  self.job = job
+  return true
+end
+
+--- Close the bridge: stdin is closed (the bridge then exits) and the job stopped.
+--- With `silent`, waiting callbacks are dropped instead of getting an error.
+function Client:stop(silent)
+  local job = self.job
+  if not job then
+    return
+  end
+  self.job = nil
+  pcall(vim.fn.chanclose, job, "stdin")
+  pcall(vim.fn.jobstop, job)
+  if silent then
+    self.pending, self.execs, self.held = {}, {}, {}
+  else
+    self:_fail_all(util.make_error("E1006", "The abx client was stopped.", "Run the command again.", -32800))
+  end
+end
+
+function Client:_on_stdout(data)
+  -- jobstart: data[1] continues the previous partial line, data[#data] starts a new one
+  local n = #data
+  if n == 0 then
+    return
+  end
+  if n == 1 then
+    if data[1] ~= "" then
+      table.insert(self.partial, data[1])
+    end
+    return
+  end
+  table.insert(self.partial, data[1])
+  local first = table.concat(self.partial)
+  self.partial = {}
+  self:_on_line(first)
+  for i = 2, n - 1 do
+    self:_on_line(data[i])
+  end
+  if data[n] ~= "" then
+    self.partial = { data[n] }
+  end
+end
+
+function Client:_on_line(line)
+  if line == "" or line == "\r" then
+    return
+  end
+  local ok, msg = pcall(vim.json.decode, line)
+  if not ok or type(msg) ~= "table" then
+    return
+  end
+  if msg[1] ~= nil then -- a batch reply
+    for _, m in ipairs(msg) do
+      self:_on_message(m)
+    end
+  else
+    self:_on_message(msg)
+  end
+end
+
+function Client:_on_message(msg)
+  local method = util.v(msg.method)
+  local id = util.v(msg.id)
+  if method and id == nil then
+    self:_on_notification(method, util.v(msg.params) or {})
+  elseif method then
+    -- a request from the broker: nothing is served here
+    self:_send({ jsonrpc = "2.0", id = id, error = { code = -32601, message = "Method not found" } })
+  elseif id ~= nil then
+    local p = self.pending[id]
+    if p then
+      self.pending[id] = nil
+      local err = util.v(msg.error)
+      if p.cb then
+        if err then
+          p.cb(err, nil)
+        else
+          p.cb(nil, util.v(msg.result))
+        end
+      end
+    end
+  end
+end
+
+function Client:_on_notification(method, params)
+  if method == "exec/output" or method == "exec/exit" then
+    local exec_id = params.execId
+    local h = exec_id and self.execs[exec_id]
+    if h then
+      self:_deliver_exec(h, method, params)
+    elseif exec_id then
+      local q = self.held[exec_id]
+      if not q then
+        q = {}
+        self.held[exec_id] = q
+      end
+      if #q < HELD_MAX then
+        table.insert(q, { method, params })
+      end
+    end
+  end
+  local ls = self.listeners[method]
+  if ls then
+    for _, fn in ipairs(vim.deepcopy(ls)) do
+      local ok, e = pcall(fn, params)
+      if not ok then
+        util.notify("abx: listener for " .. method .. " failed: " .. tostring(e), vim.log.levels.WARN)
+      end
+    end
+  end
+end
+
+function Client:_deliver_exec(h, method, params)
+  if method == "exec/output" then
+    if h.on_output then
+      local ok, e = pcall(h.on_output, params)
+      if not ok then
+        util.notify("abx: exec output handler failed: " .. tostring(e), vim.log.levels.WARN)
+      end
+    end
+  else
+    self.execs[params.execId] = nil
+    if h.on_exit then
+      local ok, e = pcall(h.on_exit, params)
+      if not ok then
+        util.notify("abx: exec exit handler failed: " .. tostring(e), vim.log.levels.WARN)
+      end
+    end
+  end
+end
+
+--- Route `exec/output` / `exec/exit` of `exec_id` to `handlers` {on_output, on_exit,
+--- on_lost}; anything that arrived before is delivered now.
+function Client:subscribe_exec(exec_id, handlers)
+  self.execs[exec_id] = handlers
+  local q = self.held[exec_id]
+  self.held[exec_id] = nil
+  if q then
+    for _, item in ipairs(q) do
+      if self.execs[exec_id] ~= handlers then
+        break
+      end
+      self:_deliver_exec(handlers, item[1], item[2])
+    end
+  end
+end
+
+function Client:unsubscribe_exec(exec_id)
+  self.execs[exec_id] = nil
+  self.held[exec_id] = nil
+end
+
+--- Listen to a notification method; returns a function that removes the listener.
+function Client:on(method, fn)
+  local ls = self.listeners[method] or {}
+  self.listeners[method] = ls
+  table.insert(ls, fn)
+  return function()
+    for i, f in ipairs(ls) do
+      if f == fn then
+        table.remove(ls, i)
+        return
+      end
+    end
+  end
+end
+
+function Client:_send(msg)
+  local ok, line = pcall(vim.json.encode, msg)
+  if not ok then
+    return false, util.make_error("E1004", "Cannot encode the request: " .. tostring(line), "This is a bug in abx.nvim.")
+  end
+  local sent, err = pcall(vim.fn.chansend, self.job, line .. "\n")
+  if not sent or err == 0 then
+    return false, self:_unreachable("cannot write to 'abx rpc'")
+  end
+  return true
+end
+
+local function params_value(params)
+  if params == nil or (type(params) == "table" and next(params) == nil) then
+    return vim.empty_dict()
+  end
+  return params
+end
+
+--- Send a request; `cb(err, result)` runs on the main loop. Returns the request id, or nil
+--- when it could not be sent (cb has then been called with the error).
+function Client:request(method, params, cb)
+  local ok, err = self:start()
+  if not ok then
+    if cb then
+      cb(err, nil)
+    end
+    return nil
+  end
+  self.next_id = self.next_id + 1
+  local id = self.next_id
+  self.pending[id] = { method = method, cb = cb }
+  local sent, serr = self:_send({ jsonrpc = "2.0", id = id, method = method, params = params_value(params) })
+  if not sent then
+    self.pending[id] = nil
+    if cb then
+      cb(serr, nil)
+    end
+    return nil
+  end
+  return id
+end
+
+--- Send a notification (no reply).
+function Client:notify(method, params)
+  local ok, err = self:start()
+  if not ok then
+    return false, err
+  end
+  return self:_send({ jsonrpc = "2.0", method = method, params = params_value(params) })
+end
+
+--- Cancel a request with `$/cancelRequest`; its callback gets the broker's -32800 reply
+--- (or, with `local_error`, that error at once and the late reply is dropped).
+function Client:cancel(id, local_error)
+  if id == nil then
+    return
+  end
+  local p = self.pending[id]
+  if self.job then
+    self:notify("$/cancelRequest", { id = id })
+  end
+  if p and local_error then
+    self.pending[id] = nil
+    if p.cb then
+      p.cb(local_error, nil)
+    end
+  end
+end
+
+--- Ids of the requests waiting for a reply, with their methods.
+function Client:in_flight()
+  local out = {}
+  for id, p in pairs(self.pending) do
+    out[#out + 1] = { id = id, method = p.method }
+  end
+  table.sort(out, function(a, b)
+    return a.id < b.id
+  end)
+  return out
+end
+
+--- Send a request and wait for its reply (processing events meanwhile). On timeout or
+--- Ctrl-C the request is cancelled. Returns result, err.
+function Client:request_sync(method, params, timeout_ms)
+  timeout_ms = timeout_ms or self.request_timeout
+  local done, res, rerr = false, nil, nil
+  local id = self:request(method, params, function(e, r)
+    done, rerr, res = true, e, r
+  end)
+  if id == nil then
+    return nil, rerr
+  end
+  local ok, why = vim.wait(timeout_ms, function()
+    return done
+  end, 10)
+  if not ok and not done then
+    local msg
+    if why == -2 then
+      msg = "Request '" .. method .. "' interrupted; it was cancelled."
+    else
+      msg = string.format("Request '%s' got no reply within %d ms; it was cancelled.", method, timeout_ms)
+    end
+    local e = util.make_error(
+      "E1006",
+      msg,
+      "Raise require('abx').setup{request_timeout = ...} (ms) for slow providers.",
+      -32800
+    )
+    self:cancel(id, e)
+    return nil, e
+  end
+  return res, rerr
+end
+
+return M
