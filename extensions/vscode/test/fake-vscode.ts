@@ -1,0 +1,373 @@
+// A small stand-in for the `vscode` module's UI surface, for tests under plain node (no VS
+// Code can be downloaded here). Only value types and UI calls are faked: everything the
+// extension does with sandboxes goes to the real broker. Calls to the window are recorded
+// so tests can answer prompts and inspect messages.
+
+/* eslint-disable @typescript-eslint/no-explicit-any */
+
+export class Disposable {
+  private fn: (() => void) | undefined;
+  constructor(fn: () => void) {
+    this.fn = fn;
+  }
+  static from(...items: { dispose(): any }[]): Disposable {
+    return new Disposable(() => items.forEach((i) => i.dispose()));
+  }
+  dispose(): void {
+    const f = this.fn;
+    this.fn = undefined;
+    f?.();
+  }
+}
+
+export class EventEmitter<T> {
+  private listeners = new Set<(e: T) => any>();
+  readonly event = (listener: (e: T) => any): Disposable => {
+    this.listeners.add(listener);
+    return new Disposable(() => this.listeners.delete(listener));
+  };
+  fire(e: T): void {
+    for (const l of [...this.listeners]) l(e);
+  }
+  dispose(): void {
+    this.listeners.clear();
+  }
+}
+
+export class Uri {
+  private constructor(
+    readonly scheme: string,
+    readonly authority: string,
+    readonly path: string,
+    readonly query: string,
+    readonly fragment: string,
+  ) {}
+  static from(c: { scheme: string; authority?: string; path?: string; query?: string; fragment?: string }): Uri {
+    return new Uri(c.scheme, c.authority ?? '', c.path ?? '', c.query ?? '', c.fragment ?? '');
+  }
+  static parse(s: string): Uri {
+    const m = /^([a-zA-Z][\w+.-]*):(?:\/\/([^/?#]*))?([^?#]*)(?:\?([^#]*))?(?:#(.*))?$/.exec(s);
+    if (!m) throw new Error(`bad uri ${s}`);
+    return new Uri(m[1], m[2] ?? '', decodeURIComponent(m[3] ?? ''), m[4] ?? '', m[5] ?? '');
+  }
+  static file(p: string): Uri {
+    return new Uri('file', '', p, '', '');
+  }
+  static joinPath(base: Uri, ...parts: string[]): Uri {
+    return base.with({ path: [base.path.replace(/\/$/, ''), ...parts].join('/') });
+  }
+  get fsPath(): string {
+    return this.path;
+  }
+  with(c: { scheme?: string; authority?: string; path?: string; query?: string; fragment?: string }): Uri {
+    return new Uri(
+      c.scheme ?? this.scheme,
+      c.authority ?? this.authority,
+      c.path ?? this.path,
+      c.query ?? this.query,
+      c.fragment ?? this.fragment,
+    );
+  }
+  /** Like VS Code's: the authority comes out lower-cased. */
+  toString(_skipEncoding?: boolean): string {
+    let s = `${this.scheme}:`;
+    if (this.authority || this.scheme === 'file') s += `//${this.authority.toLowerCase()}`;
+    s += this.path;
+    if (this.query) s += `?${this.query}`;
+    if (this.fragment) s += `#${this.fragment}`;
+    return s;
+  }
+  toJSON(): unknown {
+    return { scheme: this.scheme, authority: this.authority, path: this.path };
+  }
+}
+
+export enum FileType {
+  Unknown = 0,
+  File = 1,
+  Directory = 2,
+  SymbolicLink = 64,
+}
+
+export enum FilePermission {
+  Readonly = 1,
+}
+
+export enum FileChangeType {
+  Changed = 1,
+  Created = 2,
+  Deleted = 3,
+}
+
+export class FileSystemError extends Error {
+  readonly code: string;
+  constructor(messageOrUri?: string | Uri, code = 'Unknown') {
+    super(typeof messageOrUri === 'string' ? messageOrUri : messageOrUri?.toString() ?? '');
+    this.code = code;
+    this.name = `${code} (FileSystemError)`;
+  }
+  static FileNotFound(m?: string | Uri) {
+    return new FileSystemError(m, 'FileNotFound');
+  }
+  static FileExists(m?: string | Uri) {
+    return new FileSystemError(m, 'FileExists');
+  }
+  static FileNotADirectory(m?: string | Uri) {
+    return new FileSystemError(m, 'FileNotADirectory');
+  }
+  static FileIsADirectory(m?: string | Uri) {
+    return new FileSystemError(m, 'FileIsADirectory');
+  }
+  static NoPermissions(m?: string | Uri) {
+    return new FileSystemError(m, 'NoPermissions');
+  }
+  static Unavailable(m?: string | Uri) {
+    return new FileSystemError(m, 'Unavailable');
+  }
+}
+
+// ---- UI surface used by extension.ts (recorded for tests) ----
+
+export enum TreeItemCollapsibleState {
+  None = 0,
+  Collapsed = 1,
+  Expanded = 2,
+}
+
+export class ThemeIcon {
+  constructor(
+    readonly id: string,
+    readonly color?: ThemeColor,
+  ) {}
+  static readonly File = new ThemeIcon('file');
+  static readonly Folder = new ThemeIcon('folder');
+}
+
+export class ThemeColor {
+  constructor(readonly id: string) {}
+}
+
+export class TreeItem {
+  label?: string;
+  id?: string;
+  description?: string;
+  tooltip?: any;
+  iconPath?: any;
+  contextValue?: string;
+  command?: any;
+  resourceUri?: Uri;
+  constructor(
+    label: string,
+    public collapsibleState: TreeItemCollapsibleState = TreeItemCollapsibleState.None,
+  ) {
+    this.label = label;
+  }
+}
+
+export class MarkdownString {
+  value = '';
+  isTrusted?: boolean;
+  constructor(value = '') {
+    this.value = value;
+  }
+  appendMarkdown(s: string): this {
+    this.value += s;
+    return this;
+  }
+  appendText(s: string): this {
+    this.value += s;
+    return this;
+  }
+  appendCodeblock(s: string, lang = ''): this {
+    this.value += `\n\`\`\`${lang}\n${s}\n\`\`\`\n`;
+    return this;
+  }
+}
+
+export enum StatusBarAlignment {
+  Left = 1,
+  Right = 2,
+}
+
+export enum ProgressLocation {
+  SourceControl = 1,
+  Window = 10,
+  Notification = 15,
+}
+
+export enum ViewColumn {
+  Active = -1,
+  One = 1,
+}
+
+export enum ConfigurationTarget {
+  Global = 1,
+  Workspace = 2,
+}
+
+export class CancellationTokenSource {
+  private emitter = new EventEmitter<void>();
+  token = {
+    isCancellationRequested: false,
+    onCancellationRequested: this.emitter.event,
+  };
+  cancel(): void {
+    if (this.token.isCancellationRequested) return;
+    this.token.isCancellationRequested = true;
+    this.emitter.fire();
+  }
+  dispose(): void {
+    this.emitter.dispose();
+  }
+}
+
+/** What the fake window saw and what it answers. */
+export const recorded = {
+  messages: [] as { level: string; text: string; items: string[] }[],
+  output: new Map<string, string[]>(),
+  terminals: [] as { name: string; pty: any }[],
+  statusBar: [] as any[],
+  treeViews: new Map<string, any>(),
+  fsProviders: new Map<string, any>(),
+  commands: new Map<string, (...a: any[]) => any>(),
+  executed: [] as { command: string; args: any[] }[],
+  opened: [] as string[],
+  clipboard: '',
+  mcpProviders: new Map<string, any>(),
+  /** Answers for prompts, taken in order: quick picks match by label, input boxes take the string. */
+  answers: [] as (string | undefined | ((items: any[]) => any))[],
+};
+
+function answer(items?: any[]): any {
+  if (!recorded.answers.length) return undefined;
+  const a = recorded.answers.shift();
+  if (typeof a === 'function') return a(items ?? []);
+  if (items && a !== undefined) return items.find((i) => (typeof i === 'string' ? i : i.label) === a);
+  return a;
+}
+
+const settings = new Map<string, any>();
+export const configuration = settings;
+
+export const workspace = {
+  getConfiguration(section?: string) {
+    const prefix = section ? `${section}.` : '';
+    return {
+      get<T>(key: string, dflt?: T): T | undefined {
+        const k = prefix + key;
+        return settings.has(k) ? settings.get(k) : dflt;
+      },
+      async update(key: string, value: any) {
+        settings.set(prefix + key, value);
+      },
+    };
+  },
+  onDidChangeConfiguration: new EventEmitter<any>().event,
+  registerFileSystemProvider(scheme: string, provider: any) {
+    recorded.fsProviders.set(scheme, provider);
+    return new Disposable(() => recorded.fsProviders.delete(scheme));
+  },
+  updateWorkspaceFolders: () => true,
+  workspaceFolders: undefined as any,
+  fs: {},
+};
+
+function outputChannel(name: string) {
+  const lines: string[] = [];
+  recorded.output.set(name, lines);
+  return {
+    name,
+    append: (s: string) => lines.push(s),
+    appendLine: (s: string) => lines.push(`${s}\n`),
+    clear: () => lines.splice(0),
+    show: () => undefined,
+    hide: () => undefined,
+    dispose: () => undefined,
+  };
+}
+
+export const window = {
+  createOutputChannel: (name: string) => outputChannel(name),
+  createStatusBarItem: () => {
+    const item: any = { text: '', tooltip: '', show: () => (item.visible = true), hide: () => (item.visible = false), dispose: () => undefined };
+    recorded.statusBar.push(item);
+    return item;
+  },
+  createTreeView: (id: string, opts: any) => {
+    const view = { ...opts, visible: true, onDidChangeVisibility: new EventEmitter<any>().event, dispose: () => undefined, reveal: async () => undefined };
+    recorded.treeViews.set(id, view);
+    return view;
+  },
+  registerTreeDataProvider: (id: string, provider: any) => {
+    recorded.treeViews.set(id, { treeDataProvider: provider });
+    return new Disposable(() => undefined);
+  },
+  createTerminal: (opts: any) => {
+    recorded.terminals.push(opts);
+    return { name: opts.name, show: () => undefined, dispose: () => undefined };
+  },
+  showInformationMessage: async (text: string, ...items: any[]) => msg('info', text, items),
+  showWarningMessage: async (text: string, ...items: any[]) => msg('warning', text, items),
+  showErrorMessage: async (text: string, ...items: any[]) => msg('error', text, items),
+  showQuickPick: async (items: any, _opts?: any) => answer(await items),
+  showInputBox: async (_opts?: any) => answer(),
+  showOpenDialog: async (_opts?: any) => answer(),
+  showSaveDialog: async (_opts?: any) => answer(),
+  showTextDocument: async () => undefined,
+  withProgress: async (_opts: any, task: (p: any, t: any) => any) => {
+    const cts = new CancellationTokenSource();
+    return task({ report: () => undefined }, cts.token);
+  },
+  onDidCloseTerminal: new EventEmitter<any>().event,
+};
+
+function msg(level: string, text: string, items: any[]): any {
+  const plain = items.filter((i) => typeof i === 'string' || (i && typeof i.title === 'string'));
+  recorded.messages.push({ level, text, items: plain.map((i) => (typeof i === 'string' ? i : i.title)) });
+  return answer(plain.length ? plain : undefined);
+}
+
+export const commands = {
+  registerCommand(id: string, fn: (...a: any[]) => any) {
+    recorded.commands.set(id, fn);
+    return new Disposable(() => recorded.commands.delete(id));
+  },
+  async executeCommand(id: string, ...args: any[]) {
+    recorded.executed.push({ command: id, args });
+    return recorded.commands.get(id)?.(...args);
+  },
+};
+
+export const env = {
+  openExternal: async (uri: Uri) => {
+    recorded.opened.push(uri.toString());
+    return true;
+  },
+  clipboard: {
+    writeText: async (s: string) => {
+      recorded.clipboard = s;
+    },
+  },
+  appName: 'fake',
+};
+
+export const extensions = { getExtension: () => undefined };
+
+export class McpStdioServerDefinition {
+  constructor(
+    readonly label: string,
+    readonly command: string,
+    readonly args: string[] = [],
+    readonly env: Record<string, string | number | null> = {},
+    readonly version?: string,
+  ) {}
+}
+
+export const lm = {
+  registerMcpServerDefinitionProvider(id: string, provider: any) {
+    recorded.mcpProviders.set(id, provider);
+    return new Disposable(() => recorded.mcpProviders.delete(id));
+  },
+};
+
+export const version = '1.101.0';
