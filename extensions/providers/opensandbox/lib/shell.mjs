@@ -1,0 +1,137 @@
+// The bash scripts the plugin runs through execd (execd runs every command as `bash -c`).
+//
+// execd has no stdin (outside its PTY API), reports a signal death as exit code -1, and sends
+// output as text lines. So each command runs inside a small wrapper that
+//   - starts the command as a background job with job control on (`set -m`), so the command
+//     and its children form their own process group, which the plugin signals as a whole
+//     (`kill -s SIG -- -PGID`, run as another execd command) for exec/kill, process/kill,
+//     timeouts and cancellation, while the wrapper survives and reports 128+n like a shell;
+//   - reports the job's pid (= its process group) as the first line on its stdout, before
+//     anything the command prints: "\x01abx-pid PGID WRAPPER_PID";
+//   - for exec/run ("capture"): sends the command's stdout and stderr to files in a per-exec
+//     directory under /tmp/.abx-exec, which the plugin downloads afterwards byte-exact, and
+//     gives it the uploaded stdin file or /dev/null;
+//   - for exec/start ("stream"): lets the output go to execd's event stream (text lines), and
+//     feeds the command's stdin from a fifo: a feeder loop copies the chunk files the plugin
+//     uploads (c.N, then the marker r.N) into it, in order, until the marker file "eof";
+//   - with a timeout, arms a watchdog that kills the job a few seconds after the plugin would
+//     (the plugin enforces timeouts itself; the watchdog covers a plugin that died).
+
+import * as os from "node:os";
+import { RpcError } from "./errors.mjs";
+
+export const EXEC_ROOT = "/tmp/.abx-exec";
+export const MARK_PID = "\u0001abx-pid ";
+export const MARK_NOCMD = "\u0001abx-nocmd";
+export const MARK_ERROR = "\u0001abx-error ";
+
+// Single-quote a word for sh/bash.
+export function shq(s) {
+  return `'${String(s).replace(/'/g, `'\\''`)}'`;
+}
+
+// "TERM", "SIGTERM", 15, "15" -> {name: "TERM", number: 15}; null/undefined -> KILL.
+export function parseSignal(v, method) {
+  if (v == null) return { name: "KILL", number: 9 };
+  const signals = os.constants.signals;
+  if (typeof v === "number" || (typeof v === "string" && /^\d+$/.test(v))) {
+    const n = Number(v);
+    const name = Object.keys(signals).find((k) => signals[k] === n);
+    if (name && n > 0 && n < 32) return { name: name.replace(/^SIG/, ""), number: n };
+  } else if (typeof v === "string") {
+    const up = v.trim().toUpperCase();
+    const full = up.startsWith("SIG") ? up : `SIG${up}`;
+    if (signals[full] !== undefined && signals[full] < 32) return { name: full.slice(3), number: signals[full] };
+  }
+  throw new RpcError(-32602, `Invalid params for '${method}': unknown signal ${JSON.stringify(v)}`);
+}
+
+export function signalName(number) {
+  const signals = os.constants.signals;
+  return Object.keys(signals).find((k) => signals[k] === number) ?? null;
+}
+
+// The body of the job: the pid line on fd 3, then the user's command as `sh -c`, or argv run as
+// is (after checking that the program exists: MARK_NOCMD on fd 3 before the pid line, so that
+// a missing program is known before the exec counts as started).
+function jobBody({ command, argv }, mark) {
+  if (argv) {
+    const words = argv.map(shq).join(" ");
+    return (
+      `command -v -- ${shq(argv[0])} >/dev/null 2>&1 || { printf '\\001abx-nocmd\\n' >&3; exit 127; }; ` +
+      `${mark}; exec 3>&-; exec -- ${words}`
+    );
+  }
+  return `${mark}; exec 3>&-; exec sh -c ${shq(command)}`;
+}
+
+// The wrapper script. `dir` is the per-exec directory (under EXEC_ROOT); `mode` "capture" or
+// "stream"; `stdin` (capture) "file" (dir/in was uploaded) or "null"; `watchdog` seconds or null.
+export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchdog = null }) {
+  const D = shq(dir);
+  const lines = [
+    "set -m",
+    `__abx_d=${D}`,
+    'mkdir -p -- "$__abx_d" 2>/dev/null',
+    "exec 3>&1",
+    "__abx_f=; __abx_w=",
+  ];
+  const mark = `printf '\\001abx-pid %s %s\\n' "$BASHPID" "$$" >&3`;
+  const body = jobBody({ command, argv }, mark);
+  if (mode === "stream") {
+    lines.push(
+      'rm -f -- "$__abx_d/in"; mkfifo -- "$__abx_d/in" || { printf \'\\001abx-error cannot create a fifo in %s\\n\' "$__abx_d"; exit 125; }',
+      '( __abx_i=0; exec 4>"$__abx_d/in"; while :; do ' +
+        'if [ -e "$__abx_d/r.$__abx_i" ]; then cat -- "$__abx_d/c.$__abx_i" >&4 || break; ' +
+        'rm -f -- "$__abx_d/c.$__abx_i" "$__abx_d/r.$__abx_i"; __abx_i=$((__abx_i+1)); ' +
+        'elif [ -e "$__abx_d/eof" ]; then [ -e "$__abx_d/r.$__abx_i" ] || break; ' +
+        "else sleep 0.05 2>/dev/null || sleep 1; fi; done ) </dev/null >/dev/null 2>&1 &",
+      "__abx_f=$!",
+      `( ${body} ) <"$__abx_d/in" &`,
+    );
+  } else {
+    const input = stdin === "file" ? '"$__abx_d/in"' : "/dev/null";
+    lines.push(`( ${body} ) <${input} >"$__abx_d/out" 2>"$__abx_d/err" &`);
+  }
+  lines.push("__abx_p=$!");
+  if (watchdog != null) {
+    lines.push(`( sleep ${Math.ceil(watchdog)}; kill -s KILL -- -"$__abx_p" ) </dev/null >/dev/null 2>&1 &`, "__abx_w=$!");
+  }
+  lines.push(
+    // Job-control notices ("[1]+ Done ...") must not reach the command's stderr.
+    "exec 2>/dev/null",
+    // With job control, wait also returns when the job is merely stopped (a paused sandbox):
+    // wait again until it is gone.
+    'while :; do wait "$__abx_p"; __abx_r=$?; kill -0 "$__abx_p" 2>/dev/null || break; sleep 0.2 2>/dev/null || sleep 1; done',
+    'for __abx_x in $__abx_f $__abx_w; do kill -- -"$__abx_x" 2>/dev/null; done',
+  );
+  if (mode === "stream") lines.push('rm -rf -- "$__abx_d"');
+  lines.push('exit "$__abx_r"');
+  return lines.join("\n");
+}
+
+// Signal a job's process group.
+export function killScript(pgid, signal) {
+  return `kill -s ${signal} -- -${Number(pgid)} 2>&1 || kill -s ${signal} ${Number(pgid)} 2>&1`;
+}
+
+// Signal one process that abx did not start (process/kill of a foreign pid).
+export function killPidScript(pid, signal) {
+  return `kill -0 ${Number(pid)} 2>/dev/null || { echo no-such-process; exit 3; }; kill -s ${signal} ${Number(pid)} 2>&1`;
+}
+
+// Append an uploaded chunk to a file (files/write at the file's end).
+export function appendScript(chunk, target) {
+  return `cat -- ${shq(chunk)} >> ${shq(target)}; __abx_r=$?; rm -f -- ${shq(chunk)}; exit $__abx_r`;
+}
+
+export const SYSTEM_INFO_SCRIPT = [
+  "echo os=$(uname -s 2>/dev/null)",
+  "echo arch=$(uname -m 2>/dev/null)",
+  "echo kernel=$(uname -r 2>/dev/null)",
+  "echo hostname=$(hostname 2>/dev/null || cat /etc/hostname 2>/dev/null)",
+  "echo cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)",
+  "echo mem=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)",
+  "echo disk=$(df -Pk /workspace 2>/dev/null | awk 'NR==2 {print $2\" \"$4}')",
+  "echo distro=$( (. /etc/os-release 2>/dev/null && echo \"$PRETTY_NAME\") )",
+].join("; ");
