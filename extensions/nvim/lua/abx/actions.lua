@@ -297,7 +297,10 @@ local function progress(id, path, verb)
       return
     end
     local total = tonumber(p.total) or 0
-    local pct = total > 0 and math.floor(p.bytes * 100 / total) or 100
+    if total <= 0 then
+      return
+    end
+    local pct = math.floor(p.bytes * 100 / total)
     if pct ~= last then
       last = pct
       vim.api.nvim_echo({ { string.format("abx: %s %s %d%% (%d/%d bytes)", verb, path, pct, p.bytes, total) } }, false, {})

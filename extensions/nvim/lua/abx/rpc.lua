@@ -180,10 +180,15 @@ function Client:_on_message(msg)
       self.pending[id] = nil
       local err = util.v(msg.error)
       if p.cb then
+        -- a failing callback must not lose the messages after it
+        local ok, e
         if err then
-          p.cb(err, nil)
+          ok, e = pcall(p.cb, err, nil)
         else
-          p.cb(nil, util.v(msg.result))
+          ok, e = pcall(p.cb, nil, util.v(msg.result))
+        end
+        if not ok then
+          util.notify("abx: handler of " .. tostring(p.method) .. " failed: " .. tostring(e), vim.log.levels.ERROR)
         end
       end
     end
