@@ -84,6 +84,7 @@ export function parseBlock(block) {
     return parseJson(data);
   }
   const kept = lines.filter((l) => !/^(:|event:|id:|retry:)/.test(l));
+  if (kept.length === 0) return [];
   // Normally one object; tolerate several objects separated by single newlines.
   const joined = kept.join("\n");
   const one = parseJson(joined);

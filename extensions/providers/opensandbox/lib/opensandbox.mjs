@@ -122,7 +122,7 @@ export class Execd {
 
   // `timeoutMs` bounds the wait for the answer to start (a paused sandbox never answers);
   // `bodyTimeoutMs` the transfer.
-  async req(method, path, { query, json, body, contentType, what, timeoutMs = 20000, bodyTimeoutMs = 300000, signal, ok, maxBytes, headers } = {}) {
+  async req(method, path, { query, json, body, contentType, what, timeoutMs = 10000, bodyTimeoutMs = 300000, signal, ok, maxBytes, headers } = {}) {
     const h = { ...this.headers, ...(headers ?? {}) };
     if (contentType) h["Content-Type"] = contentType;
     return call(this.u(path, query), { method, json, body, headers: h, what, timeoutMs, bodyTimeoutMs, signal, ok, maxBytes });
@@ -133,7 +133,7 @@ export class Execd {
   // Stops reading at the terminal event (execd keeps the connection open ~1 s after it).
   // `headersTimeoutMs` bounds the wait for the answer to start (a paused sandbox never
   // answers). `signal` aborts the stream (Cancelled).
-  async command(body, { onEvent, signal, headersTimeoutMs = 20000 } = {}) {
+  async command(body, { onEvent, signal, headersTimeoutMs = 10000 } = {}) {
     const payload = Buffer.from(JSON.stringify(body));
     const opened = await open(this.u("/command"), {
       method: "POST",
