@@ -234,6 +234,7 @@ export const recorded = {
   opened: [] as string[],
   clipboard: '',
   mcpProviders: new Map<string, any>(),
+  documents: [] as { language?: string; content?: string }[],
   /** Answers for prompts, taken in order: quick picks match by label, input boxes take the string. */
   answers: [] as (string | undefined | ((items: any[]) => any))[],
 };
@@ -267,7 +268,14 @@ export const workspace = {
     recorded.fsProviders.set(scheme, provider);
     return new Disposable(() => recorded.fsProviders.delete(scheme));
   },
-  updateWorkspaceFolders: () => true,
+  updateWorkspaceFolders: (start: number, _del: number, ...folders: { uri: Uri; name?: string }[]) => {
+    workspace.workspaceFolders = [...(workspace.workspaceFolders ?? []).slice(0, start), ...folders];
+    return true;
+  },
+  openTextDocument: async (opts: { language?: string; content?: string }) => {
+    recorded.documents.push(opts);
+    return { ...opts, uri: Uri.from({ scheme: 'untitled', path: `/doc${recorded.documents.length}` }) };
+  },
   workspaceFolders: undefined as any,
   fs: {},
 };

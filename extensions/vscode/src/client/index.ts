@@ -5,3 +5,4 @@ export * from './exec';
 export * from './types';
 export * from './uri';
 export * from './version';
+export * from './format';

@@ -1,0 +1,634 @@
+// The extension's commands. Each takes an optional tree node (from a view's context menu), a
+// sandbox reference or an abx: URI, and otherwise asks.
+import * as os from 'node:os';
+import * as path from 'node:path';
+import * as vscode from 'vscode';
+import { parseSandboxUri, sandboxUri } from './adapters/fs';
+import { AbxTerminal } from './adapters/terminal';
+import type { BrokerClient } from './client/broker';
+import { AbxError } from './client/errors';
+import { formatPlan, groupFeatures, parseDuration, parsePort, sandboxRef, templateNames } from './client/format';
+import type { InstallParams, InstallPlan, ProviderSummary, Sandbox, TestResult } from './client/types';
+import { SCHEME } from './client/uri';
+import type { AbxService } from './service';
+import type { ProviderNode, ProvidersProvider, SandboxesProvider, SandboxNode } from './views';
+
+/** Every command id this file registers (package.json contributes the same set). */
+export const COMMANDS = [
+  'abx.refresh',
+  'abx.reconnect',
+  'abx.showLog',
+  'abx.showBrokerStatus',
+  'abx.create',
+  'abx.kill',
+  'abx.pause',
+  'abx.resume',
+  'abx.extendTimeout',
+  'abx.runCommand',
+  'abx.openTerminal',
+  'abx.upload',
+  'abx.download',
+  'abx.openPort',
+  'abx.browseFiles',
+  'abx.sandboxInfo',
+  'abx.copySandboxId',
+  'abx.installProvider',
+  'abx.runContractKit',
+  'abx.providerDoctor',
+  'abx.setDefaultProvider',
+  'abx.refreshProviders',
+] as const;
+
+type Arg = SandboxNode | ProviderNode | vscode.Uri | string | undefined;
+
+/** Shows a broker error: `[E2009] message` with its suggestion, and a way to the fix. */
+export async function showError(err: unknown, service: AbxService, what?: string): Promise<void> {
+  const e = AbxError.from(err);
+  service.log(`${what ? `${what}: ` : ''}${e.describe().replace(/\n/g, ' ')}`);
+  const text = `${what ? `${what}: ` : ''}${e.headline}${e.suggestion ? ` ${e.suggestion}` : ''}`;
+  const actions = e.abx === 'E1007' || e.abx === 'E1008' ? ['Open Settings', 'Show Log', 'Retry'] : ['Show Log'];
+  const pick = await vscode.window.showErrorMessage(text, ...actions);
+  if (pick === 'Open Settings') await vscode.commands.executeCommand('workbench.action.openSettings', 'abx.path');
+  else if (pick === 'Show Log') service.output.show(true);
+  else if (pick === 'Retry') await vscode.commands.executeCommand('abx.reconnect');
+}
+
+export class Commands {
+  private run: vscode.OutputChannel | undefined;
+  private kit: vscode.OutputChannel | undefined;
+  private lastCommand = '';
+
+  constructor(
+    private readonly service: AbxService,
+    readonly sandboxes: SandboxesProvider,
+    private readonly providers: ProvidersProvider,
+  ) {}
+
+  register(): vscode.Disposable[] {
+    const c = (id: (typeof COMMANDS)[number], f: (arg?: Arg, ...rest: unknown[]) => unknown) =>
+      vscode.commands.registerCommand(id, async (arg?: Arg, ...rest: unknown[]) => {
+        try {
+          return await f.call(this, arg, ...rest);
+        } catch (err) {
+          await showError(err, this.service);
+          return undefined;
+        }
+      });
+    return [
+      c('abx.refresh', this.refresh),
+      c('abx.reconnect', this.reconnect),
+      c('abx.showLog', () => this.service.output.show(true)),
+      c('abx.showBrokerStatus', this.showBrokerStatus),
+      c('abx.create', this.create),
+      c('abx.kill', this.kill),
+      c('abx.pause', this.pause),
+      c('abx.resume', this.resume),
+      c('abx.extendTimeout', this.extendTimeout),
+      c('abx.runCommand', this.runCommand),
+      c('abx.openTerminal', this.openTerminal),
+      c('abx.upload', this.upload),
+      c('abx.download', this.download),
+      c('abx.openPort', this.openPort),
+      c('abx.browseFiles', this.browseFiles),
+      c('abx.sandboxInfo', this.sandboxInfo),
+      c('abx.copySandboxId', this.copySandboxId),
+      c('abx.installProvider', this.installProvider),
+      c('abx.runContractKit', this.runContractKit),
+      c('abx.providerDoctor', this.providerDoctor),
+      c('abx.setDefaultProvider', this.setDefaultProvider),
+      c('abx.refreshProviders', () => this.providers.refresh()),
+    ];
+  }
+
+  private client(): Promise<BrokerClient> {
+    return this.service.getClient();
+  }
+
+  // ------------------------------------------------------------ pickers
+
+  /** The sandbox an argument names, or one the user picks (undefined: cancelled). */
+  async pickSandbox(arg: Arg, placeHolder = 'Pick a sandbox', status?: string): Promise<string | undefined> {
+    if (typeof arg === 'string' && arg) return arg;
+    if (arg instanceof vscode.Uri && arg.scheme === SCHEME) return parseSandboxUri(arg).sandbox;
+    if (arg && typeof arg === 'object' && 'kind' in arg && arg.kind === 'sandbox') return sandboxRef(arg.sandbox);
+    const list = (await (await this.client()).sandboxList()).filter((s) => !status || s.status === status);
+    if (!list.length) {
+      const pick = await vscode.window.showInformationMessage(
+        status ? `No ${status} sandboxes.` : 'No sandboxes yet.',
+        'Create Sandbox',
+      );
+      if (pick === 'Create Sandbox') await vscode.commands.executeCommand('abx.create');
+      return undefined;
+    }
+    const items = list.map((s) => ({
+      label: sandboxRef(s),
+      description: [s.status, s.template].filter(Boolean).join(' · '),
+      detail: s.expiresAt ? `expires ${s.expiresAt}` : undefined,
+      ref: sandboxRef(s),
+    }));
+    const picked = await vscode.window.showQuickPick(items, { placeHolder, matchOnDescription: true });
+    return picked?.ref;
+  }
+
+  /** A provider an argument names, or one the user picks; `feature` filters. */
+  async pickProvider(arg: Arg, placeHolder: string, feature?: string): Promise<ProviderSummary | undefined> {
+    const all = await (await this.client()).providerList();
+    if (arg && typeof arg === 'object' && 'kind' in arg && 'provider' in arg && typeof arg.provider === 'object') {
+      return all.find((p) => p.id === (arg.provider as ProviderSummary).id) ?? (arg.provider as ProviderSummary);
+    }
+    if (typeof arg === 'string' && arg) {
+      const p = all.find((x) => x.id === arg);
+      if (!p) throw new AbxError('E8001', `Provider '${arg}' is not installed.`, { suggestion: "Run 'abx provider list'." });
+      return p;
+    }
+    const list = feature ? all.filter((p) => p.features.includes(feature)) : all;
+    if (list.length === 1) return list[0];
+    const preferred = this.service.settings.defaultProvider;
+    const items = list
+      .map((p) => ({
+        label: p.id,
+        description: [p.name, p.version, p.trust, p.default ? 'default' : ''].filter(Boolean).join(' · '),
+        detail: groupFeatures(p.features).join(' '),
+        p,
+      }))
+      .sort((a, b) => rank(b.p) - rank(a.p));
+    function rank(p: ProviderSummary) {
+      return (p.id === preferred ? 2 : 0) + (p.default ? 1 : 0);
+    }
+    const picked = await vscode.window.showQuickPick(items, { placeHolder, matchOnDescription: true });
+    return picked?.p;
+  }
+
+  // ------------------------------------------------------------ broker
+
+  private async refresh(): Promise<void> {
+    this.providers.refresh();
+    await this.service.refreshSandboxes();
+  }
+
+  private async reconnect(): Promise<void> {
+    await this.service.reconnect();
+    this.providers.refresh();
+    void vscode.window.showInformationMessage(`Connected to abx-broker ${(await this.client()).serverVersion}.`);
+  }
+
+  private async showBrokerStatus(): Promise<void> {
+    const st = this.service.state;
+    const items: { label: string; description?: string; action?: string }[] = [];
+    if (st.kind === 'connected') {
+      try {
+        const s = await (await this.client()).status();
+        items.push({
+          label: `$(vm) abx-broker ${s.version}`,
+          description: `pid ${s.pid} · up ${Math.round(s.uptimeMs / 1000)} s · ${s.connections} connections · ${s.sandboxes} sandboxes`,
+        });
+        for (const p of s.providers) {
+          items.push({
+            label: `$(server-process) ${p.id}`,
+            description: `${p.kind}${p.running && p.pid ? ` · pid ${p.pid}` : ''} · ${p.inFlight} in flight · ${p.restarts} restarts`,
+          });
+        }
+      } catch (err) {
+        items.push({ label: `$(error) ${AbxError.from(err).headline}` });
+      }
+    } else if (st.kind === 'error') {
+      items.push({ label: `$(error) ${st.error.headline}`, description: st.error.suggestion });
+    } else {
+      items.push({ label: `$(sync) ${st.kind}` });
+    }
+    items.push(
+      { label: '$(add) Create Sandbox', action: 'abx.create' },
+      { label: '$(refresh) Reconnect to Broker', action: 'abx.reconnect' },
+      { label: '$(output) Show Log', action: 'abx.showLog' },
+      { label: '$(settings-gear) Open Settings', action: 'settings' },
+    );
+    const pick = await vscode.window.showQuickPick(items, { placeHolder: 'abx broker' });
+    if (pick?.action === 'settings') await vscode.commands.executeCommand('workbench.action.openSettings', '@ext:abx.abx-broker');
+    else if (pick?.action) await vscode.commands.executeCommand(pick.action);
+  }
+
+  // ------------------------------------------------------------ sandboxes
+
+  private async create(arg?: Arg): Promise<Sandbox | undefined> {
+    const provider = await this.pickProvider(
+      arg && typeof arg === 'object' && 'kind' in arg && arg.kind === 'group' ? arg.provider : arg,
+      'Create a sandbox with which provider?',
+      'sandbox.lifecycle',
+    );
+    if (!provider) return undefined;
+    const template = await this.pickTemplate(provider);
+    if (template === undefined) return undefined;
+    const timeout = this.service.settings.defaultTimeout;
+    const sb = await vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: `Creating a ${provider.id} sandbox…` },
+      async () => (await this.client()).sandboxCreate({ provider: provider.id, template: template || undefined, timeout }),
+    );
+    await this.service.refreshSandboxes();
+    const ref = sandboxRef(sb);
+    void vscode.window.showInformationMessage(`Sandbox ${ref} created (${sb.template ?? 'default template'}, expires ${sb.expiresAt ?? 'never'}).`, 'Open Terminal', 'Browse Files').then((pick) => {
+      if (pick === 'Open Terminal') void vscode.commands.executeCommand('abx.openTerminal', ref);
+      if (pick === 'Browse Files') void vscode.commands.executeCommand('abx.browseFiles', ref);
+    });
+    return sb;
+  }
+
+  /** '' means the provider's default; undefined means cancelled. */
+  private async pickTemplate(provider: ProviderSummary): Promise<string | undefined> {
+    const preset = this.service.settings.defaultTemplate;
+    if (provider.features.includes('templates.read')) {
+      try {
+        const raw = await (await this.client()).templatesList(provider.id);
+        const names = templateNames(raw);
+        if (names.length) {
+          const items = [
+            { label: '$(star) Default', description: "the provider's default template", value: '' },
+            ...names.map((n) => ({ label: n, description: n === preset ? 'abx.defaultTemplate' : undefined, value: n })),
+          ];
+          const picked = await vscode.window.showQuickPick(items, { placeHolder: `Template for the ${provider.id} sandbox` });
+          return picked?.value;
+        }
+      } catch (err) {
+        this.service.log(`templates/list ${provider.id}: ${AbxError.from(err).headline}`);
+      }
+    }
+    return vscode.window.showInputBox({
+      title: `Template for the ${provider.id} sandbox`,
+      prompt: "A template name, or empty for the provider's default",
+      value: preset,
+      placeHolder: provider.id === 'local' ? 'base' : 'default',
+    });
+  }
+
+  private async kill(arg?: Arg): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Kill which sandbox?');
+    if (!sb) return;
+    const ok = await vscode.window.showWarningMessage(
+      `Kill sandbox ${sb}? Its processes are stopped and its files are deleted.`,
+      { modal: true },
+      'Kill',
+    );
+    if (ok !== 'Kill') return;
+    const r = await (await this.client()).sandboxKill(sb);
+    await this.service.refreshSandboxes();
+    void vscode.window.showInformationMessage(r.killed ? `Sandbox ${sb} killed.` : `Sandbox ${sb} was already gone.`);
+  }
+
+  private async pause(arg?: Arg): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Pause which sandbox?', 'running');
+    if (!sb) return;
+    await (await this.client()).sandboxPause(sb);
+    await this.service.refreshSandboxes();
+  }
+
+  private async resume(arg?: Arg): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Resume which sandbox?', 'paused');
+    if (!sb) return;
+    await (await this.client()).sandboxResume(sb);
+    await this.service.refreshSandboxes();
+  }
+
+  private async extendTimeout(arg?: Arg): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Extend the lifetime of which sandbox?');
+    if (!sb) return;
+    const text = await vscode.window.showInputBox({
+      title: `Lifetime of ${sb}`,
+      prompt: 'The sandbox ends this long from now: seconds, or 90s, 10m, 2h, 1d',
+      value: String(this.service.settings.defaultTimeout),
+      validateInput: (v) => (parseDuration(v) ? undefined : 'A duration between 1 s and 30 days, e.g. 600, 10m, 2h'),
+    });
+    if (text === undefined) return;
+    const secs = parseDuration(text);
+    if (!secs) return;
+    const s = await (await this.client()).sandboxSetTimeout(sb, secs);
+    await this.service.refreshSandboxes();
+    void vscode.window.showInformationMessage(`Sandbox ${sb} now expires at ${s.expiresAt}.`);
+  }
+
+  private async runCommand(arg?: Arg, command?: unknown): Promise<number | null | undefined> {
+    const sb = await this.pickSandbox(arg, 'Run a command in which sandbox?', 'running');
+    if (!sb) return undefined;
+    const cmd =
+      typeof command === 'string'
+        ? command
+        : await vscode.window.showInputBox({
+            title: `Run in ${sb}`,
+            prompt: 'A shell command (run with sh -c in /workspace); output goes to the "abx: Run" channel',
+            value: this.lastCommand,
+          });
+    if (!cmd) return undefined;
+    this.lastCommand = cmd;
+    this.run ??= vscode.window.createOutputChannel('abx: Run');
+    const out = this.run;
+    out.show(true);
+    out.appendLine(`$ ${cmd}    [${sb}]`);
+    const client = await this.client();
+    return vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: `Running '${cmd}' in ${sb}`, cancellable: true },
+      async (_progress, token) => {
+        const session = await client.execStart({ sandbox: sb, command: cmd }, { onOutput: (c) => out.append(c.text) });
+        const sub = token.onCancellationRequested(() => void session.kill('TERM').catch(() => undefined));
+        try {
+          const exit = await session.exited;
+          const how = exit.timedOut ? ' (timed out)' : exit.signal ? ` (${exit.signal})` : '';
+          out.appendLine(`[exit ${exit.exitCode}${how}]`);
+          if (exit.exitCode !== 0 && !token.isCancellationRequested) {
+            void vscode.window.showWarningMessage(`'${cmd}' exited with code ${exit.exitCode}${how}.`);
+          }
+          return exit.exitCode;
+        } finally {
+          sub.dispose();
+        }
+      },
+    );
+  }
+
+  private async openTerminal(arg?: Arg): Promise<vscode.Terminal | undefined> {
+    const sb = await this.pickSandbox(arg, 'Open a terminal in which sandbox?', 'running');
+    if (!sb) return undefined;
+    const pty = new AbxTerminal(() => this.client(), { sandbox: sb, command: this.service.settings.terminalCommand || undefined });
+    const term = vscode.window.createTerminal({ name: `abx: ${sb}`, pty, iconPath: new vscode.ThemeIcon('vm') });
+    term.show();
+    return term;
+  }
+
+  private async upload(arg?: Arg, localArg?: unknown): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Upload to which sandbox?');
+    if (!sb) return;
+    let local = localArg instanceof vscode.Uri ? localArg : undefined;
+    if (!local) {
+      const picked = await vscode.window.showOpenDialog({ canSelectMany: false, openLabel: 'Upload' });
+      local = picked?.[0];
+    }
+    if (!local) return;
+    const dir = arg instanceof vscode.Uri && arg.scheme === SCHEME ? parseSandboxUri(arg).path : '/workspace';
+    const remote = await vscode.window.showInputBox({
+      title: `Upload ${path.basename(local.fsPath)} to ${sb}`,
+      prompt: 'Path in the sandbox (under /workspace or /tmp)',
+      value: `${dir === '/' ? '/workspace' : dir}/${path.basename(local.fsPath)}`,
+    });
+    if (!remote) return;
+    const r = await this.transfer('Uploading', (c, onProgress, token) => c.filesUpload(sb, local!.fsPath, remote, onProgress, token));
+    void vscode.window.showInformationMessage(`Uploaded ${local.fsPath} -> ${sb}:${remote} (${r.size} bytes).`);
+  }
+
+  private async download(arg?: Arg, localArg?: unknown): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Download from which sandbox?');
+    if (!sb) return;
+    let remote: string | undefined = arg instanceof vscode.Uri && arg.scheme === SCHEME ? parseSandboxUri(arg).path : undefined;
+    if (!remote || remote === '/') {
+      remote = await vscode.window.showInputBox({ title: `Download from ${sb}`, prompt: 'Path of a file in the sandbox', value: '/workspace/' });
+    }
+    if (!remote) return;
+    let local = localArg instanceof vscode.Uri ? localArg : undefined;
+    if (!local) {
+      local = await vscode.window.showSaveDialog({ saveLabel: 'Download', defaultUri: vscode.Uri.file(path.join(os.homedir(), path.basename(remote))) });
+    }
+    if (!local) return;
+    const r = await this.transfer('Downloading', (c, onProgress, token) => c.filesDownload(sb, remote!, local!.fsPath, onProgress, token));
+    void vscode.window.showInformationMessage(`Downloaded ${sb}:${remote} -> ${local.fsPath} (${r.size} bytes).`);
+  }
+
+  private transfer<T>(
+    verb: string,
+    f: (c: BrokerClient, onProgress: (p: { bytes: number; total: number; path: string }) => void, token: vscode.CancellationToken) => Promise<T>,
+  ): Thenable<T> {
+    return vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: verb, cancellable: true },
+      async (progress, token) => {
+        let last = 0;
+        return f(
+          await this.client(),
+          (p) => {
+            if (!p.total) return;
+            const pct = (p.bytes / p.total) * 100;
+            progress.report({ increment: pct - last, message: `${p.path}: ${p.bytes} / ${p.total} bytes` });
+            last = pct;
+          },
+          token,
+        );
+      },
+    );
+  }
+
+  private async openPort(arg?: Arg, portArg?: unknown): Promise<string | undefined> {
+    const sb = await this.pickSandbox(arg, 'Open a port of which sandbox?', 'running');
+    if (!sb) return undefined;
+    const text =
+      typeof portArg === 'number'
+        ? String(portArg)
+        : await vscode.window.showInputBox({
+            title: `Open a port of ${sb}`,
+            prompt: 'Port number a server in the sandbox listens on',
+            validateInput: (v) => (parsePort(v) ? undefined : 'A port number between 1 and 65535'),
+          });
+    const port = text === undefined ? undefined : parsePort(text);
+    if (!port) return undefined;
+    const u = await (await this.client()).portsUrl(sb, port);
+    const headers = Object.entries(u.headers ?? {});
+    await vscode.env.openExternal(vscode.Uri.parse(u.url));
+    if (headers.length) {
+      const list = headers.map(([k]) => k).join(', ');
+      const pick = await vscode.window.showInformationMessage(
+        `Opened ${u.url}. The provider requires these request headers: ${list}.`,
+        'Copy Headers',
+      );
+      if (pick === 'Copy Headers') await vscode.env.clipboard.writeText(headers.map(([k, v]) => `${k}: ${v}`).join('\n'));
+    }
+    return u.url;
+  }
+
+  private async browseFiles(arg?: Arg): Promise<vscode.Uri | undefined> {
+    const sb = await this.pickSandbox(arg, 'Browse the files of which sandbox?');
+    if (!sb) return undefined;
+    const uri = sandboxUri(sb, '/workspace');
+    const folders = vscode.workspace.workspaceFolders ?? [];
+    if (!folders.some((f) => f.uri.toString() === uri.toString())) {
+      vscode.workspace.updateWorkspaceFolders(folders.length, 0, { uri, name: `abx: ${sb}` });
+    }
+    await vscode.commands.executeCommand('workbench.view.explorer');
+    return uri;
+  }
+
+  private async sandboxInfo(arg?: Arg): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Show which sandbox?');
+    if (!sb) return;
+    const c = await this.client();
+    const [info, caps, sys] = await Promise.all([
+      c.sandboxInfo(sb),
+      c.sandboxCapabilities(sb).catch((e) => ({ error: AbxError.from(e).headline })),
+      c.sandboxSystemInfo(sb).catch((e) => ({ error: AbxError.from(e).headline })),
+    ]);
+    const doc = await vscode.workspace.openTextDocument({
+      language: 'json',
+      content: JSON.stringify({ sandbox: info, capabilities: caps, systemInfo: sys }, null, 2),
+    });
+    await vscode.window.showTextDocument(doc, { preview: true });
+  }
+
+  private async copySandboxId(arg?: Arg): Promise<void> {
+    const sb = await this.pickSandbox(arg, 'Copy the id of which sandbox?');
+    if (sb) await vscode.env.clipboard.writeText(sb);
+  }
+
+  // ------------------------------------------------------------ providers
+
+  /**
+   * Install with a review step: a dry run first (nothing written), its plan shown, then the
+   * install on confirmation, pinned to the digest that was reviewed.
+   */
+  private async installProvider(arg?: Arg, opts?: unknown): Promise<InstallPlan | undefined> {
+    const given = (opts && typeof opts === 'object' ? opts : {}) as Partial<InstallParams>;
+    const source =
+      (typeof arg === 'string' && arg) ||
+      (await vscode.window.showInputBox({
+        title: 'Install an abx provider (1/2)',
+        prompt: 'A local directory, a git URL (https://...) or a .tar.gz URL',
+        placeHolder: 'https://github.com/org/abx-provider-x.git',
+        ignoreFocusOut: true,
+      }));
+    if (!source) return undefined;
+    const params: InstallParams = { source, ...given };
+    if (given.ref === undefined && /^(https?|file|ssh|git):\/\/|\.git$|^git@/.test(source) && !/\.tar\.gz$|\.tgz$/.test(source)) {
+      const ref = await vscode.window.showInputBox({
+        title: 'Install an abx provider (2/2)',
+        prompt: 'Ref: a full commit id pins the provider; a branch or tag is a moving ref (unpinned). Empty: the default branch (unpinned).',
+        ignoreFocusOut: true,
+      });
+      if (ref === undefined) return undefined;
+      if (ref) params.ref = ref;
+    }
+    const client = await this.client();
+    let plan: InstallPlan | undefined;
+    for (let attempt = 0; attempt < 3 && !plan; attempt++) {
+      try {
+        plan = await vscode.window.withProgress(
+          { location: vscode.ProgressLocation.Notification, title: `Fetching ${source} for review…` },
+          () => client.providerInstall({ ...params, dryRun: true, confirm: false }),
+        );
+      } catch (err) {
+        const e = AbxError.from(err);
+        const text = `${e.message} ${e.suggestion ?? ''}`;
+        if (e.abx === 'E8012' && /insecure/i.test(text) && !params.allowInsecureTransport) {
+          const ok = await vscode.window.showWarningMessage(
+            `${e.headline}`,
+            { modal: true, detail: 'file:// and http:// sources are not authenticated: anyone on the way can change what you install.' },
+            'Allow Insecure Transport',
+          );
+          if (ok !== 'Allow Insecure Transport') return undefined;
+          params.allowInsecureTransport = true;
+          continue;
+        }
+        if (e.abx === 'E8012' && /unpinned|moving/i.test(text) && !params.allowUnpinned) {
+          params.allowUnpinned = true;
+          continue;
+        }
+        throw e;
+      }
+    }
+    if (!plan) return undefined;
+    const review = formatPlan(plan);
+    const doc = await vscode.workspace.openTextDocument({ language: 'markdown', content: review });
+    await vscode.window.showTextDocument(doc, { preview: true });
+    const unpinned = plan.trust === 'unpinned';
+    const choice = await vscode.window.showWarningMessage(
+      `Install provider '${plan.id}' ${plan.version} (${plan.trust})?`,
+      {
+        modal: true,
+        detail:
+          `Review the plan in the editor. It runs ${JSON.stringify((plan.manifest as { runtime?: { command?: unknown } }).runtime?.command ?? '?')} ` +
+          `with network ${JSON.stringify(plan.security?.network ?? '?')}; digest ${plan.digest}.` +
+          (unpinned ? '\n\nThis is a moving ref: the provider is not pinned to a commit.' : ''),
+      },
+      'Install',
+    );
+    if (choice !== 'Install') return undefined;
+    const install: InstallParams = { ...params, confirm: true, dryRun: false, sha256: plan.digest };
+    if (unpinned) install.allowUnpinned = true;
+    let done: InstallPlan;
+    try {
+      done = await vscode.window.withProgress(
+        { location: vscode.ProgressLocation.Notification, title: `Installing provider '${plan.id}'…` },
+        () => client.providerInstall(install),
+      );
+    } catch (err) {
+      const e = AbxError.from(err);
+      if (e.abx !== 'E8015') throw e;
+      const again = await vscode.window.showWarningMessage(
+        `Provider '${plan.id}' is already installed. Replace it with ${plan.version}?`,
+        { modal: true },
+        'Replace',
+      );
+      if (again !== 'Replace') return undefined;
+      done = await client.providerInstall({ ...install, replace: true });
+    }
+    this.providers.refresh();
+    void vscode.window
+      .showInformationMessage(`Installed provider '${done.id}' ${done.version} (${done.trust}).`, 'Run Doctor', 'Run Contract Kit')
+      .then((pick) => {
+        if (pick === 'Run Doctor') void vscode.commands.executeCommand('abx.providerDoctor', done.id);
+        if (pick === 'Run Contract Kit') void vscode.commands.executeCommand('abx.runContractKit', done.id);
+      });
+    return done;
+  }
+
+  private async runContractKit(arg?: Arg, filterArg?: unknown): Promise<TestResult | undefined> {
+    const p = await this.pickProvider(arg, 'Run the contract kit against which provider?');
+    if (!p) return undefined;
+    const filter = typeof filterArg === 'string' ? filterArg : undefined;
+    this.kit ??= vscode.window.createOutputChannel('abx: Contract Kit');
+    const out = this.kit;
+    out.show(true);
+    out.appendLine(`Contract kit: ${p.id} ${p.version}${filter ? ` (filter '${filter}')` : ''}`);
+    const client = await this.client();
+    const r = await vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: `Contract kit: ${p.id}`, cancellable: true },
+      async (progress, token) => {
+        let passed = 0;
+        let failed = 0;
+        let skipped = 0;
+        return client.providerTest(
+          p.id,
+          {
+            filter,
+            onResult: (n) => {
+              if (n.outcome === 'passed') passed++;
+              else if (n.outcome === 'failed') failed++;
+              else skipped++;
+              const mark = n.outcome === 'passed' ? '✓' : n.outcome === 'failed' ? '✗' : '-';
+              out.appendLine(`  ${mark} ${n.name} (${n.durationMs} ms)${n.detail ? `: ${n.detail}` : ''}`);
+              progress.report({ message: `${passed} passed, ${failed} failed, ${skipped} skipped` });
+            },
+          },
+          token,
+        );
+      },
+    );
+    out.appendLine(`${r.passed} passed, ${r.failed} failed, ${r.skipped} skipped`);
+    const text = `Contract kit on '${p.id}': ${r.passed} passed, ${r.failed} failed, ${r.skipped} skipped.`;
+    const show = r.failed ? vscode.window.showErrorMessage(text, 'Show Output') : vscode.window.showInformationMessage(text, 'Show Output');
+    void show.then((pick) => pick && out.show());
+    return r;
+  }
+
+  private async providerDoctor(arg?: Arg): Promise<void> {
+    const p = await this.pickProvider(arg, 'Check which provider?');
+    if (!p) return;
+    const client = await this.client();
+    const r = await client.providerDoctor(p.id).catch((e) => AbxError.from(e));
+    this.providers.setDoctor(p.id, r);
+    if (r instanceof AbxError) throw r;
+    const bad = r.checks.filter((c) => !c.ok);
+    if (bad.length) {
+      void vscode.window.showErrorMessage(`Provider '${p.id}': ${bad.map((c) => `${c.name}: ${c.detail ?? 'failed'}`).join('; ')}`);
+    } else {
+      void vscode.window.showInformationMessage(`Provider '${p.id}': all ${r.checks.length} checks passed.`);
+    }
+  }
+
+  private async setDefaultProvider(arg?: Arg): Promise<void> {
+    const p = await this.pickProvider(arg, 'Make which provider the default?', 'sandbox.lifecycle');
+    if (!p) return;
+    await (await this.client()).providerSetDefault(p.id);
+    this.providers.refresh();
+  }
+}

@@ -1,0 +1,55 @@
+// The extension's settings (package.json `contributes.configuration`).
+import * as os from 'node:os';
+import * as path from 'node:path';
+import * as vscode from 'vscode';
+
+export interface Settings {
+  /** The abx binary. */
+  path: string;
+  /** `daemon` (abx rpc: the per-user daemon, shared with the CLI and agents) or `stdio`. */
+  connection: 'daemon' | 'stdio';
+  /** ABX_HOME for abx ('' = abx's own default). */
+  home: string;
+  defaultProvider: string;
+  defaultTemplate: string;
+  /** Lifetime of new sandboxes and of "extend", in seconds. */
+  defaultTimeout: number;
+  /** Seconds between sandbox list refreshes while connected (0: only on demand). */
+  refreshInterval: number;
+  /** Register `abx mcp` with VS Code's agent (VS Code 1.101+). */
+  mcpEnabled: boolean;
+  /** Command of new terminals ('' = the sandbox's bash, else sh). */
+  terminalCommand: string;
+  /** Connect when VS Code starts (the status bar shows the state from the start). */
+  connectOnStartup: boolean;
+}
+
+export function expandHome(p: string): string {
+  if (p === '~') return os.homedir();
+  if (p.startsWith('~/')) return path.join(os.homedir(), p.slice(2));
+  return p;
+}
+
+export function readSettings(): Settings {
+  const c = vscode.workspace.getConfiguration('abx');
+  const connection = c.get<string>('connection', 'daemon') === 'stdio' ? 'stdio' : 'daemon';
+  return {
+    path: expandHome((c.get<string>('path', 'abx') || 'abx').trim()),
+    connection,
+    home: expandHome((c.get<string>('home', '') || '').trim()),
+    defaultProvider: (c.get<string>('defaultProvider', '') || '').trim(),
+    defaultTemplate: (c.get<string>('defaultTemplate', '') || '').trim(),
+    defaultTimeout: Math.max(1, Math.floor(Number(c.get<number>('defaultTimeout', 300)) || 300)),
+    refreshInterval: Math.max(0, Number(c.get<number>('refreshInterval', 10)) || 0),
+    mcpEnabled: c.get<boolean>('mcp.enabled', true) !== false,
+    terminalCommand: (c.get<string>('terminal.command', '') || '').trim(),
+    connectOnStartup: c.get<boolean>('connectOnStartup', true) !== false,
+  };
+}
+
+/** The environment abx runs with: ours, plus ABX_HOME when set. */
+export function abxEnv(s: Settings): NodeJS.ProcessEnv {
+  const env = { ...process.env };
+  if (s.home) env.ABX_HOME = s.home;
+  return env;
+}

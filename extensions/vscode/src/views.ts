@@ -1,0 +1,235 @@
+// The Sandboxes view (grouped by provider, status icons) and the Providers view (trust,
+// features, doctor results).
+import * as vscode from 'vscode';
+import { AbxError } from './client/errors';
+import { formatRemaining, groupByProvider, groupFeatures, sandboxRef } from './client/format';
+import type { DoctorResult, ProviderSummary, Sandbox } from './client/types';
+import type { AbxService } from './service';
+
+// ---------------------------------------------------------------- sandboxes
+
+export type SandboxNode =
+  | { kind: 'group'; provider: string; sandboxes: Sandbox[] }
+  | { kind: 'sandbox'; sandbox: Sandbox };
+
+export function sandboxIcon(status: string): vscode.ThemeIcon {
+  switch (status) {
+    case 'running':
+      return new vscode.ThemeIcon('vm-running', new vscode.ThemeColor('charts.green'));
+    case 'paused':
+      return new vscode.ThemeIcon('debug-pause', new vscode.ThemeColor('charts.yellow'));
+    default:
+      return new vscode.ThemeIcon('vm-outline');
+  }
+}
+
+export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode> {
+  private readonly emitter = new vscode.EventEmitter<SandboxNode | undefined>();
+  readonly onDidChangeTreeData = this.emitter.event;
+  /** Set by extension.ts: shows why the list is empty (an error) or clears it. */
+  view: vscode.TreeView<SandboxNode> | undefined;
+
+  constructor(private readonly service: AbxService) {
+    service.onDidChangeSandboxes(() => this.emitter.fire(undefined));
+    service.onDidChangeState(() => this.emitter.fire(undefined));
+  }
+
+  refresh(): void {
+    void this.service.refreshSandboxes();
+  }
+
+  getTreeItem(node: SandboxNode): vscode.TreeItem {
+    if (node.kind === 'group') {
+      const item = new vscode.TreeItem(node.provider, vscode.TreeItemCollapsibleState.Expanded);
+      item.id = `provider:${node.provider}`;
+      const running = node.sandboxes.filter((s) => s.status === 'running').length;
+      item.description = `${node.sandboxes.length} sandbox${node.sandboxes.length === 1 ? '' : 'es'}${running < node.sandboxes.length ? `, ${running} running` : ''}`;
+      item.iconPath = new vscode.ThemeIcon('server-environment');
+      item.contextValue = 'sandboxGroup';
+      return item;
+    }
+    const s = node.sandbox;
+    const item = new vscode.TreeItem(s.id, vscode.TreeItemCollapsibleState.None);
+    item.id = `sandbox:${sandboxRef(s)}`;
+    const left = s.expiresAt ? formatRemaining(Date.parse(s.expiresAt) - Date.now()) : undefined;
+    item.description = [s.template, s.status, left ? `expires in ${left}` : undefined].filter(Boolean).join(' · ');
+    item.iconPath = sandboxIcon(s.status);
+    item.contextValue = `sandbox-${s.status}`;
+    const md = new vscode.MarkdownString();
+    md.appendMarkdown(`**${sandboxRef(s)}**\n\n`);
+    for (const [k, v] of [
+      ['Status', s.status],
+      ['Template', s.template],
+      ['Region', s.region],
+      ['URL', s.url],
+      ['Started', s.startedAt],
+      ['Expires', s.expiresAt],
+      ['Lifetime', s.timeout ? `${s.timeout} s` : undefined],
+    ] as [string, unknown][]) {
+      if (v !== undefined && v !== null && v !== '') md.appendMarkdown(`- ${k}: \`${String(v)}\`\n`);
+    }
+    const meta = s.metadata && Object.keys(s.metadata).length ? JSON.stringify(s.metadata) : '';
+    if (meta) md.appendMarkdown(`- Metadata: \`${meta}\`\n`);
+    item.tooltip = md;
+    item.command = { command: 'abx.sandboxInfo', title: 'Show Sandbox Info', arguments: [node] };
+    return item;
+  }
+
+  async getChildren(node?: SandboxNode): Promise<SandboxNode[]> {
+    if (node?.kind === 'group') return node.sandboxes.map((sandbox) => ({ kind: 'sandbox', sandbox }));
+    if (node) return [];
+    let list = this.service.sandboxes;
+    if (!list && this.service.state.kind !== 'error') list = await this.service.refreshSandboxes();
+    const st = this.service.state;
+    if (this.view) {
+      this.view.message =
+        st.kind === 'error' ? `${st.error.headline}${st.error.suggestion ? ` ${st.error.suggestion}` : ''}` : undefined;
+    }
+    if (!list) return [];
+    return groupByProvider(list).map(([provider, sandboxes]) => ({ kind: 'group', provider, sandboxes }));
+  }
+}
+
+// ---------------------------------------------------------------- providers
+
+export type ProviderNode =
+  | { kind: 'provider'; provider: ProviderSummary }
+  | { kind: 'features'; provider: ProviderSummary }
+  | { kind: 'doctor'; provider: ProviderSummary }
+  | { kind: 'line'; label: string; description?: string; icon?: string; color?: string; tooltip?: string };
+
+const TRUST: Record<string, { icon: string; note: string }> = {
+  builtin: { icon: 'verified', note: 'Part of the broker.' },
+  pinned: { icon: 'lock', note: 'Installed from a full commit id; its files are checked against the digest before every start.' },
+  local: { icon: 'folder', note: 'Installed from a local directory; its files are checked against the digest before every start.' },
+  unpinned: { icon: 'unlock', note: 'Installed from a moving ref (branch or tag): updates may bring unreviewed code.' },
+};
+
+export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> {
+  private readonly emitter = new vscode.EventEmitter<ProviderNode | undefined>();
+  readonly onDidChangeTreeData = this.emitter.event;
+  private providers: ProviderSummary[] | undefined;
+  private readonly doctor = new Map<string, DoctorResult | AbxError>();
+  view: vscode.TreeView<ProviderNode> | undefined;
+
+  constructor(private readonly service: AbxService) {
+    service.onDidChangeState((s) => {
+      if (s.kind !== 'connecting') this.refresh();
+    });
+  }
+
+  /** Forgets what it loaded (doctor results too) and reloads. */
+  refresh(): void {
+    this.providers = undefined;
+    this.doctor.clear();
+    this.emitter.fire(undefined);
+  }
+
+  /** Stores a doctor result (from the doctor command) and shows it. */
+  setDoctor(id: string, r: DoctorResult | AbxError): void {
+    this.doctor.set(id, r);
+    this.emitter.fire(undefined);
+  }
+
+  getTreeItem(node: ProviderNode): vscode.TreeItem {
+    switch (node.kind) {
+      case 'provider': {
+        const p = node.provider;
+        const item = new vscode.TreeItem(p.name || p.id, vscode.TreeItemCollapsibleState.Collapsed);
+        item.id = `provider:${p.id}`;
+        item.description = [p.id, p.version, p.trust, p.default ? 'default' : undefined].filter(Boolean).join(' · ');
+        const t = TRUST[p.trust];
+        item.iconPath = new vscode.ThemeIcon(
+          t?.icon ?? 'extensions',
+          p.trust === 'unpinned' ? new vscode.ThemeColor('charts.yellow') : undefined,
+        );
+        item.tooltip = `${p.name} (${p.id}) ${p.version}\nKind: ${p.kind}\nTrust: ${p.trust}. ${t?.note ?? ''}\nFeatures: ${groupFeatures(p.features).join(' ')}`;
+        item.contextValue = p.default ? 'provider-default' : 'provider';
+        return item;
+      }
+      case 'features': {
+        const item = new vscode.TreeItem('Features', vscode.TreeItemCollapsibleState.Collapsed);
+        item.id = `features:${node.provider.id}`;
+        item.description = `${node.provider.features.length}`;
+        item.iconPath = new vscode.ThemeIcon('symbol-property');
+        return item;
+      }
+      case 'doctor': {
+        const r = this.doctor.get(node.provider.id);
+        const item = new vscode.TreeItem('Doctor', vscode.TreeItemCollapsibleState.Collapsed);
+        item.id = `doctor:${node.provider.id}`;
+        item.description = !r ? 'expand to run' : r instanceof AbxError ? r.headline : r.ok ? 'all checks passed' : 'problems found';
+        item.iconPath = new vscode.ThemeIcon(
+          !r ? 'pulse' : r instanceof AbxError || !r.ok ? 'error' : 'pass',
+          !r ? undefined : new vscode.ThemeColor(r instanceof AbxError || !r.ok ? 'charts.red' : 'charts.green'),
+        );
+        item.contextValue = 'doctor';
+        return item;
+      }
+      case 'line': {
+        const item = new vscode.TreeItem(node.label, vscode.TreeItemCollapsibleState.None);
+        item.description = node.description;
+        if (node.icon) item.iconPath = new vscode.ThemeIcon(node.icon, node.color ? new vscode.ThemeColor(node.color) : undefined);
+        item.tooltip = node.tooltip;
+        return item;
+      }
+    }
+  }
+
+  async getChildren(node?: ProviderNode): Promise<ProviderNode[]> {
+    if (!node) {
+      if (!this.providers) {
+        try {
+          this.providers = await (await this.service.getClient()).providerList();
+          if (this.view) this.view.message = undefined;
+        } catch (err) {
+          const e = AbxError.from(err);
+          if (this.view) this.view.message = `${e.headline}${e.suggestion ? ` ${e.suggestion}` : ''}`;
+          return [];
+        }
+      }
+      return this.providers.map((provider) => ({ kind: 'provider', provider }));
+    }
+    switch (node.kind) {
+      case 'provider': {
+        const p = node.provider;
+        const t = TRUST[p.trust];
+        return [
+          { kind: 'line', label: 'Trust', description: p.trust, icon: t?.icon ?? 'shield', tooltip: t?.note },
+          { kind: 'line', label: 'Kind', description: p.kind === 'exec' ? 'exec (EPP/1 plugin)' : p.kind, icon: 'gear' },
+          { kind: 'line', label: 'Version', description: p.version, icon: 'tag' },
+          { kind: 'features', provider: p },
+          { kind: 'doctor', provider: p },
+        ];
+      }
+      case 'features':
+        return groupFeatures(node.provider.features).map((g) => ({ kind: 'line', label: g, icon: 'check' }));
+      case 'doctor': {
+        let r = this.doctor.get(node.provider.id);
+        if (!r) {
+          try {
+            r = await (await this.service.getClient()).providerDoctor(node.provider.id);
+          } catch (err) {
+            r = AbxError.from(err);
+          }
+          this.doctor.set(node.provider.id, r);
+          // The Doctor row's own icon shows the verdict.
+          setTimeout(() => this.emitter.fire(node), 0);
+        }
+        if (r instanceof AbxError) {
+          return [{ kind: 'line', label: r.headline, icon: 'error', color: 'charts.red', tooltip: r.describe() }];
+        }
+        return r.checks.map((c) => ({
+          kind: 'line',
+          label: c.name,
+          description: c.detail ?? undefined,
+          icon: c.ok ? 'pass' : 'error',
+          color: c.ok ? 'charts.green' : 'charts.red',
+          tooltip: c.detail ?? undefined,
+        }));
+      }
+      default:
+        return [];
+    }
+  }
+}

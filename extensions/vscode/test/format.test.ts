@@ -1,0 +1,89 @@
+// Pure helpers: durations, ports, feature groups, remaining time, template names, errors.
+import * as assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { AbxError } from '../src/client/errors';
+import { formatRemaining, groupByProvider, groupFeatures, parseDuration, parsePort, sandboxRef, templateNames } from '../src/client/format';
+import { compareVersions, parseVersion } from '../src/client/version';
+
+describe('format helpers', () => {
+  test('durations as the CLI takes them, within 1 s .. 30 days', () => {
+    assert.equal(parseDuration('600'), 600);
+    assert.equal(parseDuration('90s'), 90);
+    assert.equal(parseDuration('10m'), 600);
+    assert.equal(parseDuration(' 2h '), 7200);
+    assert.equal(parseDuration('1d'), 86400);
+    assert.equal(parseDuration('30d'), 2_592_000);
+    assert.equal(parseDuration('31d'), undefined);
+    assert.equal(parseDuration('0'), undefined);
+    assert.equal(parseDuration('-5'), undefined);
+    assert.equal(parseDuration('5 minutes'), undefined);
+  });
+
+  test('ports', () => {
+    assert.equal(parsePort('8080'), 8080);
+    assert.equal(parsePort('0'), undefined);
+    assert.equal(parsePort('65536'), undefined);
+    assert.equal(parsePort('80a'), undefined);
+  });
+
+  test('features grouped as the CLI shows them', () => {
+    assert.deepEqual(groupFeatures(['sandbox.lifecycle', 'sandbox.timeout', 'exec.run', 'pty', 'sandbox.pause', 'files.rw']), [
+      'sandbox(lifecycle,timeout,pause)',
+      'exec(run)',
+      'pty',
+      'files(rw)',
+    ]);
+    assert.deepEqual(groupFeatures([]), []);
+  });
+
+  test('remaining time: two units at most', () => {
+    assert.equal(formatRemaining(-1), 'expired');
+    assert.equal(formatRemaining(59_000), '59s');
+    assert.equal(formatRemaining(250_000), '4m 10s');
+    assert.equal(formatRemaining(7_500_000), '2h 5m');
+    assert.equal(formatRemaining(3 * 86_400_000 + 3_600_000 + 5000), '3d 1h');
+    assert.equal(formatRemaining(3_600_000), '1h');
+  });
+
+  test('sandbox references and grouping by provider', () => {
+    assert.equal(sandboxRef({ id: 'sb-1', provider: 'local' }), 'local:sb-1');
+    assert.equal(sandboxRef({ id: 'x:sb-1', provider: 'x' }), 'x:sb-1');
+    const g = groupByProvider([
+      { id: 'b', provider: 'z', status: 'running' },
+      { id: 'c', provider: 'local', status: 'paused' },
+      { id: 'a', provider: 'z', status: 'running' },
+    ]);
+    assert.deepEqual(
+      g.map(([p, l]) => [p, l.map((s) => s.id)]),
+      [
+        ['local', ['c']],
+        ['z', ['a', 'b']],
+      ],
+    );
+  });
+
+  test('versions', () => {
+    assert.deepEqual(parseVersion('abx 0.1.0'), [0, 1, 0]);
+    assert.equal(parseVersion('abx'), undefined);
+    assert.ok(compareVersions('0.1.0', '0.0.9') > 0);
+    assert.ok(compareVersions('0.10.0', '0.9.0') > 0);
+    assert.equal(compareVersions('1.2.3-dev', '1.2.3'), 0);
+  });
+
+  test('errors from JSON-RPC replies: data.abx wins, standard codes are mapped', () => {
+    const e = AbxError.from({ code: 4001, message: "File 'x' not found.", data: { abx: 'E4001', suggestion: 'Look.', path: 'x' } }, 'files/read');
+    assert.equal(e.abx, 'E4001');
+    assert.equal(e.suggestion, 'Look.');
+    assert.equal(e.data.path, 'x');
+    assert.equal(e.describe(), "[E4001] File 'x' not found.\nSuggestion: Look.");
+    assert.equal(AbxError.from({ code: -32602, message: 'bad' }).abx, 'E1004');
+    assert.equal(AbxError.from({ code: -32097, message: 'disposed' }).abx, 'E1007');
+    assert.equal(AbxError.from(new Error('boom')).abx, 'E9001');
+  });
+});
+
+test('template names from provider-defined templates/list results', () => {
+  assert.deepEqual(templateNames({ templates: [{ name: 'base' }, { id: 'py' }, 'node'] }), ['base', 'py', 'node']);
+  assert.deepEqual(templateNames(['a']), ['a']);
+  assert.deepEqual(templateNames({}), []);
+});
