@@ -185,6 +185,9 @@ export function lifecycleError(err, { baseUrl, id = null, what = "request" } = {
       );
     }
     if (err.status === 404 && id) return sandboxNotFound(id);
+    if (err.status === 501 || /API_NOT_SUPPORTED/.test(err.serverCode ?? "")) {
+      return new RpcError(-32601, `This OpenSandbox server does not support ${what} (${err.serverCode ?? `HTTP ${err.status}`}${err.serverMessage ? `: ${err.serverMessage}` : ""}).`, "Its runtime lacks this operation (pause, for example, depends on the runtime).");
+    }
     if (looksLikeImageError(err.serverCode, err.serverMessage)) return imageMissing("?", err.serverMessage || err.serverCode);
     return new RpcError(9001, `OpenSandbox ${err.message}`, "Check the OpenSandbox server's log for this request.");
   }

@@ -7,9 +7,11 @@ import * as https from "node:https";
 import { randomBytes } from "node:crypto";
 import { Cancelled, HttpError, NetworkError } from "./errors.mjs";
 
+// No cap on sockets per host: long-lived exec streams must never make a kill or a lifecycle
+// call wait for a free socket (with use_server_proxy everything goes to one host).
 const AGENTS = {
-  "http:": new http.Agent({ keepAlive: true, maxSockets: 128 }),
-  "https:": new https.Agent({ keepAlive: true, maxSockets: 128 }),
+  "http:": new http.Agent({ keepAlive: true, maxFreeSockets: 32 }),
+  "https:": new https.Agent({ keepAlive: true, maxFreeSockets: 32 }),
 };
 
 class Timeout extends Error {}
@@ -17,8 +19,18 @@ class Aborted extends Error {}
 
 // Open a request and resolve when the answer's status and headers arrived.
 // Resolves {status, headers, res, req}; rejects with NetworkError (no answer, or none within
-// `timeoutMs`) or Cancelled (the signal fired).
-export function open(url, { method = "GET", headers = {}, body = null, timeoutMs = 30000, signal } = {}) {
+// `timeoutMs`) or Cancelled (the signal fired). A request that failed on a kept-alive socket the
+// server had just closed (reset before any answer) is sent once more on a fresh one.
+export async function open(url, options = {}) {
+  try {
+    return await openOnce(url, options);
+  } catch (e) {
+    if (e instanceof NetworkError && e.staleSocket) return openOnce(url, options);
+    throw e;
+  }
+}
+
+function openOnce(url, { method = "GET", headers = {}, body = null, timeoutMs = 30000, signal } = {}) {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(new Cancelled());
     let u;
@@ -50,7 +62,11 @@ export function open(url, { method = "GET", headers = {}, body = null, timeoutMs
       if (settled) return; // errors after the headers belong to the body reader
       if (e instanceof Aborted) reject(new Cancelled());
       else if (e instanceof Timeout) reject(new NetworkError(url, e, { timeout: true }));
-      else reject(new NetworkError(url, e));
+      else {
+        const ne = new NetworkError(url, e);
+        ne.staleSocket = req.reusedSocket && (e.code === "ECONNRESET" || e.code === "EPIPE");
+        reject(ne);
+      }
     });
     req.end(body ?? undefined);
   });

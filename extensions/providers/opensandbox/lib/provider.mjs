@@ -776,6 +776,7 @@ export class OpenSandboxProvider {
         argv: spec.argv,
         mode: "capture",
         stdin: spec.stdin ? "file" : "null",
+        env: this.envsFor(id, spec.env),
         watchdog: spec.timeout != null ? spec.timeout + 5 : null,
       });
       this.execs.set(ex.id, ex);
@@ -786,9 +787,12 @@ export class OpenSandboxProvider {
           ex.kill({ name: "KILL", number: 9 }).catch((e) => this.log(`timeout kill of ${ex.id} failed: ${e.message}`));
         }, spec.timeout * 1000);
       }
+      let giveUp = null;
       const onAbort = () => {
         ex.cancelled = true;
         ex.kill({ name: "KILL", number: 9 }).catch(() => {});
+        // The kill ends the stream; should it not arrive, stop waiting anyway.
+        giveUp = setTimeout(() => ex.streamAbort.abort(), 5000);
       };
       ctx.abort.signal.addEventListener("abort", onAbort, { once: true });
       let terminal;
@@ -803,6 +807,7 @@ export class OpenSandboxProvider {
         throw await this.diagnose(id, e, execd);
       } finally {
         clearTimeout(timer);
+        clearTimeout(giveUp);
         ctx.abort.signal.removeEventListener("abort", onAbort);
         ex.exited = true;
         ex.forgetLater();
@@ -856,6 +861,7 @@ export class OpenSandboxProvider {
       command: spec.command,
       argv: spec.argv,
       mode: "stream",
+      env: this.envsFor(id, spec.env),
       watchdog: spec.timeout != null ? spec.timeout + 5 : null,
     });
     this.execs.set(ex.id, ex);

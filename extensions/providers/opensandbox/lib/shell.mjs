@@ -66,11 +66,16 @@ function jobBody({ command, argv }, mark) {
 }
 
 // The wrapper script. `dir` is the per-exec directory (under EXEC_ROOT); `mode` "capture" or
-// "stream"; `stdin` (capture) "file" (dir/in was uploaded) or "null"; `watchdog` seconds or null.
-export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchdog = null }) {
+// "stream"; `stdin` (capture) "file" (dir/in was uploaded) or "null"; `watchdog` seconds or null;
+// `env` variables exported to the command (they also travel as execd's `envs`, which older execd
+// versions ignore; names that are not shell identifiers only travel that way).
+export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchdog = null, env = {} }) {
   const D = shq(dir);
   const lines = [
     "set -m",
+    ...Object.entries(env)
+      .filter(([k]) => /^[A-Za-z_][A-Za-z0-9_]*$/.test(k))
+      .map(([k, v]) => `export ${k}=${shq(v)}`),
     `__abx_d=${D}`,
     'mkdir -p -- "$__abx_d" 2>/dev/null',
     "exec 3>&1",
