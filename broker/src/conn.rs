@@ -59,17 +59,23 @@ impl ConnHandle {
     /// Queue one already-encoded message body. Waits while the queue is over budget.
     /// Returns false when the connection is gone.
     pub async fn send(&self, body: Vec<u8>) -> bool {
+        self.send_or_keep(body).await.is_ok()
+    }
+
+    /// [`ConnHandle::send`] that hands the body back when the connection has closed (a
+    /// stream keeps it for a later attach without copying every body up front).
+    pub async fn send_or_keep(&self, body: Vec<u8>) -> Result<(), Vec<u8>> {
         let cost = (body.len() + MSG_OVERHEAD).min(OUTBOUND_BUDGET) as u32;
         // Fast path: budget available (no cancellation bookkeeping per message).
         let permit = match self.budget.clone().try_acquire_many_owned(cost) {
             Ok(p) => p,
-            Err(tokio::sync::TryAcquireError::Closed) => return false,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(body),
             Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
                 p = self.budget.clone().acquire_many_owned(cost) => match p {
                     Ok(p) => p,
-                    Err(_) => return false,
+                    Err(_) => return Err(body),
                 },
-                _ = self.closed.cancelled() => return false,
+                _ = self.closed.cancelled() => return Err(body),
             },
         };
         self.tx
@@ -77,7 +83,7 @@ impl ConnHandle {
                 body: Bytes::from(body),
                 _permit: permit,
             })
-            .is_ok()
+            .map_err(|e| Vec::from(e.0.body))
     }
 
     /// Queue a notification.

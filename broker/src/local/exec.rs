@@ -33,7 +33,20 @@ const DETACHED_BUFFER: usize = 1024 * 1024;
 /// How long to keep reading after the main process exits (background children may hold
 /// the pipes open forever).
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
-const CHUNK: usize = 64 * 1024;
+const CHUNK: usize = 256 * 1024;
+
+/// Pipe capacity asked for a command's stdout: fewer, larger reads and notifications when it
+/// writes fast (the default 64 KiB pipe wakes the reader for every 64 KiB).
+const PIPE_SIZE: libc::c_int = 1024 * 1024;
+
+/// Best effort: `F_SETPIPE_SZ` may be refused above `/proc/sys/fs/pipe-max-size` for users
+/// without CAP_SYS_RESOURCE; the default size then stays.
+fn grow_pipe(fd: &impl std::os::fd::AsRawFd) {
+    // SAFETY: fcntl on a pipe fd we own; no pointers.
+    unsafe {
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE);
+    }
+}
 
 /// The params shared by `exec/run` and `exec/start`.
 #[derive(Debug, Default, Deserialize)]
@@ -293,7 +306,10 @@ pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned
         }
         None => (
             child.stdin.take().map(|s| Box::new(s) as _),
-            child.stdout.take().map(|s| Box::new(s) as _),
+            child.stdout.take().map(|s| {
+                grow_pipe(&s);
+                Box::new(s) as _
+            }),
             child.stderr.take().map(|s| Box::new(s) as _),
             None,
         ),
@@ -574,11 +590,13 @@ impl Stream {
 
     async fn emit(&self, body: Vec<u8>) {
         let conn = self.sink.lock().expect("sink").conn.clone();
-        if let Some(c) = conn {
-            if c.send(body.clone()).await {
-                return;
-            }
-        }
+        let body = match conn {
+            Some(c) => match c.send_or_keep(body).await {
+                Ok(()) => return,
+                Err(body) => body,
+            },
+            None => body,
+        };
         let mut s = self.sink.lock().expect("sink");
         s.conn = None;
         s.buffered += body.len();
@@ -591,16 +609,13 @@ impl Stream {
     }
 }
 
-/// Split off the longest valid UTF-8 prefix; a trailing partial character is kept for the
-/// next chunk. Returns (text or None if invalid, carry).
-fn utf8_split(mut bytes: Vec<u8>) -> (Result<String, Vec<u8>>, Vec<u8>) {
-    match std::str::from_utf8(&bytes) {
-        Ok(_) => (Ok(String::from_utf8(bytes).expect("checked")), Vec::new()),
-        Err(e) if e.error_len().is_none() => {
-            let carry = bytes.split_off(e.valid_up_to());
-            (Ok(String::from_utf8(bytes).expect("checked")), carry)
-        }
-        Err(_) => (Err(bytes), Vec::new()),
+/// The length of the longest valid UTF-8 prefix when the rest is only a character cut at
+/// the end (kept for the next chunk); None when the bytes are not UTF-8.
+fn utf8_prefix(bytes: &[u8]) -> Option<usize> {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => Some(bytes.len()),
+        Err(e) if e.error_len().is_none() => Some(e.valid_up_to()),
+        Err(_) => None,
     }
 }
 
@@ -739,28 +754,92 @@ async fn read_opt(r: &mut Option<Reader>, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-async fn send_chunk(s: &Stream, stream: &str, chunk: Vec<u8>) -> Vec<u8> {
-    let (text, carry) = utf8_split(chunk);
-    match text {
-        Ok(t) if !t.is_empty() => {
-            let body = abx_protocol::message::encode_notification(
-                "exec/output",
-                Some(&json!({"execId": s.id, "stream": stream, "data": t})),
-            );
-            s.emit(body).await;
-        }
-        Ok(_) => {}
-        Err(bytes) => send_raw(s, stream, &bytes).await,
+async fn send_chunk(s: &Stream, stream: &str, mut chunk: Vec<u8>) -> Vec<u8> {
+    let Some(valid) = utf8_prefix(&chunk) else {
+        send_raw(s, stream, &chunk).await;
+        return Vec::new();
+    };
+    let carry = chunk.split_off(valid);
+    if !chunk.is_empty() {
+        s.emit(output_frame(&s.id, stream, &chunk)).await;
     }
     carry
 }
 
 async fn send_raw(s: &Stream, stream: &str, bytes: &[u8]) {
-    let body = abx_protocol::message::encode_notification(
-        "exec/output",
-        Some(&json!({"execId": s.id, "stream": stream, "data": b64(bytes), "encoding": "base64"})),
-    );
-    s.emit(body).await;
+    s.emit(output_frame(&s.id, stream, bytes)).await;
+}
+
+/// Extra bytes JSON escaping adds per input byte: 5 for control characters (`\u00XX`), 1
+/// for the two-character escapes.
+static ESCAPE_EXTRA: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = 5;
+        i += 1;
+    }
+    t[b'\n' as usize] = 1;
+    t[b'\r' as usize] = 1;
+    t[b'\t' as usize] = 1;
+    t[0x08] = 1;
+    t[0x0c] = 1;
+    t[b'"' as usize] = 1;
+    t[b'\\' as usize] = 1;
+    t
+};
+
+/// Whether `bytes` escaped as a JSON string take at most `limit` bytes (stops early once
+/// they cannot).
+fn escaped_within(bytes: &[u8], limit: usize) -> bool {
+    let Some(mut budget) = limit.checked_sub(bytes.len()) else {
+        return false;
+    };
+    for block in bytes.chunks(4096) {
+        let extra: usize = block
+            .iter()
+            .map(|&b| ESCAPE_EXTRA[b as usize] as usize)
+            .sum();
+        match budget.checked_sub(extra) {
+            Some(left) => budget = left,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The `exec/output` notification body for `bytes`, built in one pre-sized buffer: UTF-8
+/// text as a JSON string, unless it is not UTF-8 or escaping it would cost more than base64
+/// (control-heavy output such as NUL bytes, 6 bytes each as `\u0000`), then base64 with
+/// `"encoding": "base64"`. Byte-exact either way.
+pub fn output_frame(exec_id: &str, stream: &str, bytes: &[u8]) -> Vec<u8> {
+    let b64_len = bytes.len().div_ceil(3) * 4;
+    let text = std::str::from_utf8(bytes)
+        .ok()
+        .filter(|_| escaped_within(bytes, b64_len + 24));
+    let mut out = Vec::with_capacity(b64_len.max(bytes.len() * 2).min(bytes.len() * 6) + 128);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"exec/output","params":{"execId":"#);
+    serde_json::to_writer(&mut out, exec_id).expect("vec write");
+    out.extend_from_slice(br#","stream":"#);
+    serde_json::to_writer(&mut out, stream).expect("vec write");
+    out.extend_from_slice(br#","data":"#);
+    match text {
+        Some(t) => {
+            serde_json::to_writer(&mut out, t).expect("vec write");
+        }
+        None => {
+            out.push(b'"');
+            let at = out.len();
+            out.resize(at + b64_len, 0);
+            let n = base64::engine::general_purpose::STANDARD
+                .encode_slice(bytes, &mut out[at..])
+                .expect("sized");
+            out.truncate(at + n);
+            out.extend_from_slice(br#"","encoding":"base64""#);
+        }
+    }
+    out.extend_from_slice(b"}}");
+    out
 }
 
 #[cfg(test)]
@@ -768,12 +847,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn output_frames_are_byte_exact_and_cheap() {
+        let decode = |body: &[u8]| -> Vec<u8> {
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+            assert_eq!(v["method"], "exec/output");
+            assert_eq!(v["params"]["execId"], "e\"1");
+            let d = v["params"]["data"].as_str().unwrap();
+            match v["params"]["encoding"].as_str() {
+                Some("base64") => decode_data(d, Some("base64")).unwrap(),
+                None => d.as_bytes().to_vec(),
+                Some(o) => panic!("{o}"),
+            }
+        };
+        for input in [
+            b"hello\n".to_vec(),
+            "h\u{e9}llo \"q\" \\ \t".as_bytes().to_vec(),
+            vec![0u8; 4096],
+            vec![0xff, 0xfe, b'a'],
+            (0..=255u8).collect(),
+        ] {
+            let body = output_frame("e\"1", "stdout", &input);
+            assert_eq!(decode(&body), input);
+        }
+        // NUL bytes go as base64 (4/3), not as \u0000 (6x); text stays text.
+        let zeros = output_frame("x", "stdout", &[0u8; 3000]);
+        assert!(zeros.len() < 4200, "{}", zeros.len());
+        assert!(
+            !String::from_utf8_lossy(&output_frame("x", "stdout", b"plain")).contains("base64")
+        );
+    }
+
+    #[test]
     fn utf8_chunks_carry_partial_characters() {
-        let bytes = "héllo".as_bytes().to_vec();
-        let (t, carry) = utf8_split(bytes[..2].to_vec());
-        assert_eq!(t.unwrap(), "h");
-        assert_eq!(carry, vec![0xc3]);
-        let (t, _) = utf8_split(vec![0xff, b'a']);
-        assert!(t.is_err());
+        let bytes = "héllo".as_bytes();
+        assert_eq!(utf8_prefix(&bytes[..2]), Some(1));
+        assert_eq!(utf8_prefix(bytes), Some(bytes.len()));
+        assert_eq!(utf8_prefix(&[0xff, b'a']), None);
     }
 }
