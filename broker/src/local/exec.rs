@@ -818,11 +818,8 @@ pub fn output_frame(exec_id: &str, stream: &str, bytes: &[u8]) -> Vec<u8> {
         .ok()
         .filter(|_| escaped_within(bytes, b64_len + 24));
     let mut out = Vec::with_capacity(b64_len.max(bytes.len() * 2).min(bytes.len() * 6) + 128);
-    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"exec/output","params":{"execId":"#);
-    serde_json::to_writer(&mut out, exec_id).expect("vec write");
-    out.extend_from_slice(br#","stream":"#);
-    serde_json::to_writer(&mut out, stream).expect("vec write");
-    out.extend_from_slice(br#","data":"#);
+    // Keys in the order serde_json's map writes them (sorted), like every other message.
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"exec/output","params":{"data":"#);
     match text {
         Some(t) => {
             serde_json::to_writer(&mut out, t).expect("vec write");
@@ -838,6 +835,10 @@ pub fn output_frame(exec_id: &str, stream: &str, bytes: &[u8]) -> Vec<u8> {
             out.extend_from_slice(br#"","encoding":"base64""#);
         }
     }
+    out.extend_from_slice(br#","execId":"#);
+    serde_json::to_writer(&mut out, exec_id).expect("vec write");
+    out.extend_from_slice(br#","stream":"#);
+    serde_json::to_writer(&mut out, stream).expect("vec write");
     out.extend_from_slice(b"}}");
     out
 }
@@ -869,6 +870,23 @@ mod tests {
             let body = output_frame("e\"1", "stdout", &input);
             assert_eq!(decode(&body), input);
         }
+        // The same bytes as the generic encoder writes (sorted keys), text and base64.
+        assert_eq!(
+            output_frame("e1", "stderr", "tëxt\n".as_bytes()),
+            abx_protocol::message::encode_notification(
+                "exec/output",
+                Some(&json!({"execId": "e1", "stream": "stderr", "data": "tëxt\n"}))
+            )
+        );
+        assert_eq!(
+            output_frame("e1", "stdout", &[0xff, 0]),
+            abx_protocol::message::encode_notification(
+                "exec/output",
+                Some(
+                    &json!({"execId": "e1", "stream": "stdout", "data": b64(&[0xff, 0]), "encoding": "base64"})
+                )
+            )
+        );
         // NUL bytes go as base64 (4/3), not as \u0000 (6x); text stays text.
         let zeros = output_frame("x", "stdout", &[0u8; 3000]);
         assert!(zeros.len() < 4200, "{}", zeros.len());
