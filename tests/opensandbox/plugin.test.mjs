@@ -269,7 +269,7 @@ test("wrapper (capture): exit codes, signals as 128+n, byte-exact output files, 
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
-test("wrapper (stream): stdin chunks are fed in order until eof; the directory is removed", { skip: !hasBash }, async () => {
+test("wrapper (stream): stdin chunks are fed in order until eof; uploads may still land after the exit", { skip: !hasBash }, async () => {
   const dir = tempDir("wrap");
   const d = `${dir}/x`;
   const { spawn } = await import("node:child_process");
@@ -286,7 +286,8 @@ test("wrapper (stream): stdin chunks are fed in order until eof; the directory i
   fs.writeFileSync(`${d}/eof`, "");
   assert.equal(await exited, 4);
   assert.match(out, /^\u0001abx-pid \d+ \d+\nabc\ndéf\ndone\n$/);
-  assert.equal(fs.existsSync(d), false);
+  // The wrapper leaves its directory to the plugin, so a late upload into it cannot fail.
+  fs.writeFileSync(`${d}/late`, "");
   fs.rmSync(dir, { recursive: true, force: true });
 });
 

@@ -66,6 +66,7 @@ const MAX_CHUNK = 4 * 1024 * 1024;
 const DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024;
 const GONE_STATES = new Set(["Stopping", "Terminated"]);
 const EXEC_KEEP_MS = 60000; // an exited exec answers E3005 (not E3002) this long
+const TOMBSTONE_MS = 24 * 3600 * 1000; // how long an expired sandbox's id is remembered
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
@@ -220,6 +221,7 @@ export class OpenSandboxProvider {
     this.timers = new Map(); // id -> reaper timer
     this.endpoints = new Map(); // id -> Promise<Execd>
     this.execs = new Map(); // execId -> Exec
+    this.tombstones = new Map(); // id -> when abx's lifetime of it ended (E2009 from then on)
     this.saving = Promise.resolve();
   }
 
@@ -250,13 +252,17 @@ export class OpenSandboxProvider {
     for (const rec of Object.values(doc?.sandboxes ?? {})) {
       if (rec && typeof rec.id === "string" && typeof rec.expiresAt === "number") this.records.set(rec.id, rec);
     }
+    for (const [id, at] of Object.entries(doc?.tombstones ?? {})) {
+      if (typeof at === "number" && Date.now() - at < TOMBSTONE_MS) this.tombstones.set(id, at);
+    }
     for (const rec of this.records.values()) this.arm(rec);
   }
 
   save() {
     const file = this.stateFile;
     if (!file) return Promise.resolve();
-    const doc = { version: 1, sandboxes: Object.fromEntries(this.records) };
+    for (const [id, at] of this.tombstones) if (Date.now() - at >= TOMBSTONE_MS) this.tombstones.delete(id);
+    const doc = { version: 1, sandboxes: Object.fromEntries(this.records), tombstones: Object.fromEntries(this.tombstones) };
     this.saving = this.saving
       .catch(() => {})
       .then(async () => {
@@ -290,9 +296,12 @@ export class OpenSandboxProvider {
     if (had) this.save();
   }
 
-  // The lifetime abx reported has ended: delete the sandbox.
+  // The lifetime abx reported has ended: delete the sandbox. Its id answers E2009 from now on,
+  // also while the server still shows it (a delete that failed, or is still in progress).
   async reap(id) {
+    this.tombstones.set(id, Date.now());
     this.forget(id);
+    this.save();
     try {
       await this.life.delete(id);
       this.log(`sandbox ${id} expired and was deleted`);
@@ -303,9 +312,10 @@ export class OpenSandboxProvider {
 
   // The record of a sandbox, after enforcing its lifetime (E2009 when it has ended).
   async liveRecord(id) {
+    if (this.tombstones.has(id)) throw sandboxNotFound(id);
     const rec = this.records.get(id);
     if (rec && Date.now() >= rec.expiresAt) {
-      await this.reap(id);
+      this.reap(id).catch(() => {});
       throw sandboxNotFound(id);
     }
     return rec ?? null;
@@ -313,6 +323,7 @@ export class OpenSandboxProvider {
 
   // GET the sandbox; E2009 when the server does not know it or it is being deleted.
   async fetch(id, signal) {
+    if (this.tombstones.has(id)) throw sandboxNotFound(id);
     let sb;
     try {
       sb = await this.life.get(id, signal);
@@ -571,7 +582,7 @@ export class OpenSandboxProvider {
     for (const sb of items) {
       if (!sb || typeof sb.id !== "string") continue;
       seen.add(sb.id);
-      if (GONE_STATES.has(sb?.status?.state)) continue;
+      if (GONE_STATES.has(sb?.status?.state) || this.tombstones.has(sb.id)) continue;
       const rec = this.records.get(sb.id) ?? null;
       if (rec && Date.now() >= rec.expiresAt) {
         this.reap(sb.id).catch(() => {});
@@ -587,8 +598,8 @@ export class OpenSandboxProvider {
   async kill(p, ctx) {
     const id = sandboxParam(p, "sandbox/kill");
     const rec = this.records.get(id);
-    if (rec && Date.now() >= rec.expiresAt) {
-      await this.reap(id);
+    if (this.tombstones.has(id) || (rec && Date.now() >= rec.expiresAt)) {
+      await this.reap(id); // deletes it again, should it still be there
       return { killed: false };
     }
     let killed;
@@ -1411,8 +1422,14 @@ class Exec {
   }
 
   forgetLater() {
+    if (this.forgotten) return;
+    this.forgotten = true;
     const t = setTimeout(() => this.p.execs.delete(this.id), EXEC_KEEP_MS);
     t.unref?.();
+    // The per-exec directory of a streamed exec, once the stdin uploads in flight settled.
+    if (this.stream && this.dir && !this.gone) {
+      this.writes.then(() => this.execd.removeDir(this.dir)).catch(() => {});
+    }
   }
 
   // Signal the job's process group (through another execd command).

@@ -13,7 +13,8 @@
 //     gives it the uploaded stdin file or /dev/null;
 //   - for exec/start ("stream"): lets the output go to execd's event stream (text lines), and
 //     feeds the command's stdin from a fifo: a feeder loop copies the chunk files the plugin
-//     uploads (c.N, then the marker r.N) into it, in order, until the marker file "eof";
+//     uploads (c.N, then the marker r.N) into it, in order, until the marker file "eof"
+//     (the plugin removes the directory once the command ended and its uploads settled);
 //   - with a timeout, arms a watchdog that kills the job a few seconds after the plugin would
 //     (the plugin enforces timeouts itself; the watchdog covers a plugin that died).
 
@@ -88,7 +89,9 @@ export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchd
       'rm -f -- "$__abx_d/in"; mkfifo -- "$__abx_d/in" || { printf \'\\001abx-error cannot create a fifo in %s\\n\' "$__abx_d"; exit 125; }',
       '( __abx_i=0; exec 4>"$__abx_d/in"; while :; do ' +
         'if [ -e "$__abx_d/r.$__abx_i" ]; then cat -- "$__abx_d/c.$__abx_i" >&4 || break; ' +
-        'rm -f -- "$__abx_d/c.$__abx_i" "$__abx_d/r.$__abx_i"; __abx_i=$((__abx_i+1)); ' +
+        // The upload of chunk N may still be finishing (execd chmods after writing); the plugin
+        // sends N+1 only after N returned, so chunk N-1 is safe to remove now.
+        'rm -f -- "$__abx_d/c.$((__abx_i-1))" "$__abx_d/r.$((__abx_i-1))"; __abx_i=$((__abx_i+1)); ' +
         'elif [ -e "$__abx_d/eof" ]; then [ -e "$__abx_d/r.$__abx_i" ] || break; ' +
         "else sleep 0.05 2>/dev/null || sleep 1; fi; done ) </dev/null >/dev/null 2>&1 &",
       "__abx_f=$!",
@@ -110,7 +113,7 @@ export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchd
     'while :; do wait "$__abx_p"; __abx_r=$?; kill -0 "$__abx_p" 2>/dev/null || break; sleep 0.2 2>/dev/null || sleep 1; done',
     'for __abx_x in $__abx_f $__abx_w; do kill -- -"$__abx_x" 2>/dev/null; done',
   );
-  if (mode === "stream") lines.push('rm -rf -- "$__abx_d"');
+  // The directory stays: stdin uploads may still be landing in it; the plugin removes it.
   lines.push('exit "$__abx_r"');
   return lines.join("\n");
 }
