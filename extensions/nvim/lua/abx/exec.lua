@@ -159,6 +159,7 @@ function M.run(sandbox, command, opts)
 
   local function kill()
     if st.exec_id and not st.done then
+      st.interrupts = (st.interrupts or 0) + 1
       abx.call("exec/kill", { execId = st.exec_id, signal = "INT" })
     end
   end

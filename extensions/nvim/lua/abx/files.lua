@@ -163,11 +163,16 @@ local function buffer_is_empty(buf)
   end)
 end
 
-local function record_stat(buf, sandbox, path)
+-- Files up to this size are also compared by content when a change event comes with an
+-- unchanged stat (modifiedAt has whole seconds).
+local KNOWN_MAX = 256 * 1024
+
+local function record_stat(buf, sandbox, path, bytes)
   local st = M.state[buf]
   if not st then
     return
   end
+  st.known = (bytes and #bytes <= KNOWN_MAX) and bytes or nil
   local res = abx.call_sync("files/stat", { sandbox = sandbox, path = path })
   if res then
     st.stat = { size = res.size, modifiedAt = res.modifiedAt }
@@ -343,7 +348,7 @@ function M.load(buf, sandbox, path, opts)
   for win, c in pairs(cursors) do
     pcall(vim.api.nvim_win_set_cursor, win, { math.min(c[1], count), c[2] })
   end
-  record_stat(buf, sandbox, path)
+  record_stat(buf, sandbox, path, bytes)
   st.busy = false
   watch(buf, sandbox, path)
   if not opts.silent then
@@ -366,14 +371,20 @@ function M.on_changed(buf, p)
     local now = (not err) and { size = res.size, modifiedAt = res.modifiedAt } or nil
     local before = st.stat
     if now and before and now.size == before.size and now.modifiedAt == before.modifiedAt then
-      return -- our own write, or nothing new
+      if not st.known then
+        return -- our own write, or nothing new
+      end
+      local bytes = M.read_bytes(st.sandbox, st.path)
+      if bytes == nil or bytes == st.known or M.state[buf] ~= st or st.busy then
+        return
+      end
     end
     if not now and p.kind ~= "removed" then
       return
     end
     local name = M.name(st.sandbox, st.path)
     if vim.api.nvim_buf_get_option(buf, "modified") then
-      st.stat = now
+      st.stat, st.known = now, nil
       util.notify(name .. " changed in the sandbox; the buffer has changes too (:e! reloads it).", vim.log.levels.WARN)
     elseif not now then
       st.stat = nil
@@ -428,7 +439,7 @@ local function write_lines(buf, target, lines, empty, whole)
   end
   if whole and st and st.sandbox == sandbox and st.path == path then
     opt(buf, "modified", false)
-    record_stat(buf, sandbox, path)
+    record_stat(buf, sandbox, path, bytes)
     st.busy = false
     watch(buf, sandbox, path)
   elseif st then

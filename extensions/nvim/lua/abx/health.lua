@@ -27,7 +27,7 @@ function M.check()
   local util = require("abx.util")
   local cfg = abx.config
 
-  r.start("abx: Neovim")
+  r.start("Neovim")
   if vim.fn.has("nvim-0.7") == 1 then
     local v = vim.version()
     r.ok(string.format("Neovim %d.%d.%d", v.major, v.minor, v.patch))
@@ -35,7 +35,7 @@ function M.check()
     r.error("Neovim 0.7 or later is needed.")
   end
 
-  r.start("abx: the abx binary")
+  r.start("The abx binary")
   local exe = vim.fn.exepath(cfg.abx)
   if exe == "" then
     r.error("'" .. cfg.abx .. "' is not executable.", {
@@ -56,7 +56,7 @@ function M.check()
     r.info("ABX_HOME=" .. vim.env.ABX_HOME)
   end
 
-  r.start("abx: the broker")
+  r.start("The broker")
   local st, err = abx.call_sync("broker/status", nil, math.min(cfg.request_timeout, 15000))
   if err then
     r.error("The broker does not answer: " .. util.format_error(err), {
@@ -78,7 +78,7 @@ function M.check()
     r.info("log: " .. tostring(st.logFile))
   end
 
-  r.start("abx: providers")
+  r.start("Providers")
   local pl, perr = abx.call_sync("provider/list", nil, math.min(cfg.request_timeout, 15000))
   if perr then
     r.error("provider/list failed: " .. util.format_error(perr))

@@ -6,6 +6,10 @@
 -- handlers of their `execId` (`subscribe_exec`), and are held until that handler is set,
 -- since the reply to `exec/start` may be read in the same chunk as the first output.
 -- `cancel(id)` sends `$/cancelRequest`.
+--
+-- Messages are handled from a queue drained in a vim.schedule() callback, never inside
+-- the job's stdout callback: a handler may then wait for another reply (vim.wait), and
+-- the lines that arrive meanwhile are handled in order by a nested drain.
 local util = require("abx.util")
 
 local M = {}
@@ -24,12 +28,14 @@ function M.new(opts)
   self.env = opts.env
   self.request_timeout = opts.request_timeout or 30000
   self.next_id = 0
-  self.pending = {} -- id -> {method, cb}
+  self.pending = {} -- id -> {method, cb, job}
   self.listeners = {} -- method -> {fn, ...}
-  self.execs = {} -- execId -> {on_output, on_exit}
-  self.held = {} -- execId -> {{method, params}, ...}
+  self.execs = {} -- execId -> {handlers, job}
+  self.held = {} -- execId -> {job, items = {{method, params}, ...}}
   self.job = nil
-  self.partial = {}
+  self.partial = {} -- job -> {pieces}
+  self.queue, self.qhead, self.qtail = {}, 1, 0
+  self.scheduled = false
   self.stderr = {}
   return self
 end
@@ -38,20 +44,27 @@ function Client:is_running()
   return self.job ~= nil
 end
 
-function Client:_fail_all(err)
-  local pending = self.pending
-  self.pending = {}
-  for _, p in pairs(pending) do
-    if p.cb then
-      pcall(p.cb, err, nil)
+-- Everything that belonged to `job` (nil: every job) fails with `err`.
+function Client:_fail_job(job, err)
+  for id, p in pairs(self.pending) do
+    if job == nil or p.job == job then
+      self.pending[id] = nil
+      if p.cb then
+        pcall(p.cb, err, nil)
+      end
     end
   end
-  local execs = self.execs
-  self.execs = {}
-  self.held = {}
-  for id, h in pairs(execs) do
-    if h.on_lost then
-      pcall(h.on_lost, err, id)
+  for id, h in pairs(self.held) do
+    if job == nil or h.job == job then
+      self.held[id] = nil
+    end
+  end
+  for id, e in pairs(self.execs) do
+    if job == nil or e.job == job then
+      self.execs[id] = nil
+      if e.handlers.on_lost then
+        pcall(e.handlers.on_lost, err, id)
+      end
     end
   end
 end
@@ -69,11 +82,11 @@ function Client:start()
   if self.job then
     return true
   end
-  self.partial = {}
   self.stderr = {}
+  local job
   local opts = {
-    on_stdout = function(_, data)
-      self:_on_stdout(data)
+    on_stdout = function(j, data)
+      self:_on_stdout(j, data)
     end,
     on_stderr = function(_, data)
       for _, l in ipairs(data) do
@@ -85,26 +98,34 @@ function Client:start()
         end
       end
     end,
-    on_exit = function(job, code)
-      if self.job == job then
-        self.job = nil
-        local detail = "'abx rpc' exited with code " .. tostring(code)
-        if #self.stderr > 0 then
-          detail = detail .. ": " .. table.concat(self.stderr, " ")
-        end
-        self:_fail_all(self:_unreachable(detail))
+    on_exit = function(j, code)
+      local detail = "'abx rpc' exited with code " .. tostring(code)
+      if #self.stderr > 0 then
+        detail = detail .. ": " .. table.concat(self.stderr, " ")
       end
+      if self.job == j then
+        self.job = nil
+      end
+      local err = self:_unreachable(detail)
+      vim.schedule(function()
+        -- replies that arrived before the exit are delivered first
+        self:_drain()
+        self.partial[j] = nil
+        self:_fail_job(j, err)
+      end)
     end,
   }
   if self.env and next(self.env) then
     opts.env = self.env
   end
-  local ok, job = pcall(vim.fn.jobstart, self.cmd, opts)
+  local ok
+  ok, job = pcall(vim.fn.jobstart, self.cmd, opts)
   if not ok or type(job) ~= "number" or job <= 0 then
     local why = ok and ("jobstart returned " .. tostring(job)) or tostring(job)
     return false, self:_unreachable("cannot run '" .. table.concat(self.cmd, " ") .. "' (" .. why .. ")")
   end
   self.job = job
+  self.partial[job] = {}
   return true
 end
 
@@ -121,35 +142,59 @@ function Client:stop(silent)
   if silent then
     self.pending, self.execs, self.held = {}, {}, {}
   else
-    self:_fail_all(util.make_error("E1006", "The abx client was stopped.", "Run the command again.", -32800))
+    self:_fail_job(job, util.make_error("E1006", "The abx client was stopped.", "Run the command again.", -32800))
   end
 end
 
-function Client:_on_stdout(data)
+function Client:_on_stdout(job, data)
   -- jobstart: data[1] continues the previous partial line, data[#data] starts a new one
   local n = #data
-  if n == 0 then
+  local partial = self.partial[job]
+  if n == 0 or not partial then
     return
   end
   if n == 1 then
     if data[1] ~= "" then
-      table.insert(self.partial, data[1])
+      table.insert(partial, data[1])
     end
     return
   end
-  table.insert(self.partial, data[1])
-  local first = table.concat(self.partial)
-  self.partial = {}
-  self:_on_line(first)
+  table.insert(partial, data[1])
+  self:_enqueue(job, table.concat(partial))
+  partial = {}
   for i = 2, n - 1 do
-    self:_on_line(data[i])
+    self:_enqueue(job, data[i])
   end
   if data[n] ~= "" then
-    self.partial = { data[n] }
+    partial[1] = data[n]
+  end
+  self.partial[job] = partial
+  if not self.scheduled then
+    self.scheduled = true
+    vim.schedule(function()
+      self.scheduled = false
+      self:_drain()
+    end)
   end
 end
 
-function Client:_on_line(line)
+function Client:_enqueue(job, line)
+  self.qtail = self.qtail + 1
+  self.queue[self.qtail] = { job, line }
+end
+
+-- Lines are handled strictly in arrival order, also when a handler waits for a reply
+-- (a drain scheduled meanwhile takes the next line from the same queue).
+function Client:_drain()
+  while self.qhead <= self.qtail do
+    local item = self.queue[self.qhead]
+    self.queue[self.qhead] = nil
+    self.qhead = self.qhead + 1
+    self:_on_line(item[1], item[2])
+  end
+end
+
+function Client:_on_line(job, line)
   if line == "" or line == "\r" then
     return
   end
@@ -159,21 +204,23 @@ function Client:_on_line(line)
   end
   if msg[1] ~= nil then -- a batch reply
     for _, m in ipairs(msg) do
-      self:_on_message(m)
+      self:_on_message(job, m)
     end
   else
-    self:_on_message(msg)
+    self:_on_message(job, msg)
   end
 end
 
-function Client:_on_message(msg)
+function Client:_on_message(job, msg)
   local method = util.v(msg.method)
   local id = util.v(msg.id)
   if method and id == nil then
-    self:_on_notification(method, util.v(msg.params) or {})
+    self:_on_notification(job, method, util.v(msg.params) or {})
   elseif method then
     -- a request from the broker: nothing is served here
-    self:_send({ jsonrpc = "2.0", id = id, error = { code = -32601, message = "Method not found" } })
+    if self.job == job then
+      self:_send({ jsonrpc = "2.0", id = id, error = { code = -32601, message = "Method not found" } })
+    end
   elseif id ~= nil then
     local p = self.pending[id]
     if p then
@@ -181,13 +228,13 @@ function Client:_on_message(msg)
       local err = util.v(msg.error)
       if p.cb then
         -- a failing callback must not lose the messages after it
-        local ok, e
+        local cb_ok, e
         if err then
-          ok, e = pcall(p.cb, err, nil)
+          cb_ok, e = pcall(p.cb, err, nil)
         else
-          ok, e = pcall(p.cb, nil, util.v(msg.result))
+          cb_ok, e = pcall(p.cb, nil, util.v(msg.result))
         end
-        if not ok then
+        if not cb_ok then
           util.notify("abx: handler of " .. tostring(p.method) .. " failed: " .. tostring(e), vim.log.levels.ERROR)
         end
       end
@@ -195,29 +242,29 @@ function Client:_on_message(msg)
   end
 end
 
-function Client:_on_notification(method, params)
+function Client:_on_notification(job, method, params)
   if method == "exec/output" or method == "exec/exit" then
     local exec_id = params.execId
-    local h = exec_id and self.execs[exec_id]
-    if h then
-      self:_deliver_exec(h, method, params)
+    local e = exec_id and self.execs[exec_id]
+    if e then
+      self:_deliver_exec(e.handlers, method, params)
     elseif exec_id then
-      local q = self.held[exec_id]
-      if not q then
-        q = {}
-        self.held[exec_id] = q
+      local h = self.held[exec_id]
+      if not h then
+        h = { job = job, items = {} }
+        self.held[exec_id] = h
       end
-      if #q < HELD_MAX then
-        table.insert(q, { method, params })
+      if #h.items < HELD_MAX then
+        table.insert(h.items, { method, params })
       end
     end
   end
   local ls = self.listeners[method]
   if ls then
-    for _, fn in ipairs(vim.deepcopy(ls)) do
-      local ok, e = pcall(fn, params)
+    for _, fn in ipairs({ unpack(ls) }) do
+      local ok, err = pcall(fn, params)
       if not ok then
-        util.notify("abx: listener for " .. method .. " failed: " .. tostring(e), vim.log.levels.WARN)
+        util.notify("abx: listener for " .. method .. " failed: " .. tostring(err), vim.log.levels.WARN)
       end
     end
   end
@@ -245,12 +292,13 @@ end
 --- Route `exec/output` / `exec/exit` of `exec_id` to `handlers` {on_output, on_exit,
 --- on_lost}; anything that arrived before is delivered now.
 function Client:subscribe_exec(exec_id, handlers)
-  self.execs[exec_id] = handlers
-  local q = self.held[exec_id]
+  local entry = { handlers = handlers, job = self.job }
+  self.execs[exec_id] = entry
+  local h = self.held[exec_id]
   self.held[exec_id] = nil
-  if q then
-    for _, item in ipairs(q) do
-      if self.execs[exec_id] ~= handlers then
+  if h then
+    for _, item in ipairs(h.items) do
+      if self.execs[exec_id] ~= entry then
         break
       end
       self:_deliver_exec(handlers, item[1], item[2])
@@ -283,8 +331,8 @@ function Client:_send(msg)
   if not ok then
     return false, util.make_error("E1004", "Cannot encode the request: " .. tostring(line), "This is a bug in abx.nvim.")
   end
-  local sent, err = pcall(vim.fn.chansend, self.job, line .. "\n")
-  if not sent or err == 0 then
+  local sent, n = pcall(vim.fn.chansend, self.job, line .. "\n")
+  if not sent or n == 0 then
     return false, self:_unreachable("cannot write to 'abx rpc'")
   end
   return true
@@ -309,7 +357,7 @@ function Client:request(method, params, cb)
   end
   self.next_id = self.next_id + 1
   local id = self.next_id
-  self.pending[id] = { method = method, cb = cb }
+  self.pending[id] = { method = method, cb = cb, job = self.job }
   local sent, serr = self:_send({ jsonrpc = "2.0", id = id, method = method, params = params_value(params) })
   if not sent then
     self.pending[id] = nil
@@ -337,7 +385,7 @@ function Client:cancel(id, local_error)
     return
   end
   local p = self.pending[id]
-  if self.job then
+  if self.job and p and p.job == self.job then
     self:notify("$/cancelRequest", { id = id })
   end
   if p and local_error then
@@ -348,7 +396,7 @@ function Client:cancel(id, local_error)
   end
 end
 
---- Ids of the requests waiting for a reply, with their methods.
+--- The requests waiting for a reply: {{id, method}, ...} by id.
 function Client:in_flight()
   local out = {}
   for id, p in pairs(self.pending) do

@@ -1,0 +1,107 @@
+-- :Abx exec: output streamed into a scratch buffer as it arrives, stderr marked, exit
+-- status, kill, errors.
+local T = require("harness")
+local abx = require("abx")
+local exec = require("abx.exec")
+
+local function done(buf)
+  return T.bufvar(buf, "abx_exec_done")
+end
+
+T.test("output reaches the buffer while the command still runs", function()
+  local id = T.sandbox()
+  local cmd = "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo second"
+  vim.cmd("Abx exec " .. id .. " " .. cmd)
+  local buf = T.wait(function()
+    return T.find_buf("^abx%-exec://" .. vim.pesc(id) .. "/")
+  end, "the exec buffer")
+  T.eq(buf, vim.api.nvim_win_get_buf(0), "shown in the current window")
+  T.wait(function()
+    return vim.tbl_contains(T.lines(buf), "first")
+  end, "'first' in the buffer")
+  T.eq(nil, done(buf), "still running after the first line")
+  T.ok(not vim.tbl_contains(T.lines(buf), "second"), "'second' before /tmp/go exists")
+  T.write_file(id, "/tmp/go", "")
+  T.wait(function()
+    return done(buf)
+  end, "the exit")
+  T.eq({ "$ " .. cmd, "first", "second", "[exit 0]" }, T.lines(buf))
+  T.eq(0, T.bufvar(buf, "abx_exit_code"))
+  T.eq(false, vim.api.nvim_buf_get_option(buf, "modifiable"))
+  T.eq("nofile", vim.api.nvim_buf_get_option(buf, "buftype"))
+end)
+
+T.test("stderr lines are highlighted; the exit code is shown", function()
+  local id = T.sandbox()
+  local buf = exec.run(id, "echo out; echo err >&2; exit 3")
+  T.wait(function()
+    return done(buf)
+  end, "the exit")
+  local lines = T.lines(buf)
+  T.ok(vim.tbl_contains(lines, "out"), "stdout line")
+  T.ok(vim.tbl_contains(lines, "err"), "stderr line")
+  T.eq("[exit 3]", lines[#lines])
+  T.eq(3, T.bufvar(buf, "abx_exit_code"))
+  local errline
+  for i, l in ipairs(lines) do
+    if l == "err" then
+      errline = i - 1
+    end
+  end
+  local ns = vim.api.nvim_create_namespace("abx_exec")
+  local marks = vim.api.nvim_buf_get_extmarks(buf, ns, { errline, 0 }, { errline, -1 }, { details = true })
+  local hl = {}
+  for _, m in ipairs(marks) do
+    hl[#hl + 1] = m[4].hl_group
+  end
+  T.ok(vim.tbl_contains(hl, "ErrorMsg"), "ErrorMsg on the stderr line, got " .. vim.inspect(hl))
+end)
+
+T.test("partial lines are joined; bytes that are not UTF-8 arrive intact", function()
+  local id = T.sandbox()
+  local buf = exec.run(id, "printf 'ab'; printf 'cd\\n'; printf 'x\\377y\\n'; pwd")
+  T.wait(function()
+    return done(buf)
+  end, "the exit")
+  T.eq({ "$ printf 'ab'; printf 'cd\\n'; printf 'x\\377y\\n'; pwd", "abcd", "x\255y", "/workspace", "[exit 0]" }, T.lines(buf))
+end)
+
+T.test("Ctrl-C in the buffer interrupts the command", function()
+  local id = T.sandbox()
+  local buf = exec.run(id, "echo started; sleep 300")
+  T.wait(function()
+    return vim.tbl_contains(T.lines(buf), "started")
+  end, "the command to start")
+  vim.api.nvim_set_current_buf(buf)
+  -- typed through the buffer's mapping (nvim_input's Ctrl-C would be taken as an interrupt)
+  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes("<C-c>", true, false, true), "mx", false)
+  T.wait(function()
+    return exec.state[buf].interrupts
+  end, "the mapping to send exec/kill")
+  T.wait(function()
+    return done(buf)
+  end, "the exit after Ctrl-C")
+  local last = T.lines(buf)[#T.lines(buf)]
+  T.ok(last:find("SIGINT", 1, true) or last:find("exit 130", 1, true), "interrupted: " .. last)
+end)
+
+T.test("a failing exec/start is shown with its E-code", function()
+  vim.cmd("Abx exec no-such-sandbox echo hi")
+  T.wait_note("[E2009]")
+  local buf = T.find_buf("^abx%-exec://no%-such%-sandbox/")
+  T.ok(buf, "the exec buffer")
+  T.contains(T.text(buf), "[E2009] Sandbox 'no-such-sandbox' not found.")
+end)
+
+T.test(":Abx exec without a command asks for one", function()
+  local id = T.sandbox()
+  T.stub_input({ "echo from-input" })
+  vim.cmd("Abx exec " .. id)
+  local buf = T.wait(function()
+    return T.find_buf("^abx%-exec://" .. vim.pesc(id) .. "/")
+  end, "the exec buffer")
+  T.wait(function()
+    return done(buf)
+  end, "the exit")
+  T.ok(vim.tbl_contains(T.lines(buf), "from-input"), "output of the asked command")
+end)
