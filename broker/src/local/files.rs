@@ -28,7 +28,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -253,6 +253,61 @@ fn unlinkat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
 
 fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
     cvt(unsafe { libc::fchmod(fd, (mode & 0o7777) as libc::mode_t) })
+}
+
+/// Bytes one `copy_file_range` call moves at most (progress is reported between calls).
+const IN_KERNEL_CHUNK: usize = 2 * 1024 * 1024;
+
+/// File-to-file copies for upload and download: `copy_file_range` (the copy stays in the
+/// kernel, and is a reflink where the filesystem has them, like `cp`), else `pread`/`pwrite`
+/// through one buffer. Any `copy_file_range` error switches to the buffered path, which either
+/// works (another filesystem, a special file) or reports which side failed.
+struct Copier {
+    in_kernel: bool,
+    buf: Vec<u8>,
+}
+
+/// Which side of a copy failed.
+enum CopyErr {
+    Read(io::Error),
+    Write(io::Error),
+}
+
+impl Copier {
+    fn new() -> Copier {
+        Copier {
+            in_kernel: true,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Copy up to one chunk of `src` at `off` to `dst` at `off`; 0 at the end of `src`.
+    fn step(&mut self, src: RawFd, dst: RawFd, off: u64) -> Result<usize, CopyErr> {
+        if self.in_kernel {
+            let (mut i, mut o) = (off as libc::loff_t, off as libc::loff_t);
+            loop {
+                // SAFETY: two fds we own and two offsets on the stack.
+                let r =
+                    unsafe { libc::copy_file_range(src, &mut i, dst, &mut o, IN_KERNEL_CHUNK, 0) };
+                if r > 0 {
+                    return Ok(r as usize);
+                }
+                if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // 0 (the end, or a file whose size says nothing, like /proc's) or an error:
+                // the buffered path decides.
+                break;
+            }
+            self.in_kernel = false;
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; TRANSFER_BUF];
+        }
+        let n = pread_full(src, &mut self.buf, off).map_err(CopyErr::Read)?;
+        pwrite_all(dst, &self.buf[..n], off).map_err(CopyErr::Write)?;
+        Ok(n)
+    }
 }
 
 fn pread_full(fd: RawFd, buf: &mut [u8], mut off: u64) -> io::Result<usize> {
@@ -1199,7 +1254,8 @@ fn report(progress: &mut dyn FnMut(u64, u64), done: u64, total: u64, last: &mut 
 }
 
 /// Copy the local file `local` into the sandbox at `path` (replacing it atomically) and
-/// return the bytes copied. Memory stays at one 1 MiB buffer whatever the size.
+/// return the bytes copied, in the kernel where it can ([`Copier`]). Memory stays at one
+/// 128 KiB buffer at most whatever the size.
 /// `progress(done, total)` is called at most every MiB and once at the end.
 /// Local-side problems (missing, unreadable, a directory, not a regular file) are E4009.
 pub fn upload(
@@ -1210,7 +1266,7 @@ pub fn upload(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64, AbxError> {
     // O_NONBLOCK: opening a FIFO must not hang; it is refused below.
-    let mut src = OpenOptions::new()
+    let src = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(local)
@@ -1227,17 +1283,16 @@ pub fn upload(
     let view = t.view();
     let mut done = 0u64;
     replace_file(&t, sandbox, None, &mut |fd| {
-        let mut buf = vec![0u8; TRANSFER_BUF];
+        let mut copier = Copier::new();
         let mut last = 0u64;
         done = 0;
         loop {
-            let n = match src.read(&mut buf) {
+            let n = match copier.step(src.as_raw_fd(), fd, done) {
                 Ok(0) => break,
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(local_err(local, e)),
+                Err(CopyErr::Read(e)) => return Err(local_err(local, e)),
+                Err(CopyErr::Write(e)) => return Err(op_err(&e, &view, sandbox)),
             };
-            pwrite_all(fd, &buf[..n], done).map_err(|e| op_err(&e, &view, sandbox))?;
             done += n as u64;
             report(progress, done, total, &mut last);
         }
@@ -1259,8 +1314,8 @@ impl Drop for LocalTemp {
 }
 
 /// Copy the sandbox file `path` to the local path `local` (written to a temp file in the
-/// same directory, then renamed over it) and return the bytes copied. Memory stays at one
-/// 1 MiB buffer. `progress(done, total)` is called at most every MiB and once at the end.
+/// same directory, then renamed over it) and return the bytes copied ([`Copier`]). Memory
+/// stays at one 128 KiB buffer at most. `progress(done, total)` is called at most every MiB and once at the end.
 /// Local-side problems (the target is a directory, its directory is missing or not
 /// writable) are E4009.
 pub fn download(
@@ -1317,16 +1372,16 @@ pub fn download(
         }
     };
     let mut guard = LocalTemp(Some(tmp_path.clone()));
-    let mut buf = vec![0u8; TRANSFER_BUF];
+    let mut copier = Copier::new();
     let mut done = 0u64;
     let mut last = 0u64;
     loop {
-        let n =
-            pread_full(src.as_raw_fd(), &mut buf, done).map_err(|e| op_err(&e, &view, sandbox))?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n]).map_err(|e| local_err(local, e))?;
+        let n = match copier.step(src.as_raw_fd(), out.as_raw_fd(), done) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(CopyErr::Read(e)) => return Err(op_err(&e, &view, sandbox)),
+            Err(CopyErr::Write(e)) => return Err(local_err(local, e)),
+        };
         done += n as u64;
         report(progress, done, total, &mut last);
     }
@@ -2061,6 +2116,22 @@ mod tests {
         write(d, SB, "q", "Q", None, None, false, None).unwrap();
         rename(d, SB, "p", "q").unwrap();
         assert_eq!(std::fs::read_to_string(ws(&sb, "q")).unwrap(), "P");
+    }
+
+    #[test]
+    fn upload_falls_back_when_the_kernel_cannot_copy() {
+        // /proc files say size 0 and copy_file_range moves nothing: the buffered path reads.
+        let sb = sandbox();
+        let n = upload(
+            &sb.dirs,
+            SB,
+            Path::new("/proc/self/status"),
+            "/tmp/status",
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let got = std::fs::read_to_string(sb.dirs.tmp.join("status")).unwrap();
+        assert!(n > 0 && got.starts_with("Name:"), "{n} {got:?}");
     }
 
     #[test]
