@@ -512,3 +512,34 @@ test("plugin: works with an execd that reports no file type (older versions)", a
     await server.stop();
   }
 });
+
+test("plugin: exec/run is byte-exact; exec/start is text by lines (blank lines kept, CR ends a line)", async () => {
+  const server = await startServer({ apiKey: KEY });
+  const plugin = new Plugin();
+  try {
+    await plugin.start({ base_url: server.url, api_key: KEY });
+    const sb = await plugin.call("sandbox/create", { timeout: 120, env: { FROM_CREATE: "c" } });
+    const cmd = "printf 'a\\n\\nb\\r\\nc'; printf \"$FROM_CREATE$FROM_CALL\" >&2";
+    const run = await plugin.call("exec/run", { sandbox: sb.id, command: cmd, env: { FROM_CALL: "d" } });
+    assert.deepEqual([run.stdout, run.stderr, run.exitCode], ["a\n\nb\r\nc", "cd", 0]);
+    const { execId } = await plugin.call("exec/start", { sandbox: sb.id, command: cmd, env: { FROM_CALL: "d" } });
+    const deadline = Date.now() + 10000;
+    while (!plugin.notes.some((n) => n.method === "exec/exit" && n.params.execId === execId) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const mine = plugin.notes.filter((n) => n.params?.execId === execId);
+    const text = (stream) => mine.filter((n) => n.method === "exec/output" && n.params.stream === stream).map((n) => n.params.data).join("");
+    assert.equal(text("stdout"), "a\n\nb\nc\n");
+    assert.equal(text("stderr"), "cd\n");
+    assert.deepEqual(mine.filter((n) => n.method === "exec/exit").map((n) => n.params.exitCode), [0]);
+    assert.equal(mine.at(-1).method, "exec/exit");
+    const gone = await plugin.request("exec/run", { sandbox: sb.id, argv: ["/no/such/program"] });
+    assert.equal(gone.error?.code, 3003);
+    const nocwd = await plugin.request("exec/run", { sandbox: sb.id, command: "true", cwd: "/workspace/nope" });
+    assert.equal(nocwd.error?.code, 3003);
+    await plugin.call("sandbox/kill", { sandbox: sb.id });
+  } finally {
+    await plugin.stop();
+    await server.stop();
+  }
+});

@@ -1292,7 +1292,8 @@ class Exec {
     this.timedOut = false;
     this.killSignal = null;
     this.replied = false;
-    this.pending = []; // notifications held until the exec/start reply is written
+    this.pending = []; // notifications not sent yet (held until the exec/start reply is written)
+    this.flushing = false;
     this.chunks = 0;
     this.writes = Promise.resolve();
     this.timer = null;
@@ -1337,13 +1338,17 @@ class Exec {
     this.emit("exec/output", { execId: this.id, stream: e.type, data: lineText(e) });
   }
 
+  // Notifications of the exec, in order. Until the exec/start reply is written they are held;
+  // after it, lines that arrive together are sent together (consecutive output of one stream
+  // as one notification, at most 64 KiB).
   emit(method, params) {
-    if (!this.replied) {
-      this.pending.push([method, params]);
-      return;
-    }
-    // Consecutive output of the same stream travels as one notification.
-    this.p.notify(method, params);
+    this.pending.push([method, params]);
+    if (!this.replied || this.flushing) return;
+    this.flushing = true;
+    setImmediate(() => {
+      this.flushing = false;
+      this.flush();
+    });
   }
 
   flush() {
