@@ -49,6 +49,7 @@ export function startServer({ apiKey = "", args = [] } = {}) {
 // The plugin as the broker runs it: cwd = its directory, a minimal environment, JSON-RPC lines.
 export class Plugin {
   constructor({ dataDir, env = {} } = {}) {
+    this.ownData = dataDir == null;
     this.dataDir = dataDir ?? tempDir("data");
     this.child = spawn("node", ["./provider.mjs"], {
       cwd: PLUGIN,
@@ -110,10 +111,12 @@ export class Plugin {
   }
 
   async stop() {
-    if (this.child.exitCode != null) return;
-    const exited = new Promise((r) => this.child.once("exit", r));
-    await this.request("shutdown").catch(() => {});
-    this.notify("exit");
-    await exited;
+    if (this.child.exitCode == null && this.child.signalCode == null) {
+      const exited = new Promise((r) => this.child.once("exit", r));
+      await this.request("shutdown").catch(() => {});
+      this.notify("exit");
+      await exited;
+    }
+    if (this.ownData) fs.rmSync(this.dataDir, { recursive: true, force: true });
   }
 }

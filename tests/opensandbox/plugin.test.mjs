@@ -365,6 +365,7 @@ test("plugin: an invalid configuration fails initialize with E8006 naming the ke
     assert.match(r.error.message, /'base_url'/);
   } finally {
     plugin.child.kill();
+    fs.rmSync(plugin.dataDir, { recursive: true, force: true });
   }
 });
 

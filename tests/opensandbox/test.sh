@@ -79,7 +79,7 @@ say "stand-in OpenSandbox server at $BASE_URL"
 REPO="$WORK/repo"
 mkdir -p "$REPO/$(dirname "$PLUGIN_SUBDIR")"
 cp -R "$ROOT/$PLUGIN_SUBDIR" "$REPO/$PLUGIN_SUBDIR"
-git -C "$REPO" init -q
+git -C "$REPO" -c init.defaultBranch=main init -q
 git -C "$REPO" add -A
 git -C "$REPO" -c user.name=abx-test -c user.email=abx-test@example.invalid -c commit.gpgsign=false commit -q -m "opensandbox plugin"
 COMMIT="$(git -C "$REPO" rev-parse HEAD)"
