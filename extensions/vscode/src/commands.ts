@@ -325,7 +325,8 @@ export class Commands {
     return vscode.window.withProgress(
       { location: vscode.ProgressLocation.Notification, title: `Running '${cmd}' in ${sb}`, cancellable: true },
       async (_progress, token) => {
-        const session = await client.execStart({ sandbox: sb, command: cmd }, { onOutput: (c) => out.append(c.text) });
+        // stdin '' : closed at once, so a command that reads it ends instead of waiting.
+        const session = await client.execStart({ sandbox: sb, command: cmd, stdin: '' }, { onOutput: (c) => out.append(c.text) });
         const sub = token.onCancellationRequested(() => void session.kill('TERM').catch(() => undefined));
         try {
           const exit = await session.exited;
@@ -345,7 +346,16 @@ export class Commands {
   private async openTerminal(arg?: Arg): Promise<vscode.Terminal | undefined> {
     const sb = await this.pickSandbox(arg, 'Open a terminal in which sandbox?', 'running');
     if (!sb) return undefined;
-    const pty = new AbxTerminal(() => this.client(), { sandbox: sb, command: this.service.settings.terminalCommand || undefined });
+    // From the explorer: start in the folder (or the file's folder) that was clicked.
+    let cwd: string | undefined;
+    if (arg instanceof vscode.Uri && arg.scheme === SCHEME) {
+      const p = parseSandboxUri(arg).path;
+      if (p !== '/') {
+        const st = await (await this.client()).filesStat(sb, p).catch(() => undefined);
+        cwd = st?.type === 'directory' ? p : path.posix.dirname(p);
+      }
+    }
+    const pty = new AbxTerminal(() => this.client(), { sandbox: sb, cwd, command: this.service.settings.terminalCommand || undefined });
     const term = vscode.window.createTerminal({ name: `abx: ${sb}`, pty, iconPath: new vscode.ThemeIcon('vm') });
     term.show();
     return term;

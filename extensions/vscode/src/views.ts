@@ -71,7 +71,6 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode> {
     const meta = s.metadata && Object.keys(s.metadata).length ? JSON.stringify(s.metadata) : '';
     if (meta) md.appendMarkdown(`- Metadata: \`${meta}\`\n`);
     item.tooltip = md;
-    item.command = { command: 'abx.sandboxInfo', title: 'Show Sandbox Info', arguments: [node] };
     return item;
   }
 

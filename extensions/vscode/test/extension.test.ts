@@ -143,6 +143,32 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     assert.ok(fake.recorded.messages.some((m) => m.level === 'warning' && /exited with code 4/.test(m.text)));
   });
 
+  test('run command closes stdin: a command reading it ends', async () => {
+    const code = await vscode.commands.executeCommand('abx.runCommand', sb, 'cat; echo after-cat');
+    assert.equal(code, 0);
+    assert.match(fake.recorded.output.get('abx: Run')!.join(''), /after-cat\n/);
+  });
+
+  test('open terminal from the explorer starts in the folder that was clicked', async () => {
+    const client = await api.service.getClient();
+    await client.filesMkdir(sb, '/workspace/sub/dir', true);
+    await client.filesWriteAll(sb, '/workspace/sub/dir/f.txt', Buffer.from('x'));
+    const ref = sb;
+    for (const [p, want] of [
+      ['/workspace/sub', '/workspace/sub'],
+      ['/workspace/sub/dir/f.txt', '/workspace/sub/dir'],
+    ]) {
+      await vscode.commands.executeCommand('abx.openTerminal', vscode.Uri.from({ scheme: 'abx', authority: ref, path: p }));
+      const t = fake.recorded.terminals.at(-1)!;
+      let out = '';
+      t.pty.onDidWrite((s: string) => (out += s));
+      t.pty.open({ columns: 80, rows: 24 });
+      t.pty.handleInput('echo "cwd=$(pwd)"; exit\r');
+      await t.pty.exited;
+      assert.match(out, new RegExp(`cwd=${want}\\r\\n`));
+    }
+  });
+
   test('open terminal: a Pseudoterminal on a pty exec in the sandbox', async () => {
     await vscode.commands.executeCommand('abx.openTerminal', sb);
     const t = fake.recorded.terminals.at(-1)!;

@@ -582,11 +582,11 @@ function keepEarly<T>(map: Map<string, T[]>, id: string, note: T): void {
   if (list.length < EARLY_NOTES) list.push(note);
 }
 
-/** Drops undefined, null and '' members (the broker treats absent as default). */
+/** Drops undefined and null members (the broker treats absent as default). */
 function dropEmpty<T extends object>(o: T): T {
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(o)) {
-    if (v !== undefined && v !== null && v !== '') out[k] = v;
+    if (v !== undefined && v !== null) out[k] = v;
   }
   return out as T;
 }
