@@ -545,7 +545,14 @@ export class OpenSandboxProvider {
     for (let i = 0; ; i++) {
       try {
         const execd = await this.execd(id, ctx.abort.signal);
-        await execd.mkdirs([WORKSPACE], 755, ctx.abort.signal);
+        try {
+          await execd.mkdirs([WORKSPACE], 755, ctx.abort.signal);
+        } catch (e) {
+          // execd answered but would not make it: try the shell.
+          if (!(e instanceof HttpError)) throw e;
+          const r = await this.script(execd, `mkdir -p ${WORKSPACE}`, { signal: ctx.abort.signal });
+          if (r.code !== 0) throw e;
+        }
         return;
       } catch (e) {
         if (e instanceof Cancelled || (e instanceof RpcError && e.code !== 9001)) throw e;
