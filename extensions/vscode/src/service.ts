@@ -22,6 +22,10 @@ export class AbxService implements vscode.Disposable {
   /** Fires with the latest sandbox list (undefined: unknown, e.g. disconnected). */
   readonly onDidChangeSandboxes = this.sandboxesEmitter.event;
   private sandboxesValue: Sandbox[] | undefined;
+  /** Whether a list was asked for on this connection (the view asks once, not in a loop). */
+  private listAttempted = false;
+  /** Why the last sandbox/list failed, if it did. */
+  listError: AbxError | undefined;
   private timer: NodeJS.Timeout | undefined;
   private settingsValue: Settings;
 
@@ -42,6 +46,10 @@ export class AbxService implements vscode.Disposable {
 
   get sandboxes(): Sandbox[] | undefined {
     return this.sandboxesValue;
+  }
+
+  get sandboxesAttempted(): boolean {
+    return this.listAttempted;
   }
 
   private setState(s: BrokerState): void {
@@ -79,6 +87,7 @@ export class AbxService implements vscode.Disposable {
         if (this.client !== client) return;
         this.client = undefined;
         this.sandboxesValue = undefined;
+        this.listAttempted = false;
         this.sandboxesEmitter.fire(undefined);
         this.setState({ kind: 'error', error: new AbxError('E1007', `The abx broker connection closed: ${reason}`) });
       });
@@ -118,11 +127,14 @@ export class AbxService implements vscode.Disposable {
 
   /** Reloads the sandbox list (connecting when needed). */
   async refreshSandboxes(): Promise<Sandbox[] | undefined> {
+    this.listAttempted = true;
     try {
       const client = await this.getClient();
       this.sandboxesValue = await client.sandboxList();
+      this.listError = undefined;
     } catch (err) {
-      this.log(`sandbox/list: ${AbxError.from(err).headline}`);
+      this.listError = AbxError.from(err);
+      this.log(`sandbox/list: ${this.listError.headline}`);
       this.sandboxesValue = undefined;
     }
     this.sandboxesEmitter.fire(this.sandboxesValue);

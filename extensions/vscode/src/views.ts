@@ -78,12 +78,12 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode> {
     if (node?.kind === 'group') return node.sandboxes.map((sandbox) => ({ kind: 'sandbox', sandbox }));
     if (node) return [];
     let list = this.service.sandboxes;
-    if (!list && this.service.state.kind !== 'error') list = await this.service.refreshSandboxes();
-    const st = this.service.state;
-    if (this.view) {
-      this.view.message =
-        st.kind === 'error' ? `${st.error.headline}${st.error.suggestion ? ` ${st.error.suggestion}` : ''}` : undefined;
+    if (!list && !this.service.sandboxesAttempted && this.service.state.kind !== 'error') {
+      list = await this.service.refreshSandboxes();
     }
+    const st = this.service.state;
+    const err = st.kind === 'error' ? st.error : list ? undefined : this.service.listError;
+    if (this.view) this.view.message = err ? `${err.headline}${err.suggestion ? ` ${err.suggestion}` : ''}` : undefined;
     if (!list) return [];
     return groupByProvider(list).map(([provider, sandboxes]) => ({ kind: 'group', provider, sandboxes }));
   }

@@ -87,3 +87,15 @@ test('template names from provider-defined templates/list results', () => {
   assert.deepEqual(templateNames(['a']), ['a']);
   assert.deepEqual(templateNames({}), []);
 });
+
+test('the client layer loads under plain node: nothing in src/client imports vscode', async () => {
+  const fs = await import('node:fs');
+  const path = await import('node:path');
+  const { execFileSync } = await import('node:child_process');
+  const dir = path.resolve(__dirname, '..', '..', 'src', 'client');
+  for (const f of fs.readdirSync(dir)) {
+    assert.doesNotMatch(fs.readFileSync(path.join(dir, f), 'utf8'), /from ['"]vscode['"]|require\(['"]vscode['"]\)/, f);
+  }
+  const out = execFileSync(process.execPath, ['-e', `const c = require(${JSON.stringify(path.resolve(__dirname, '..', 'src', 'client', 'index.js'))}); console.log(typeof c.BrokerClient.connect)`]);
+  assert.equal(out.toString().trim(), 'function');
+});

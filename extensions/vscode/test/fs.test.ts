@@ -136,6 +136,17 @@ describe('abx: file system provider (real broker)', { timeout: 120_000 }, () => 
       () => events.slice(n).some((e) => e.uri.path === '/workspace/from-shell.txt' && e.type === vscode.FileChangeType.Deleted),
       'a delete event',
     );
+    // A rename in the sandbox: the old path is deleted, the new one created.
+    await client.execRun({ sandbox: sb, command: 'echo r > /workspace/r1.txt' });
+    await until(() => events.some((e) => e.uri.path === '/workspace/r1.txt'), 'r1 created');
+    const m = events.length;
+    await client.execRun({ sandbox: sb, command: 'mv /workspace/r1.txt /workspace/r2.txt' });
+    await until(
+      () =>
+        events.slice(m).some((e) => e.uri.path === '/workspace/r1.txt' && e.type === vscode.FileChangeType.Deleted) &&
+        events.slice(m).some((e) => e.uri.path === '/workspace/r2.txt' && e.type === vscode.FileChangeType.Created),
+      'r1 deleted and r2 created',
+    );
     w.dispose();
     sub.dispose();
   });

@@ -60,7 +60,6 @@ const CHANGE: Record<string, vscode.FileChangeType> = {
   created: vscode.FileChangeType.Created,
   modified: vscode.FileChangeType.Changed,
   removed: vscode.FileChangeType.Deleted,
-  renamed: vscode.FileChangeType.Deleted,
 };
 
 export class AbxFileSystemProvider implements vscode.FileSystemProvider {
@@ -91,13 +90,22 @@ export class AbxFileSystemProvider implements vscode.FileSystemProvider {
     const subs: { dispose(): void }[] = [];
     let disposed = false;
     const onChange = (c: FilesChanged) => {
-      const type = CHANGE[c.kind] ?? vscode.FileChangeType.Changed;
       const changed = uri.with({ path: c.path });
-      this.emitter.fire(
-        c.kind === 'renamed' || c.kind === 'removed'
-          ? [{ uri: changed, type }]
-          : [{ uri: changed, type }, ...(c.kind === 'created' ? [{ uri: parentOf(changed), type: vscode.FileChangeType.Changed }] : [])],
-      );
+      const parent = { uri: parentOf(changed), type: vscode.FileChangeType.Changed };
+      if (c.kind === 'renamed') {
+        // A rename names both ends with the same kind: whether the path exists now tells
+        // which end it is.
+        void this.client()
+          .then((cl) => cl.filesStat(sandbox, c.path))
+          .then(
+            () => vscode.FileChangeType.Created,
+            () => vscode.FileChangeType.Deleted,
+          )
+          .then((type) => this.emitter.fire([{ uri: changed, type }, parent]));
+        return;
+      }
+      const type = CHANGE[c.kind] ?? vscode.FileChangeType.Changed;
+      this.emitter.fire(c.kind === 'modified' ? [{ uri: changed, type }] : [{ uri: changed, type }, parent]);
     };
     void (async () => {
       for (const p of paths) {
