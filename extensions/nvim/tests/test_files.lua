@@ -16,6 +16,8 @@ T.test("edit, change and :w a sandbox file; exec cat sees the new content", func
   T.eq({ "print('hi')" }, T.lines(buf))
   T.eq("acwrite", vim.bo.buftype)
   T.eq(false, vim.bo.modified)
+  vim.cmd("silent! undo")
+  T.eq({ "print('hi')" }, T.lines(buf), "reading is not an undoable change")
   vim.api.nvim_buf_set_lines(buf, 0, -1, false, { "import sys", "print('changed', sys.argv)" })
   T.eq(true, vim.bo.modified)
   vim.cmd("write")
@@ -148,9 +150,8 @@ T.test("a file changed in the sandbox is reloaded (files/watch), unless the buff
   end, "the watch")
   T.sh(id, "echo v2 >> /workspace/live.txt")
   T.wait(function()
-    return T.bufvar(buf, "abx_reloads")
+    return T.bufvar(buf, "abx_reloads") and vim.deep_equal(T.lines(buf), { "v1", "v2" })
   end, "the reload")
-  T.eq({ "v1", "v2" }, T.lines(buf))
   T.eq(false, vim.bo[buf].modified)
   -- our own write is not taken for a change in the sandbox
   vim.api.nvim_buf_set_lines(buf, -1, -1, false, { "v3" })
@@ -174,10 +175,11 @@ T.test("a same-size change right after opening is reloaded too (content compared
     return require("abx.files").state[buf].watch_id
   end, "the watch")
   T.sh(id, "printf 'bbbb\\n' > /workspace/same.txt")
+  -- the shell truncates, then writes: there may be a reload per step; the last one counts
   T.wait(function()
-    return T.bufvar(buf, "abx_reloads")
-  end, "the reload")
-  T.eq({ "bbbb" }, T.lines(buf))
+    return vim.deep_equal(T.lines(buf), { "bbbb" })
+  end, "the reload of the new content")
+  T.ok(T.bufvar(buf, "abx_reloads") >= 1, "counted")
 end)
 
 T.test("filetype detection and BufRead autocommands run for abx:// buffers", function()

@@ -119,6 +119,7 @@ function M.run(sandbox, command, opts)
   counter = counter + 1
   local buf = util.scratch(string.format("abx-exec://%s/%d", sandbox, counter), "abxexec")
   vim.api.nvim_buf_set_var(buf, "abx_sandbox", sandbox)
+  vim.api.nvim_buf_set_option(buf, "undolevels", -1)
   vim.api.nvim_buf_set_lines(buf, 0, -1, false, { "$ " .. command, "" })
   vim.api.nvim_buf_add_highlight(buf, ns, "Title", 0, 0, -1)
   vim.api.nvim_buf_set_option(buf, "modifiable", false)
@@ -157,10 +158,16 @@ function M.run(sandbox, command, opts)
     })
   end)
 
+  -- Ctrl-C: SIGINT; again: SIGKILL (an INT can be lost, e.g. caught by a shell that is
+  -- just starting a child, or ignored by the command)
   local function kill()
     if st.exec_id and not st.done then
       st.interrupts = (st.interrupts or 0) + 1
-      abx.call("exec/kill", { execId = st.exec_id, signal = "INT" })
+      local sig = st.interrupts > 1 and "KILL" or "INT"
+      abx.call("exec/kill", { execId = st.exec_id, signal = sig })
+      if sig == "INT" then
+        vim.api.nvim_echo({ { "abx: sent SIGINT (Ctrl-C again sends SIGKILL)" } }, false, {})
+      end
     end
   end
   vim.api.nvim_buf_set_keymap(buf, "n", "<C-c>", "", { noremap = true, silent = true, callback = kill })
@@ -179,7 +186,7 @@ function M.run(sandbox, command, opts)
   return buf
 end
 
---- Kill the exec of `buf` (default: the current buffer) with `signal` (default INT).
+--- Signal the exec of `buf` (default: the current buffer) with `signal` (default INT).
 function M.kill(buf, signal)
   buf = (buf == nil or buf == 0) and vim.api.nvim_get_current_buf() or buf
   local st = M.state[buf]

@@ -43,6 +43,14 @@ local function code_of(err)
   return util.error_code(err)
 end
 
+--- Replace every line of `buf` without an undo step (as reading a file does).
+local function set_all_lines(buf, lines)
+  local ul = vim.api.nvim_buf_get_option(buf, "undolevels")
+  vim.api.nvim_buf_set_option(buf, "undolevels", -1)
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+  vim.api.nvim_buf_set_option(buf, "undolevels", ul)
+end
+
 -- reading ---------------------------------------------------------------------------
 
 --- The bytes of SANDBOX:PATH (every chunk), or nil, err.
@@ -261,7 +269,7 @@ local function render_dir(buf, sandbox, path, entries)
     lines[#lines + 1] = e.name .. (e.type == "directory" and "/" or (e.type == "symlink" and "@" or ""))
   end
   opt(buf, "modifiable", true)
-  vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+  set_all_lines(buf, lines)
   opt(buf, "modifiable", false)
   opt(buf, "modified", false)
   opt(buf, "buftype", "nofile")
@@ -318,7 +326,7 @@ function M.load(buf, sandbox, path, opts)
   if err and code_of(err) == "E4001" then
     -- a new file: empty buffer, created by the first write
     opt(buf, "modifiable", true)
-    vim.api.nvim_buf_set_lines(buf, 0, -1, false, {})
+    set_all_lines(buf, {})
     opt(buf, "modified", false)
     st.busy = false
     st.stat = nil
@@ -340,7 +348,7 @@ function M.load(buf, sandbox, path, opts)
     end
   end
   opt(buf, "modifiable", true)
-  vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+  set_all_lines(buf, lines)
   opt(buf, "fileformat", ff)
   opt(buf, "endofline", eol or #lines == 0)
   opt(buf, "modified", false)
