@@ -155,7 +155,8 @@ fn catalogue() -> Vec<Method> {
         m!("provider/setDefault", "providers", "Make a provider the default.",
             ProviderIdParams => "Empty": Empty, [ProviderNotInstalled]),
         m!("provider/test", "providers", "Run the provider contract kit against a provider.",
-            ProviderTestParams => "TestResult": TestResult, [ProviderNotInstalled]),
+            ProviderTestParams => "TestResult": TestResult, [ProviderNotInstalled],
+            notes ["provider/testResult"]),
         // Provider methods (routed, gated by feature).
         m!("sandbox/create", "sandboxes", "Create a sandbox.",
             SandboxCreateParams => "Sandbox": Sandbox,
@@ -282,6 +283,11 @@ fn notifications() -> Vec<(&'static str, &'static str, SchemaFn)> {
             "files/changed",
             "A change under a watched path.",
             s::<FilesChanged>,
+        ),
+        (
+            "provider/testResult",
+            "One contract-kit test finished (during provider/test, to the caller, in completion order).",
+            s::<TestResultNote>,
         ),
     ]
 }

@@ -402,6 +402,17 @@ pub struct TestOutcome {
     pub duration_ms: u64,
 }
 
+/// `provider/testResult` notification params: one finished test of `provider/test`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TestResultNote {
+    /// The provider under test.
+    pub id: String,
+    /// The test.
+    #[serde(flatten)]
+    pub test: TestOutcome,
+}
+
 /// `provider/test` result.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TestResult {
