@@ -1,0 +1,555 @@
+//! The bodies of the fuzz targets, shared by the libFuzzer binaries (`fuzz_targets/*.rs`,
+//! run by `scripts/fuzz`) and the corpus replay of `scripts/fuzz-smoke` (`tests/smoke.rs`, a
+//! plain `cargo test`). Each target takes arbitrary bytes, must never panic or hang, and checks
+//! the properties the broker relies on (bounded buffers, lossless round trips, ids kept on
+//! errors, typed error codes). A failed property is a panic, which libFuzzer reports as a crash.
+//!
+//! | target | what it drives |
+//! |---|---|
+//! | `codec_line` | `FrameCodec` in newline framing (fixed, and detected from the first byte) |
+//! | `codec_header` | `FrameCodec` in `Content-Length` framing (fixed, and detected) |
+//! | `decode` | `message::decode`, the request decoder every client frame goes through |
+//! | `manifest` | `manifest::parse` of an `abx-provider.toml` |
+//! | `epp_reply` | what the plugin host does with a plugin's stdout (see [`epp_reply`]) |
+//!
+//! The first input byte of the codec targets picks the size limit and how the stream is cut
+//! into reads, so one corpus entry covers every split of its bytes the fuzzer cares to try.
+
+use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::message::{self, Incoming, Invalid, Message};
+use abx_protocol::{AbxError, ErrorCode, Id, RpcError};
+use bytes::BytesMut;
+use serde_json::Value;
+use std::collections::HashMap;
+use tokio_util::codec::{Decoder, Encoder};
+
+pub mod smoke;
+
+/// A target: takes any bytes, panics on a failed property.
+pub type Target = fn(&[u8]);
+
+/// Every target by name, for the smoke replay.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("codec_line", codec_line),
+    ("codec_header", codec_header),
+    ("decode", decode),
+    ("manifest", manifest),
+    ("epp_reply", epp_reply),
+];
+
+/// The codec's longest header block (private in `codec.rs`; a buffer may hold this much).
+const MAX_HEADER_BLOCK: usize = 8 * 1024;
+
+/// What one pass of a decoder over a stream produced.
+#[derive(Debug, PartialEq, Eq)]
+struct Decoded {
+    frames: Vec<Frame>,
+    /// The stream ended in an error (framing lost, or EOF inside a message).
+    error: bool,
+}
+
+impl Decoded {
+    fn too_large(&self) -> bool {
+        self.frames
+            .iter()
+            .any(|f| matches!(f, Frame::TooLarge { .. }))
+    }
+}
+
+/// Feed `input` to `codec` in reads of the sizes `cuts` cycles through, as `FramedRead` does
+/// (decode until `None`, then read more; `decode_eof` at the end), checking that the buffer
+/// stays bounded and every message is within the limit.
+fn run_codec(mut codec: FrameCodec, input: &[u8], cuts: &[usize]) -> Decoded {
+    let max = codec.max();
+    let bound = max.max(MAX_HEADER_BLOCK);
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    let mut pos = 0;
+    let mut cut = 0;
+    let check = |f: &Frame, frames: &Vec<Frame>| {
+        if let Frame::Message(m) = f {
+            assert!(
+                m.len() <= max,
+                "a message of {} bytes over the limit {max}",
+                m.len()
+            );
+        }
+        // Every frame consumes input: more frames than bytes means the decoder spins.
+        assert!(
+            frames.len() <= input.len() + 1,
+            "more frames than input bytes"
+        );
+    };
+    loop {
+        loop {
+            match codec.decode(&mut buf) {
+                Ok(Some(f)) => {
+                    check(&f, &frames);
+                    frames.push(f);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    return Decoded {
+                        frames,
+                        error: true,
+                    }
+                }
+            }
+        }
+        assert!(
+            buf.len() <= bound,
+            "the read buffer holds {} bytes, over {bound} (limit {max})",
+            buf.len()
+        );
+        if pos == input.len() {
+            break;
+        }
+        let n = cuts[cut % cuts.len()].max(1).min(input.len() - pos);
+        cut += 1;
+        buf.extend_from_slice(&input[pos..pos + n]);
+        pos += n;
+    }
+    loop {
+        match codec.decode_eof(&mut buf) {
+            Ok(Some(f)) => {
+                check(&f, &frames);
+                frames.push(f);
+            }
+            Ok(None) => break,
+            Err(_) => {
+                return Decoded {
+                    frames,
+                    error: true,
+                }
+            }
+        }
+    }
+    Decoded {
+        frames,
+        error: false,
+    }
+}
+
+/// The size limit and read sizes chosen by a selector byte.
+fn shape(sel: u8) -> (usize, Vec<usize>) {
+    let max = [16, 100, 1000, 70_000][usize::from(sel & 3)];
+    let cuts = match (sel >> 2) & 7 {
+        0 => vec![usize::MAX],
+        1 => vec![1],
+        2 => vec![2, 3],
+        3 => vec![7, 1, 13],
+        4 => vec![64],
+        5 => vec![4096],
+        6 => vec![max, 1],
+        _ => vec![max + 1, max - 1, 5],
+    };
+    (max, cuts)
+}
+
+/// Decoding the same stream whole and cut into reads gives the same messages. (At the size
+/// limit the two may differ: a line over the limit is only known to be too large once the
+/// limit is crossed, and a trailing `\r` or a blank line counts until its newline arrives; so
+/// the comparison is made when neither pass saw a message over the limit.)
+fn same_whole_and_cut(make: impl Fn() -> FrameCodec, input: &[u8], cuts: &[usize]) {
+    let whole = run_codec(make(), input, &[usize::MAX]);
+    let cut = run_codec(make(), input, cuts);
+    if !whole.too_large() && !cut.too_large() {
+        assert_eq!(
+            whole, cut,
+            "cutting the stream into reads changed what was decoded"
+        );
+    }
+}
+
+/// Encode `bodies` with the codec's `Encoder` and decode them back.
+fn round_trip(framing: Framing, detect: bool, bodies: &[&[u8]], max: usize, cuts: &[usize]) {
+    let mut enc = FrameCodec::with_framing(framing, max);
+    let mut wire = BytesMut::new();
+    for b in bodies {
+        enc.encode(*b, &mut wire).expect("encode");
+    }
+    let dec = if detect {
+        FrameCodec::new(max)
+    } else {
+        FrameCodec::with_framing(framing, max)
+    };
+    let got = run_codec(dec, &wire, cuts);
+    let want: Vec<Frame> = bodies
+        .iter()
+        .map(|b| Frame::Message(BytesMut::from(*b)))
+        .collect();
+    assert_eq!(
+        got,
+        Decoded {
+            frames: want,
+            error: false
+        },
+        "{framing:?} round trip"
+    );
+}
+
+/// `FrameCodec` in newline framing: any stream, any cut; lines round-trip.
+pub fn codec_line(data: &[u8]) {
+    let Some((&sel, input)) = data.split_first() else {
+        return;
+    };
+    let (max, cuts) = shape(sel);
+    run_codec(FrameCodec::with_framing(Framing::Line, max), input, &cuts);
+    run_codec(FrameCodec::new(max), input, &cuts);
+    same_whole_and_cut(
+        || FrameCodec::with_framing(Framing::Line, max),
+        input,
+        &cuts,
+    );
+    same_whole_and_cut(|| FrameCodec::new(max), input, &cuts);
+    // The lines of the input that a sender could send as messages round-trip exactly.
+    let bodies: Vec<&[u8]> = input
+        .split(|&b| b == b'\n')
+        .filter(|l| {
+            l.len() <= max && l.last() != Some(&b'\r') && !l.iter().all(u8::is_ascii_whitespace)
+        })
+        .collect();
+    round_trip(Framing::Line, false, &bodies, max, &cuts);
+    // With detection the first message must open with `{` or `[` as clients' messages do.
+    if bodies
+        .first()
+        .is_some_and(|b| matches!(b.first(), Some(b'{' | b'[')))
+    {
+        round_trip(Framing::Line, true, &bodies, max, &cuts);
+    }
+}
+
+/// `FrameCodec` in `Content-Length` framing: any stream, any cut; any bodies round-trip.
+pub fn codec_header(data: &[u8]) {
+    let Some((&sel, input)) = data.split_first() else {
+        return;
+    };
+    let (max, cuts) = shape(sel);
+    run_codec(FrameCodec::with_framing(Framing::Header, max), input, &cuts);
+    same_whole_and_cut(
+        || FrameCodec::with_framing(Framing::Header, max),
+        input,
+        &cuts,
+    );
+    // Detection takes `C`/`c` as headers: the same stream behind a header, through `new`.
+    let mut framed = b"Content-Length: 2\r\n\r\n{}".to_vec();
+    framed.extend_from_slice(input);
+    run_codec(FrameCodec::new(max), &framed, &cuts);
+    same_whole_and_cut(|| FrameCodec::new(max), &framed, &cuts);
+    // Any bytes are a body in this framing (NUL separates them here).
+    let bodies: Vec<&[u8]> = input
+        .split(|&b| b == 0)
+        .filter(|b| b.len() <= max)
+        .collect();
+    round_trip(Framing::Header, false, &bodies, max, &cuts);
+    round_trip(Framing::Header, true, &bodies, max, &cuts);
+}
+
+/// The id a JSON value would be, if it is a valid id.
+fn id_of(v: &Value) -> Option<Id> {
+    match v {
+        Value::Number(n) => n.as_i64().map(Id::Num),
+        Value::String(s) => Some(Id::Str(s.clone())),
+        _ => None,
+    }
+}
+
+/// Checks on one decoded message: a valid one re-encodes to itself; an invalid one has a
+/// JSON-RPC code, keeps its id where it had a valid one, and serializes as a response.
+fn check_decoded(raw: &[u8], item: &Result<Message, Invalid>) {
+    match item {
+        Ok(m) => {
+            let again = message::decode_one(&m.encode())
+                .unwrap_or_else(|e| panic!("a decoded message does not re-decode: {e:?}"));
+            match (m, &again) {
+                (Message::Request(a), Message::Request(b)) => {
+                    assert_eq!((&a.id, &a.method), (&b.id, &b.method));
+                    assert_eq!(
+                        a.params.as_ref().map(|p| p.get()),
+                        b.params.as_ref().map(|p| p.get())
+                    );
+                }
+                (Message::Notification(a), Message::Notification(b)) => {
+                    assert_eq!(a.method, b.method);
+                    assert_eq!(
+                        a.params.as_ref().map(|p| p.get()),
+                        b.params.as_ref().map(|p| p.get())
+                    );
+                }
+                (Message::Response(a), Message::Response(b)) => {
+                    assert_eq!(a.id, b.id);
+                    match (&a.outcome, &b.outcome) {
+                        (Ok(x), Ok(y)) => assert_eq!(x.get(), y.get()),
+                        (Err(x), Err(y)) => assert_eq!(x, y),
+                        other => panic!("outcome changed kind: {other:?}"),
+                    }
+                }
+                other => panic!("a message changed kind on re-encoding: {other:?}"),
+            }
+        }
+        Err(inv) => {
+            assert!(
+                matches!(
+                    inv.error.code,
+                    ErrorCode::ParseError | ErrorCode::InvalidRequest
+                ),
+                "unexpected code {:?}",
+                inv.error.code
+            );
+            let rpc = inv.error.to_rpc();
+            assert!(rpc.code == -32700 || rpc.code == -32600, "{rpc:?}");
+            let body = message::encode_response(inv.id.as_ref(), Err(&rpc));
+            let v: Value = serde_json::from_slice(&body).expect("an error response is JSON");
+            assert!(v["error"]["data"]["abx"].is_string(), "{v}");
+            // The id survives: an object with a valid id is answered with that id.
+            if inv.error.code == ErrorCode::InvalidRequest {
+                if let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(raw) {
+                    if let Some(id) = o.get("id").and_then(id_of) {
+                        assert_eq!(inv.id.as_ref(), Some(&id), "the id was lost");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `message::decode`: single messages and batches.
+pub fn decode(data: &[u8]) {
+    match message::decode(data) {
+        Incoming::Single(item) => check_decoded(data, &item),
+        Incoming::Batch(items) => {
+            let raws: Vec<&serde_json::value::RawValue> =
+                serde_json::from_slice(data).expect("a batch is a JSON array");
+            assert_eq!(raws.len(), items.len(), "one result per batch element");
+            assert!(!items.is_empty(), "an empty batch is an error, not a batch");
+            for (raw, item) in raws.iter().zip(&items) {
+                check_decoded(raw.get().as_bytes(), item);
+            }
+        }
+    }
+}
+
+/// `manifest::parse`: any text, valid manifests usable, errors typed.
+pub fn manifest(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    match abx_protocol::manifest::parse(&text) {
+        Ok(m) => {
+            let _ = m.config_in_order().count();
+            let _ = serde_json::to_string(&m.redacted_config()).expect("config serializes");
+            let _ = m.runtime_paths();
+            let _ = m.has_feature("exec.run");
+            assert!(abx_protocol::manifest::is_valid_id(&m.id), "{:?}", m.id);
+        }
+        Err(e) => {
+            assert!(
+                matches!(
+                    e.code,
+                    ErrorCode::InvalidManifest | ErrorCode::ProtocolMismatch
+                ),
+                "unexpected code {:?}: {}",
+                e.code,
+                e.message
+            );
+            let _ = serde_json::to_string(&e.to_rpc()).expect("error serializes");
+            let _ = e.to_string();
+        }
+    }
+}
+
+/// What the host does with one line from a plugin (a mirror of `read_loop` in
+/// `broker/src/plugins/host.rs`, which needs a child process and so is not callable here).
+#[derive(Debug)]
+pub enum Action {
+    /// A reply to a pending call (the error mapped as the host maps it).
+    Reply(i64, Result<Option<String>, AbxError>),
+    /// A reply to a call no longer pending: ignored.
+    Late,
+    /// A stream notification for the stream `key`.
+    Stream(String),
+    /// A `log` notification (redacted message).
+    Log(String),
+    /// A request from the plugin, answered -32601 with this line.
+    Answer(Vec<u8>),
+    /// Ignored.
+    Ignore,
+    /// The plugin broke the protocol: it is killed with this reason (E8009).
+    Fatal(String),
+}
+
+fn redact(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for s in secrets {
+        if !s.is_empty() {
+            out = out.replace(s.as_str(), "[REDACTED]");
+        }
+    }
+    out
+}
+
+fn plugin_error(id: &str, e: RpcError, secrets: &[String]) -> AbxError {
+    let message = redact(&e.message, secrets);
+    match e.error_code() {
+        Some(code) => AbxError {
+            code,
+            message,
+            suggestion: redact(e.suggestion().unwrap_or(code.suggestion()), secrets),
+            data: serde_json::Map::new(),
+        },
+        None => AbxError::new(
+            ErrorCode::BadPluginReply,
+            &[
+                ("provider", id),
+                ("detail", &format!("error {}: {message}", e.code)),
+            ],
+        ),
+    }
+}
+
+/// Classify one line from a plugin as the host's reader does. `pending` maps the host's
+/// request ids to their methods; a reply removes its entry.
+pub fn classify(line: &[u8], pending: &mut HashMap<i64, &str>, secrets: &[String]) -> Action {
+    match message::decode(line) {
+        Incoming::Single(Ok(Message::Response(r))) => {
+            let Some(Id::Num(n)) = r.id else {
+                return Action::Fatal("sent a reply with an id the broker never used".into());
+            };
+            let Some(method) = pending.remove(&n) else {
+                return Action::Late;
+            };
+            let outcome = match r.outcome {
+                Ok(raw) => {
+                    let mut key = None;
+                    if matches!(method, "exec/start" | "exec/attach" | "files/watch") {
+                        if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
+                            key = match (v["execId"].as_str(), v["watchId"].as_str()) {
+                                (Some(e), _) => Some(e.to_owned()),
+                                (None, Some(w)) => Some(format!("watch:{w}")),
+                                _ => None,
+                            };
+                        }
+                    }
+                    Ok(key)
+                }
+                Err(e) => Err(plugin_error("fuzz", e, secrets)),
+            };
+            Action::Reply(n, outcome)
+        }
+        Incoming::Single(Ok(Message::Notification(n))) => {
+            let params: Value = n
+                .params
+                .as_deref()
+                .and_then(|p| serde_json::from_str(p.get()).ok())
+                .unwrap_or(Value::Null);
+            match n.method.as_str() {
+                "exec/output" | "exec/exit" | "files/changed" | "files/progress" => {
+                    let key = match params["execId"].as_str() {
+                        Some(e) => e.to_owned(),
+                        None => format!("watch:{}", params["watchId"].as_str().unwrap_or_default()),
+                    };
+                    // What the forwarder sends on to the client must be a valid message.
+                    let body = message::encode_notification(&n.method, Some(&params));
+                    assert!(message::decode_one(&body).is_ok());
+                    Action::Stream(key)
+                }
+                "log" => Action::Log(redact(
+                    params["message"].as_str().unwrap_or_default(),
+                    secrets,
+                )),
+                _ => Action::Ignore,
+            }
+        }
+        Incoming::Single(Ok(Message::Request(req))) => {
+            let err = AbxError::new(ErrorCode::MethodNotFound, &[("method", &req.method)]);
+            let line = message::encode_response(Some(&req.id), Err(&err.to_rpc()));
+            assert!(matches!(
+                message::decode_one(&line),
+                Ok(Message::Response(_))
+            ));
+            Action::Answer(line)
+        }
+        Incoming::Single(Err(inv)) => Action::Fatal(format!(
+            "sent something that is not JSON-RPC: {}",
+            inv.error.message
+        )),
+        Incoming::Batch(_) => Action::Fatal("sent a batch, which EPP/1 does not allow".into()),
+    }
+}
+
+/// The host's checks of an `initialize` result (protocol, id, declared features).
+pub fn check_handshake(raw: &str, id: &str, declared: &[&str]) -> Result<Vec<String>, String> {
+    let v: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
+    if v["protocol"].as_str() != Some("EPP/1") {
+        return Err("protocol".into());
+    }
+    if v["provider"]["id"].as_str().unwrap_or_default() != id {
+        return Err("id".into());
+    }
+    let features: Vec<String> = v["features"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(extra) = features.iter().find(|f| !declared.contains(&f.as_str())) {
+        return Err(format!("undeclared feature {extra}"));
+    }
+    Ok(features)
+}
+
+/// A plugin's stdout: newline framing with the host's codec (a smaller limit here so the
+/// fuzzer reaches it), then every line classified as the host's reader does, with the
+/// handshake's checks on the reply to `initialize` (id 1) and calls 2..=9 pending. The host
+/// stops at the first fatal line; so does this.
+pub fn epp_reply(data: &[u8]) {
+    let Some((&sel, input)) = data.split_first() else {
+        return;
+    };
+    let (_, cuts) = shape(sel);
+    let decoded = run_codec(
+        FrameCodec::with_framing(Framing::Line, 64 * 1024),
+        input,
+        &cuts,
+    );
+    let methods = [
+        "initialize",
+        "sandbox/list",
+        "exec/start",
+        "exec/attach",
+        "files/watch",
+        "exec/run",
+        "files/read",
+        "sandbox/create",
+        "shutdown",
+    ];
+    let mut pending: HashMap<i64, &str> = (1..).zip(methods).collect();
+    let secrets = vec!["s3cret".to_owned(), "tok".to_owned()];
+    for frame in decoded.frames {
+        let Frame::Message(line) = frame else {
+            return; // a line over the limit kills the plugin
+        };
+        match classify(&line, &mut pending, &secrets) {
+            Action::Reply(1, Ok(_)) => {
+                if let Incoming::Single(Ok(Message::Response(r))) = message::decode(&line) {
+                    if let Ok(raw) = r.outcome {
+                        let _ = check_handshake(raw.get(), "fuzz", &["exec.run", "files.rw"]);
+                    }
+                }
+            }
+            Action::Reply(_, Err(e)) => {
+                let rpc = e.to_rpc();
+                let text = serde_json::to_string(&rpc).expect("serializes");
+                for s in &secrets {
+                    assert!(
+                        !e.message.contains(s.as_str()) && !e.suggestion.contains(s.as_str()),
+                        "a secret reached an error: {text}"
+                    );
+                }
+            }
+            Action::Log(msg) => assert!(!msg.contains("s3cret"), "a secret reached a log"),
+            Action::Fatal(_) => return,
+            _ => {}
+        }
+    }
+}
