@@ -459,9 +459,14 @@ pub fn cleanup_orphans(data_dir: &Path) -> Result<Vec<PathBuf>, AbxError> {
             continue;
         }
         if md.is_dir() && manifest::is_valid_id(&name) {
+            let installed = reg.get(&name).is_some();
             if let Ok(trees) = fs::read_dir(&path) {
                 for t in trees.flatten() {
                     let tp = t.path();
+                    // An installed plugin's own data and temp dirs live beside its trees.
+                    if installed && matches!(t.file_name().to_str(), Some("data" | "tmp")) {
+                        continue;
+                    }
                     if !reg.references(&tp) && remove_tree(data_dir, &tp).is_ok() {
                         removed.push(tp);
                     }
@@ -861,6 +866,30 @@ required = true
         upsert(&d, r).unwrap();
         remove(&d, "a").unwrap();
         assert!(outside.exists());
+    }
+
+    #[test]
+    fn cleanup_keeps_an_installed_plugins_data() {
+        // Regression (found by tests/tests/faults.rs): every daemon start removed the data
+        // dir of every plugin, so a plugin's sandboxes did not survive a daemon restart.
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        upsert(d, record(d, "a", "keep")).unwrap();
+        let base = providers_dir(d);
+        fs::create_dir_all(base.join("a/data/sandboxes")).unwrap();
+        fs::write(base.join("a/data/sandboxes/sb-1.json"), "{}").unwrap();
+        fs::create_dir_all(base.join("a/tmp")).unwrap();
+        fs::create_dir_all(base.join("gone/data")).unwrap();
+        let removed = cleanup_orphans(d).unwrap();
+        assert!(
+            base.join("a/data/sandboxes/sb-1.json").exists(),
+            "{removed:?}"
+        );
+        assert!(base.join("a/tmp").exists(), "{removed:?}");
+        assert!(
+            !base.join("gone").exists(),
+            "an uninstalled plugin's data goes"
+        );
     }
 
     #[test]
