@@ -593,9 +593,15 @@ pub fn read(
     let mut eof = offset.saturating_add(got as u64) >= size;
     let (data, encoding) = match enc {
         Encoding::Base64 => (B64.encode(&buf), "base64"),
-        Encoding::Auto => match String::from_utf8(buf) {
-            Ok(s) => (s, "utf-8"),
-            Err(e) => (B64.encode(e.as_bytes()), "base64"),
+        Encoding::Auto => match std::str::from_utf8(&buf) {
+            Ok(_) => (String::from_utf8(buf).expect("checked"), "utf-8"),
+            // Text cut inside a character by the chunk length: the whole characters as text,
+            // the next read starts at the cut (EPP/1 §6.5).
+            Err(e) if e.error_len().is_none() && !eof && e.valid_up_to() > 0 => {
+                buf.truncate(e.valid_up_to());
+                (String::from_utf8(buf).expect("checked"), "utf-8")
+            }
+            Err(_) => (B64.encode(&buf), "base64"),
         },
         Encoding::Utf8 => match std::str::from_utf8(&buf) {
             Ok(_) => (String::from_utf8(buf).expect("checked"), "utf-8"),
@@ -1511,15 +1517,18 @@ mod tests {
         );
         let r = read(d, SB, "a.txt", 6, Some(3), None).unwrap();
         assert_eq!((r.data.as_str(), r.eof, r.offset), ("wö", false, 6));
-        // Explicit utf-8 trims a chunk ending inside a character; auto falls back to base64.
-        let r = read(d, SB, "a.txt", 6, Some(2), Some("utf-8")).unwrap();
-        assert_eq!(
-            (r.data.as_str(), r.encoding.as_str(), r.eof),
-            ("w", "utf-8", false)
-        );
-        let r = read(d, SB, "a.txt", 6, Some(2), None).unwrap();
+        // A chunk ending inside a character is trimmed to whole characters, with or without
+        // an explicit utf-8 (EPP/1 §6.5); only a chunk with nothing whole goes base64.
+        for enc in [Some("utf-8"), None] {
+            let r = read(d, SB, "a.txt", 6, Some(2), enc).unwrap();
+            assert_eq!(
+                (r.data.as_str(), r.encoding.as_str(), r.eof),
+                ("w", "utf-8", false)
+            );
+        }
+        let r = read(d, SB, "a.txt", 7, Some(1), None).unwrap();
         assert_eq!(r.encoding, "base64");
-        assert_eq!(B64.decode(&r.data).unwrap(), "wö".as_bytes()[..2].to_vec());
+        assert_eq!(B64.decode(&r.data).unwrap(), "ö".as_bytes()[..1].to_vec());
         // Past the end.
         let r = read(d, SB, "a.txt", 100, None, None).unwrap();
         assert_eq!((r.data.as_str(), r.eof, r.size), ("", true, 12));
