@@ -172,7 +172,7 @@ local real_select, real_input = vim.ui.select, vim.ui.input
 --- (item, formatted) -> bool picking the first matching item (or false to cancel).
 --- Every prompt is recorded in T.prompts.
 function T.stub_select(choosers)
-  T.prompts = T.prompts or {}
+  T.prompts = {}
   local i = 0
   vim.ui.select = function(items, opts, on_choice)
     i = i + 1
@@ -279,6 +279,9 @@ function T.run(file)
         else
           failed = failed + 1
           T.log("FAILED " .. t.name .. "\n  " .. tostring(err):gsub("\n", "\n  "))
+          if T.prompts and #T.prompts > 0 then
+            T.log("  pickers: " .. vim.inspect(T.prompts))
+          end
           if #T.notes > 0 then
             T.log("  notifications: " .. vim.inspect(vim.tbl_map(function(n)
               return n.msg
