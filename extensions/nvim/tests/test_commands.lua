@@ -176,6 +176,35 @@ T.test(":Abx doctor and :Abx status show reports", function()
   T.contains(T.text(buf), "pid")
 end)
 
+T.test(":Abx test streams the contract kit's results (provider/testResult) into a buffer", function()
+  local notes = 0
+  local off = abx.client():on("provider/testResult", function(r)
+    if r.id == "local" then
+      notes = notes + 1
+    end
+  end)
+  vim.cmd("Abx test local files")
+  local buf = T.wait(function()
+    return T.find_buf("abx%-test:local$")
+  end, "the test buffer")
+  T.wait(function()
+    return T.bufvar(buf, "abx_test_done")
+  end, "the kit to finish")
+  off()
+  local lines = T.lines(buf)
+  T.contains(lines[1], "Contract kit on provider local (filter files)")
+  local results = 0
+  for _, l in ipairs(lines) do
+    if l:match("^passed ") or l:match("^failed ") or l:match("^skipped ") then
+      results = results + 1
+    end
+  end
+  T.ok(results > 0, "some results")
+  T.eq(notes, results, "one line per provider/testResult notification")
+  T.ok(lines[#lines]:match("^%d+ passed, 0 failed, %d+ skipped$"), "summary: " .. lines[#lines])
+  T.wait_note("abx test local: ")
+end)
+
 T.test(":Abx upload and :Abx download copy files through the broker", function()
   local id = T.sandbox()
   local dir = vim.fn.tempname()

@@ -440,6 +440,7 @@ function M.providers()
       local items = {
         { "info", "Info" },
         { "doctor", "Doctor" },
+        { "test", "Run the contract kit" },
         { "default", "Make it the default" },
         { "create", "Create a sandbox here" },
       }
@@ -457,6 +458,8 @@ function M.providers()
           M.provider_info(p.id)
         elseif it[1] == "doctor" then
           M.doctor(p.id)
+        elseif it[1] == "test" then
+          M.test(p.id)
         elseif it[1] == "default" then
           abx.call("provider/setDefault", { id = p.id }, function(e)
             if e then
@@ -578,6 +581,60 @@ function M.doctor(id, cb)
     end
     run(ids)
   end)
+end
+
+--- :Abx test PROVIDER [FILTER]: the contract kit (provider/test); each result is appended
+--- to a scratch buffer as its provider/testResult notification arrives, then the totals.
+--- cb(err, result).
+function M.test(id, filter, cb)
+  local name = "abx-test:" .. id
+  local buf = util.scratch(name, "abxtest")
+  vim.api.nvim_buf_set_option(buf, "modifiable", true)
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, { "Contract kit on provider " .. id .. (filter and (" (filter " .. filter .. ")") or "") })
+  vim.api.nvim_buf_set_option(buf, "modifiable", false)
+  util.show_buffer(buf, abx.config.split)
+  local function add(line)
+    if vim.api.nvim_buf_is_valid(buf) then
+      vim.api.nvim_buf_set_option(buf, "modifiable", true)
+      vim.api.nvim_buf_set_lines(buf, -1, -1, false, { line })
+      vim.api.nvim_buf_set_option(buf, "modifiable", false)
+    end
+  end
+  local function result_line(r)
+    local detail = util.v(r.detail)
+    return string.format(
+      "%-8s %s%s%s",
+      tostring(r.outcome),
+      tostring(r.name),
+      r.durationMs and string.format(" (%d ms)", r.durationMs) or "",
+      detail and (": " .. tostring(detail):gsub("\n", " ")) or ""
+    )
+  end
+  local seen = 0
+  local off = abx.client():on("provider/testResult", function(r)
+    if r.id == id then
+      seen = seen + 1
+      add(result_line(r))
+    end
+  end)
+  abx.call("provider/test", { id = id, filter = (filter and filter ~= "") and filter or nil }, function(err, res)
+    off()
+    if err then
+      add(util.format_error(err))
+    else
+      if seen == 0 then -- a broker that sends no notifications: the results at the end
+        for _, r in ipairs(util.v(res.results) or {}) do
+          add(result_line(r))
+        end
+      end
+      add(string.format("%d passed, %d failed, %d skipped", res.passed or 0, res.failed or 0, res.skipped or 0))
+      local level = (res.failed or 0) > 0 and vim.log.levels.WARN or INFO
+      util.notify(string.format("abx test %s: %d passed, %d failed, %d skipped", id, res.passed or 0, res.failed or 0, res.skipped or 0), level)
+    end
+    pcall(vim.api.nvim_buf_set_var, buf, "abx_test_done", true)
+    finish(cb, "test", err, res)
+  end)
+  return buf
 end
 
 --- broker/status in a scratch buffer.

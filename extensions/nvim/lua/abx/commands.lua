@@ -207,6 +207,16 @@ M.subcommands = {
     end,
     args = { "provider" },
   },
+  test = {
+    help = "test PROVIDER [FILTER]",
+    run = function(ws)
+      if not ws[2] then
+        return usage("Usage: :Abx test PROVIDER [FILTER]")
+      end
+      actions().test(ws[2], ws[3])
+    end,
+    args = { "provider" },
+  },
   status = {
     help = "status",
     run = function()

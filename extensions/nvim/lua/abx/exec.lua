@@ -156,18 +156,27 @@ function M.run(sandbox, command, opts)
         finish(buf, st, "[connection to the broker lost: " .. util.format_error(e):gsub("\n.*", "") .. "]", nil)
       end,
     })
+    if st.pending_signal and not st.done then
+      abx.call("exec/kill", { execId = st.exec_id, signal = st.pending_signal })
+      st.pending_signal = nil
+    end
   end)
 
   -- Ctrl-C: SIGINT; again: SIGKILL (an INT can be lost, e.g. caught by a shell that is
   -- just starting a child, or ignored by the command)
   local function kill()
-    if st.exec_id and not st.done then
-      st.interrupts = (st.interrupts or 0) + 1
-      local sig = st.interrupts > 1 and "KILL" or "INT"
+    if st.done then
+      return
+    end
+    st.interrupts = (st.interrupts or 0) + 1
+    local sig = st.interrupts > 1 and "KILL" or "INT"
+    if st.exec_id then
       abx.call("exec/kill", { execId = st.exec_id, signal = sig })
-      if sig == "INT" then
-        vim.api.nvim_echo({ { "abx: sent SIGINT (Ctrl-C again sends SIGKILL)" } }, false, {})
-      end
+    else
+      st.pending_signal = sig -- sent once exec/start answers
+    end
+    if sig == "INT" then
+      vim.api.nvim_echo({ { "abx: sent SIGINT (Ctrl-C again sends SIGKILL)" } }, false, {})
     end
   end
   vim.api.nvim_buf_set_keymap(buf, "n", "<C-c>", "", { noremap = true, silent = true, callback = kill })
