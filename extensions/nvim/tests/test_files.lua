@@ -23,6 +23,9 @@ T.test("edit, change and :w a sandbox file; exec cat sees the new content", func
   vim.cmd("write")
   T.eq(false, vim.bo.modified)
   T.eq("import sys\nprint('changed', sys.argv)\n", T.sh(id, "cat /workspace/main.py").stdout)
+  -- and through another client: the abx CLI
+  T.eq("import sys\nprint('changed', sys.argv)\n", vim.fn.system({ T.abx_bin, "exec", id, "cat /workspace/main.py" }))
+  T.eq(0, vim.v.shell_error)
   -- and :e again reads what is there now
   T.sh(id, "echo '# appended' >> /workspace/main.py")
   vim.cmd("edit!")
