@@ -255,6 +255,9 @@ T.test(":Abx completion: subcommands, sandboxes, providers, options, remote path
     T.ok(vim.tbl_contains(subs, s), "subcommand " .. s)
   end
   T.eq({ "kill" }, c("k", "Abx k", 5))
+  -- through the command line, as <Tab> does it
+  T.eq({ "kill" }, vim.fn.getcompletion("Abx k", "cmdline"))
+  T.ok(vim.tbl_contains(vim.fn.getcompletion("Abx pause ", "cmdline"), id), "cmdline sandbox ids")
   local ids = c("", "Abx kill ", 9)
   T.ok(vim.tbl_contains(ids, id), "sandbox id offered")
   T.ok(vim.tbl_contains(ids, "local:" .. id), "qualified id offered")
@@ -263,4 +266,11 @@ T.test(":Abx completion: subcommands, sandboxes, providers, options, remote path
   T.ok(vim.tbl_contains(c("ti", "Abx create ti", 13), "timeout="), "create options")
   local line = "Abx open " .. id .. " /workspace/comp"
   T.eq({ "/workspace/complete_me.py" }, c("/workspace/comp", line, #line))
+  -- a sandbox created through :Abx is offered at once (the id cache is dropped)
+  T.clear_notes()
+  vim.cmd("Abx create")
+  T.wait_note("Created sandbox ")
+  table.insert(T.sandboxes, abx.current)
+  local bare = abx.current:gsub("^local:", "")
+  T.ok(vim.tbl_contains(c("", "Abx kill ", 9), bare), "the new sandbox offered")
 end)

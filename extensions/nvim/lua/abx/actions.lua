@@ -8,6 +8,14 @@ local M = {}
 
 local INFO = vim.log.levels.INFO
 
+-- completion caches sandbox ids for a few seconds: drop them when the list changes
+local function invalidate()
+  local commands = package.loaded["abx.commands"]
+  if commands then
+    commands.invalidate()
+  end
+end
+
 -- Run `cb(err, res)` if given, else notify the error.
 local function finish(cb, context, err, res)
   if err then
@@ -81,6 +89,7 @@ function M.create(opts, cb)
   }
   util.notify("Creating a sandbox...", INFO)
   abx.call("sandbox/create", params, function(err, sb)
+    invalidate()
     if not err then
       abx.set_current(abx.qualified(sb))
       util.notify(
@@ -249,6 +258,7 @@ end
 
 function M.kill(id, cb)
   abx.call("sandbox/kill", { sandbox = id }, function(err, res)
+    invalidate()
     if not err then
       if abx.current == id then
         abx.current = nil

@@ -268,21 +268,23 @@ end
 
 -- completion -------------------------------------------------------------------------
 
-local cache = { sandboxes = nil, providers = nil, at = 0 }
+local cache = {} -- key -> {list, at}
 
-local function now_ms()
-  return vim.loop.now()
+--- Forget the cached sandbox and provider ids (after create, kill, ...).
+function M.invalidate()
+  cache = {}
 end
 
 local function cached(key, fetch)
-  if cache[key] and now_ms() - cache.at < 5000 then
-    return cache[key]
+  local now = vim.loop.now()
+  local c = cache[key]
+  if c and now - c.at < 5000 then
+    return vim.deepcopy(c.list)
   end
   local ok, list = pcall(fetch)
   if ok and list then
-    cache[key] = list
-    cache.at = now_ms()
-    return list
+    cache[key] = { list = list, at = now }
+    return vim.deepcopy(list)
   end
   return {}
 end
