@@ -171,7 +171,11 @@ function M.run(sandbox, command, opts)
     st.interrupts = (st.interrupts or 0) + 1
     local sig = st.interrupts > 1 and "KILL" or "INT"
     if st.exec_id then
-      abx.call("exec/kill", { execId = st.exec_id, signal = sig })
+      abx.call("exec/kill", { execId = st.exec_id, signal = sig }, function(e)
+        if e and not st.done then -- an exec that just ended is no error
+          util.notify_error(e, "exec/kill")
+        end
+      end)
     else
       st.pending_signal = sig -- sent once exec/start answers
     end
