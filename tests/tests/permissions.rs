@@ -94,9 +94,28 @@ impl Probe {
         info["probes"].clone()
     }
 
+    /// Doctor's result and its `permissions` check.
+    fn doctor_permissions(&mut self) -> (Value, Value) {
+        let doc = self.c.call("provider/doctor", json!({"id": "perm-probe"}));
+        let check = doc["checks"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["name"] == "permissions"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no permissions check: {doc}"));
+        (doc, check)
+    }
+
     fn info(&mut self) -> Value {
         self.c.call("provider/info", json!({"id": "perm-probe"}))
     }
+}
+
+fn skip_without_landlock_net() -> bool {
+    let skip = !landlock_net();
+    if skip {
+        eprintln!("skipped: this kernel has no Landlock TCP rules");
+    }
+    skip
 }
 
 fn refused(v: &Value) -> bool {
@@ -106,8 +125,7 @@ fn refused(v: &Value) -> bool {
 
 #[test]
 fn undeclared_permissions_are_refused() {
-    if !landlock_net() {
-        eprintln!("skipped: this kernel has no Landlock TCP rules");
+    if skip_without_landlock_net() {
         return;
     }
     let mut p = probe_with(
@@ -144,14 +162,7 @@ fn undeclared_permissions_are_refused() {
         text.contains("network: none · filesystem: data_dir · spawns processes: no  (enforced)"),
         "{text}"
     );
-    let doc = p.c.call("provider/doctor", json!({"id": "perm-probe"}));
-    let check = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "permissions")
-        .cloned()
-        .unwrap();
+    let (doc, check) = p.doctor_permissions();
     assert_eq!(check["ok"], true, "{doc}");
     assert!(
         check["detail"].as_str().unwrap().ends_with("(enforced)"),
@@ -161,8 +172,7 @@ fn undeclared_permissions_are_refused() {
 
 #[test]
 fn declared_permissions_are_allowed_and_nothing_more() {
-    if !landlock_net() {
-        eprintln!("skipped: this kernel has no Landlock TCP rules");
+    if skip_without_landlock_net() {
         return;
     }
     let mut p = probe_with(
@@ -198,8 +208,7 @@ fn declared_permissions_are_allowed_and_nothing_more() {
 
 #[test]
 fn any_network_and_host_names_allow_datagrams() {
-    if !landlock_net() {
-        eprintln!("skipped: this kernel has no Landlock TCP rules");
+    if skip_without_landlock_net() {
         return;
     }
     let mut p = probe_with(
@@ -258,14 +267,7 @@ fn a_kernel_that_cannot_enforce_refuses_by_default_or_warns_when_told() {
     let out = p.home.run(&["provider", "info", "perm-probe"]);
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("(not enforced, will not start: "), "{shown}");
-    let doc = p.c.call("provider/doctor", json!({"id": "perm-probe"}));
-    let check = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "permissions")
-        .cloned()
-        .unwrap();
+    let (doc, check) = p.doctor_permissions();
     assert_eq!(check["ok"], false, "{doc}");
     assert!(check["detail"].as_str().unwrap().contains("E8016"), "{doc}");
 
