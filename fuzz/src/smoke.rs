@@ -159,14 +159,16 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
-/// Replay `name`'s corpus (`fuzz/corpus/NAME`) and regressions (`fuzz/regressions/NAME`),
-/// then mutate them for `budget`. A failing input is written to `fuzz/artifacts/NAME/` before
+/// Replay `name`'s seeds (`fuzz/seeds/NAME`), regressions (`fuzz/regressions/NAME`) and local
+/// corpus (`fuzz/corpus/NAME`, what `scripts/fuzz` grew, when there is one), then mutate them
+/// for `budget`. A failing input is written to `fuzz/artifacts/NAME/` before
 /// the panic goes on, so it can be replayed (`cargo fuzz run NAME FILE`) and kept as a
 /// regression.
 pub fn run(root: &Path, name: &str, target: fn(&[u8]), budget: Duration, seed: u64) -> Report {
     let dirs = [
-        root.join("corpus").join(name),
+        root.join("seeds").join(name),
         root.join("regressions").join(name),
+        root.join("corpus").join(name),
     ];
     let corpus = inputs(&dirs);
     let start = Instant::now();

@@ -1,4 +1,4 @@
-//! The fuzzing smoke run of `scripts/fuzz-smoke`: every target's corpus and regressions
+//! The fuzzing smoke run of `scripts/fuzz-smoke`: every target's seeds, regressions and local corpus
 //! replayed, then mutated for `ABX_FUZZ_SMOKE_SECS` seconds per target (default 5), with the
 //! seed from `ABX_FUZZ_SEED` (default: a fixed one, so a run is repeatable).
 
@@ -28,7 +28,7 @@ fn smoke(name: &str) {
         seed ^ name.len() as u64,
     );
     eprintln!(
-        "fuzz-smoke {name}: {} corpus inputs replayed, {} mutated inputs in {:.1} s",
+        "fuzz-smoke {name}: {} inputs replayed, {} mutated inputs in {:.1} s",
         r.replayed,
         r.mutated,
         r.elapsed.as_secs_f64()
