@@ -10,14 +10,15 @@
 //! | `codec_header` | `FrameCodec` in `Content-Length` framing (fixed, and detected) |
 //! | `decode` | `message::decode`, the request decoder every client frame goes through |
 //! | `manifest` | `manifest::parse` of an `abx-provider.toml` |
-//! | `epp_reply` | what the plugin host does with a plugin's stdout (see [`epp_reply`]) |
+//! | `epp_reply` | what the plugin host does with a plugin's stdout: `abx_protocol::epp` (the host's own line classification and handshake checks) over the host's codec |
 //!
 //! The first input byte of the codec targets picks the size limit and how the stream is cut
 //! into reads, so one corpus entry covers every split of its bytes the fuzzer cares to try.
 
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::epp::{self, PluginLine};
 use abx_protocol::message::{self, Incoming, Invalid, Message};
-use abx_protocol::{AbxError, ErrorCode, Id, RpcError};
+use abx_protocol::{ErrorCode, Id};
 use bytes::BytesMut;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -387,148 +388,6 @@ pub fn manifest(data: &[u8]) {
     }
 }
 
-/// What the host does with one line from a plugin (a mirror of `read_loop` in
-/// `broker/src/plugins/host.rs`, which needs a child process and so is not callable here).
-#[derive(Debug)]
-pub enum Action {
-    /// A reply to a pending call (the error mapped as the host maps it).
-    Reply(i64, Result<Option<String>, AbxError>),
-    /// A reply to a call no longer pending: ignored.
-    Late,
-    /// A stream notification for the stream `key`.
-    Stream(String),
-    /// A `log` notification (redacted message).
-    Log(String),
-    /// A request from the plugin, answered -32601 with this line.
-    Answer(Vec<u8>),
-    /// Ignored.
-    Ignore,
-    /// The plugin broke the protocol: it is killed with this reason (E8009).
-    Fatal(String),
-}
-
-fn redact(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_owned();
-    for s in secrets {
-        if !s.is_empty() {
-            out = out.replace(s.as_str(), "[REDACTED]");
-        }
-    }
-    out
-}
-
-fn plugin_error(id: &str, e: RpcError, secrets: &[String]) -> AbxError {
-    let message = redact(&e.message, secrets);
-    match e.error_code() {
-        Some(code) => AbxError {
-            code,
-            message,
-            suggestion: redact(e.suggestion().unwrap_or(code.suggestion()), secrets),
-            data: serde_json::Map::new(),
-        },
-        None => AbxError::new(
-            ErrorCode::BadPluginReply,
-            &[
-                ("provider", id),
-                ("detail", &format!("error {}: {message}", e.code)),
-            ],
-        ),
-    }
-}
-
-/// Classify one line from a plugin as the host's reader does. `pending` maps the host's
-/// request ids to their methods; a reply removes its entry.
-pub fn classify(line: &[u8], pending: &mut HashMap<i64, &str>, secrets: &[String]) -> Action {
-    match message::decode(line) {
-        Incoming::Single(Ok(Message::Response(r))) => {
-            let Some(Id::Num(n)) = r.id else {
-                return Action::Fatal("sent a reply with an id the broker never used".into());
-            };
-            let Some(method) = pending.remove(&n) else {
-                return Action::Late;
-            };
-            let outcome = match r.outcome {
-                Ok(raw) => {
-                    let mut key = None;
-                    if matches!(method, "exec/start" | "exec/attach" | "files/watch") {
-                        if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-                            key = match (v["execId"].as_str(), v["watchId"].as_str()) {
-                                (Some(e), _) => Some(e.to_owned()),
-                                (None, Some(w)) => Some(format!("watch:{w}")),
-                                _ => None,
-                            };
-                        }
-                    }
-                    Ok(key)
-                }
-                Err(e) => Err(plugin_error("fuzz", e, secrets)),
-            };
-            Action::Reply(n, outcome)
-        }
-        Incoming::Single(Ok(Message::Notification(n))) => {
-            let params: Value = n
-                .params
-                .as_deref()
-                .and_then(|p| serde_json::from_str(p.get()).ok())
-                .unwrap_or(Value::Null);
-            match n.method.as_str() {
-                "exec/output" | "exec/exit" | "files/changed" | "files/progress" => {
-                    let key = match params["execId"].as_str() {
-                        Some(e) => e.to_owned(),
-                        None => format!("watch:{}", params["watchId"].as_str().unwrap_or_default()),
-                    };
-                    // What the forwarder sends on to the client must be a valid message.
-                    let body = message::encode_notification(&n.method, Some(&params));
-                    assert!(message::decode_one(&body).is_ok());
-                    Action::Stream(key)
-                }
-                "log" => Action::Log(redact(
-                    params["message"].as_str().unwrap_or_default(),
-                    secrets,
-                )),
-                _ => Action::Ignore,
-            }
-        }
-        Incoming::Single(Ok(Message::Request(req))) => {
-            let err = AbxError::new(ErrorCode::MethodNotFound, &[("method", &req.method)]);
-            let line = message::encode_response(Some(&req.id), Err(&err.to_rpc()));
-            assert!(matches!(
-                message::decode_one(&line),
-                Ok(Message::Response(_))
-            ));
-            Action::Answer(line)
-        }
-        Incoming::Single(Err(inv)) => Action::Fatal(format!(
-            "sent something that is not JSON-RPC: {}",
-            inv.error.message
-        )),
-        Incoming::Batch(_) => Action::Fatal("sent a batch, which EPP/1 does not allow".into()),
-    }
-}
-
-/// The host's checks of an `initialize` result (protocol, id, declared features).
-pub fn check_handshake(raw: &str, id: &str, declared: &[&str]) -> Result<Vec<String>, String> {
-    let v: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
-    if v["protocol"].as_str() != Some("EPP/1") {
-        return Err("protocol".into());
-    }
-    if v["provider"]["id"].as_str().unwrap_or_default() != id {
-        return Err("id".into());
-    }
-    let features: Vec<String> = v["features"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(extra) = features.iter().find(|f| !declared.contains(&f.as_str())) {
-        return Err(format!("undeclared feature {extra}"));
-    }
-    Ok(features)
-}
-
 /// A plugin's stdout: newline framing with the host's codec (a smaller limit here so the
 /// fuzzer reaches it), then every line classified as the host's reader does, with the
 /// handshake's checks on the reply to `initialize` (id 1) and calls 2..=9 pending. The host
@@ -556,31 +415,55 @@ pub fn epp_reply(data: &[u8]) {
     ];
     let mut pending: HashMap<i64, &str> = (1..).zip(methods).collect();
     let secrets = vec!["s3cret".to_owned(), "tok".to_owned()];
+    let declared = vec!["exec.run".to_owned(), "files.rw".to_owned()];
+    let leaks = |text: &str| secrets.iter().any(|s| text.contains(s.as_str()));
     for frame in decoded.frames {
         let Frame::Message(line) = frame else {
             return; // a line over the limit kills the plugin
         };
-        match classify(&line, &mut pending, &secrets) {
-            Action::Reply(1, Ok(_)) => {
-                if let Incoming::Single(Ok(Message::Response(r))) = message::decode(&line) {
-                    if let Ok(raw) = r.outcome {
-                        let _ = check_handshake(raw.get(), "fuzz", &["exec.run", "files.rw"]);
+        // The host's own classification (abx_protocol::epp), then its bookkeeping.
+        match epp::classify(&line, "fuzz", &secrets) {
+            PluginLine::Reply { id, outcome } => {
+                let Some(method) = pending.remove(&id) else {
+                    continue; // a late reply: ignored
+                };
+                match outcome {
+                    Ok(raw) => {
+                        let _ = epp::stream_key(method, &raw);
+                        if method == "initialize" {
+                            if let Err(e) = epp::check_handshake(&raw, "fuzz", &declared) {
+                                assert!(
+                                    matches!(
+                                        e.code,
+                                        ErrorCode::HandshakeFailed | ErrorCode::ProtocolMismatch
+                                    ),
+                                    "{e:?}"
+                                );
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let text = serde_json::to_string(&e.to_rpc()).expect("serializes");
+                        assert!(
+                            !leaks(&e.message) && !leaks(&e.suggestion),
+                            "a secret reached an error: {text}"
+                        );
                     }
                 }
             }
-            Action::Reply(_, Err(e)) => {
-                let rpc = e.to_rpc();
-                let text = serde_json::to_string(&rpc).expect("serializes");
-                for s in &secrets {
-                    assert!(
-                        !e.message.contains(s.as_str()) && !e.suggestion.contains(s.as_str()),
-                        "a secret reached an error: {text}"
-                    );
-                }
+            PluginLine::Stream { body, .. } => {
+                // What the forwarder sends on to the client must be a valid message.
+                assert!(message::decode_one(&body).is_ok());
             }
-            Action::Log(msg) => assert!(!msg.contains("s3cret"), "a secret reached a log"),
-            Action::Fatal(_) => return,
-            _ => {}
+            PluginLine::Log { message, .. } => assert!(!leaks(&message), "a secret reached a log"),
+            PluginLine::Request { answer, .. } => {
+                assert!(matches!(
+                    message::decode_one(answer.strip_suffix(b"\n").unwrap_or(&answer)),
+                    Ok(Message::Response(_))
+                ));
+            }
+            PluginLine::Ignore { .. } => {}
+            PluginLine::Fatal(_) => return,
         }
     }
 }

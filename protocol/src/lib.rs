@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod codec;
+pub mod epp;
 pub mod error;
 pub mod features;
 pub mod id;

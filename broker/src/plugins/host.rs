@@ -18,7 +18,8 @@
 
 use crate::conn::ConnHandle;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
-use abx_protocol::message::{self, Incoming, Message};
+use abx_protocol::epp::{self, redact, PluginLine};
+use abx_protocol::message;
 use abx_protocol::{AbxError, ErrorCode, Id};
 use futures::StreamExt;
 use serde_json::value::RawValue;
@@ -71,15 +72,7 @@ pub struct Spec {
 }
 
 /// What a started child told us in its handshake.
-#[derive(Clone, Debug)]
-pub struct Handshake {
-    /// Provider name it reported.
-    pub name: String,
-    /// Version it reported.
-    pub version: String,
-    /// Features it reported.
-    pub features: Vec<String>,
-}
+pub use abx_protocol::epp::Handshake;
 
 type ReplyTx = oneshot::Sender<Result<Box<RawValue>, AbxError>>;
 
@@ -140,16 +133,6 @@ pub struct HostStatus {
     pub disabled: Option<String>,
     /// The last failure.
     pub last_error: Option<String>,
-}
-
-fn redact(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_owned();
-    for s in secrets {
-        if !s.is_empty() {
-            out = out.replace(s.as_str(), "[REDACTED]");
-        }
-    }
-    out
 }
 
 impl Host {
@@ -697,57 +680,16 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             return Err(handshake_failed("no answer to initialize within 15 s"));
         }
     };
-    let v: Value = serde_json::from_str(reply.get()).unwrap_or(Value::Null);
-    let fail = |e: AbxError| {
-        r.kill.cancel();
-        Err(e)
-    };
-    match v["protocol"].as_str() {
-        Some("EPP/1") => {}
-        other => {
-            return fail(AbxError::new(
-                ErrorCode::ProtocolMismatch,
-                &[
-                    ("provider", &spec.id),
-                    ("protocol", other.unwrap_or("nothing")),
-                ],
-            ))
+    let handshake = match epp::check_handshake(&reply, &spec.id, &spec.features) {
+        Ok(h) => h,
+        Err(e) => {
+            r.kill.cancel();
+            return Err(e);
         }
-    }
-    let reported_id = v["provider"]["id"].as_str().unwrap_or_default();
-    if reported_id != spec.id {
-        return fail(handshake_failed(&format!(
-            "it says it is '{reported_id}', the manifest says '{}'",
-            spec.id
-        )));
-    }
-    let features: Vec<String> = v["features"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(extra) = features.iter().find(|f| !spec.features.contains(f)) {
-        return fail(handshake_failed(&format!(
-            "it reports feature '{extra}', which its manifest does not declare"
-        )));
-    }
+    };
     let mut init = message::encode_notification("initialized", Some(&json!({})));
     init.push(b'\n');
     let _ = r.writer.send(init);
-    let handshake = Handshake {
-        name: v["provider"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        version: v["provider"]["version"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        features,
-    };
     debug!(provider = %spec.id, pid, "plugin started");
     // Rebuild with the handshake filled in (the tasks share the inner Arcs).
     Ok(Arc::new(Running {
@@ -797,110 +739,49 @@ async fn read_loop(
             }
             Some(Ok(Frame::Message(b))) => b,
         };
-        match message::decode(&bytes) {
-            Incoming::Single(Ok(Message::Response(r))) => {
-                let Some(Id::Num(n)) = r.id else {
-                    return "sent a reply with an id the broker never used".into();
-                };
+        match epp::classify(&bytes, id, secrets) {
+            PluginLine::Reply { id: n, outcome } => {
                 let Some(p) = pending.lock().expect("pending").remove(&n) else {
                     debug!(provider = %id, n, "late reply ignored");
                     continue;
                 };
-                if let (Ok(raw), Some(conn)) = (&r.outcome, &p.conn) {
-                    if matches!(
-                        p.method.as_str(),
-                        "exec/start" | "exec/attach" | "files/watch"
-                    ) {
-                        if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-                            let key = match (v["execId"].as_str(), v["watchId"].as_str()) {
-                                (Some(e), _) => Some(e.to_owned()),
-                                (None, Some(w)) => Some(format!("watch:{w}")),
-                                _ => None,
-                            };
-                            if let Some(key) = key {
-                                let route = spawn_forwarder(conn.clone(), p.replied.clone());
-                                routes.lock().expect("routes").insert(key, route);
-                            }
-                        }
+                if let (Ok(raw), Some(conn)) = (&outcome, &p.conn) {
+                    if let Some(key) = epp::stream_key(&p.method, raw) {
+                        let route = spawn_forwarder(conn.clone(), p.replied.clone());
+                        routes.lock().expect("routes").insert(key, route);
                     }
                 }
-                let _ = p
-                    .reply
-                    .send(r.outcome.map_err(|e| plugin_error(id, e, secrets)));
+                let _ = p.reply.send(outcome);
             }
-            Incoming::Single(Ok(Message::Notification(n))) => {
-                let params: Value = n
-                    .params
-                    .as_deref()
-                    .and_then(|p| serde_json::from_str(p.get()).ok())
-                    .unwrap_or(Value::Null);
-                match n.method.as_str() {
-                    "exec/output" | "exec/exit" | "files/changed" | "files/progress" => {
-                        let key = match params["execId"].as_str() {
-                            Some(e) => e.to_owned(),
-                            None => {
-                                format!("watch:{}", params["watchId"].as_str().unwrap_or_default())
-                            }
-                        };
-                        let is_exit = n.method == "exec/exit";
-                        let tx = {
-                            let mut r = routes.lock().expect("routes");
-                            if is_exit {
-                                r.remove(&key).map(|r| r.tx)
-                            } else {
-                                r.get(&key).map(|r| r.tx.clone())
-                            }
-                        };
-                        match tx {
-                            Some(tx) => {
-                                let body = message::encode_notification(&n.method, Some(&params));
-                                let _ = tx.send(body).await;
-                            }
-                            None => {
-                                debug!(provider = %id, method = %n.method, "notification for an unknown stream")
-                            }
-                        }
+            PluginLine::Stream { key, end, body } => {
+                let tx = {
+                    let mut r = routes.lock().expect("routes");
+                    if end {
+                        r.remove(&key).map(|r| r.tx)
+                    } else {
+                        r.get(&key).map(|r| r.tx.clone())
                     }
-                    "log" => {
-                        let msg = redact(params["message"].as_str().unwrap_or_default(), secrets);
-                        info!(provider = %id, level = %params["level"].as_str().unwrap_or("info"), "plugin log: {msg}");
+                };
+                match tx {
+                    Some(tx) => {
+                        let _ = tx.send(body).await;
                     }
-                    other => debug!(provider = %id, method = other, "ignoring plugin notification"),
+                    None => debug!(provider = %id, key, "notification for an unknown stream"),
                 }
             }
-            Incoming::Single(Ok(Message::Request(req))) => {
-                // Plugins may not call the broker (yet): answer -32601.
-                let err = AbxError::new(ErrorCode::MethodNotFound, &[("method", &req.method)]);
-                warn!(provider = %id, method = %req.method, "plugin sent a request");
-                let mut line = message::encode_response(Some(&req.id), Err(&err.to_rpc()));
-                line.push(b'\n');
-                let _ = writer.send(line);
+            PluginLine::Log { level, message } => {
+                info!(provider = %id, level = %level, "plugin log: {message}");
             }
-            Incoming::Single(Err(inv)) => {
-                return format!("sent something that is not JSON-RPC: {}", inv.error.message);
+            PluginLine::Request { method, answer } => {
+                // Plugins may not call the broker (yet): answered -32601.
+                warn!(provider = %id, method = %method, "plugin sent a request");
+                let _ = writer.send(answer);
             }
-            Incoming::Batch(_) => return "sent a batch, which EPP/1 does not allow".into(),
+            PluginLine::Ignore { method } => {
+                debug!(provider = %id, method = %method, "ignoring plugin notification")
+            }
+            PluginLine::Fatal(why) => return why,
         }
-    }
-}
-
-/// A plugin's error reply, passed on with its code; foreign codes become E8009.
-fn plugin_error(id: &str, e: abx_protocol::RpcError, secrets: &[String]) -> AbxError {
-    let message = redact(&e.message, secrets);
-    match e.error_code() {
-        Some(code) => AbxError {
-            code,
-            message,
-            suggestion: redact(e.suggestion().unwrap_or(code.suggestion()), secrets),
-            data: serde_json::Map::new(),
-        },
-        None => AbxError::new(
-            ErrorCode::BadPluginReply,
-            &[
-                ("provider", id),
-                ("detail", &format!("error {}: {message}", e.code)),
-            ],
-        ),
     }
 }
 
