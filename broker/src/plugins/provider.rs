@@ -137,35 +137,77 @@ impl ExecProvider {
         };
         let mut f = std::fs::File::open(&local).map_err(|e| local_err(e.to_string()))?;
         let total = f.metadata().map_err(|e| local_err(e.to_string()))?.len();
-        let mut buf = vec![0u8; CHUNK as usize];
-        let mut done = 0u64;
-        loop {
-            use std::io::Read;
-            let n = f.read(&mut buf).map_err(|e| local_err(e.to_string()))?;
-            if n == 0 && done > 0 {
-                break;
-            }
-            let data = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
-            let p = if done == 0 {
-                json!({"sandbox": sandbox, "path": path, "data": data, "encoding": "base64"})
-            } else {
-                json!({"sandbox": sandbox, "path": path, "data": data, "encoding": "base64", "offset": done})
+        // More than one chunk: written under a temporary sibling name, then renamed over the
+        // target, so an interrupted upload never leaves a partial file at `path` (a single
+        // chunk is a whole-file write, atomic by itself).
+        let target = if total > CHUNK {
+            let (dir, name) = match path.rsplit_once('/') {
+                Some((d, n)) => (format!("{d}/"), n),
+                None => (String::new(), path.as_str()),
             };
-            self.host
-                .call("files/write", &p, None, None, Some(cx.cancel.clone()), None)
-                .await?;
-            done += n as u64;
-            cx.conn
-                .notify(
-                    "files/progress",
-                    &json!({"path": path, "bytes": done, "total": total}),
-                )
-                .await;
-            if n == 0 {
-                break;
+            let n = UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{dir}.{name}.abx-upload-{}-{n}", std::process::id())
+        } else {
+            path.clone()
+        };
+        let result = async {
+            let mut buf = vec![0u8; CHUNK as usize];
+            let mut done = 0u64;
+            loop {
+                use std::io::Read;
+                let n = f.read(&mut buf).map_err(|e| local_err(e.to_string()))?;
+                if n == 0 && done > 0 {
+                    break;
+                }
+                let data = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
+                let mut p =
+                    json!({"sandbox": sandbox, "path": target, "data": data, "encoding": "base64"});
+                if done > 0 {
+                    p["offset"] = json!(done);
+                }
+                self.host
+                    .call("files/write", &p, None, None, Some(cx.cancel.clone()), None)
+                    .await?;
+                done += n as u64;
+                cx.conn
+                    .notify(
+                        "files/progress",
+                        &json!({"sandbox": sandbox, "path": path, "bytes": done, "total": total}),
+                    )
+                    .await;
+                if n == 0 {
+                    break;
+                }
+            }
+            if target != path {
+                let p = json!({"sandbox": sandbox, "from": target, "to": path});
+                self.host
+                    .call(
+                        "files/rename",
+                        &p,
+                        None,
+                        None,
+                        Some(cx.cancel.clone()),
+                        None,
+                    )
+                    .await?;
+            }
+            Ok::<u64, AbxError>(done)
+        }
+        .await;
+        match result {
+            Ok(done) => Ok(json!({"size": done, "path": path, "localPath": local})),
+            Err(e) => {
+                if target != path {
+                    let p = json!({"sandbox": sandbox, "path": target});
+                    let _ = self
+                        .host
+                        .call("files/remove", &p, None, None, None, None)
+                        .await;
+                }
+                Err(e)
             }
         }
-        Ok(json!({"size": done, "path": path, "localPath": local}))
     }
 
     async fn download(&self, cx: &CallCx, params: &Value) -> Result<Value, AbxError> {
@@ -216,6 +258,9 @@ impl ExecProvider {
         }
     }
 }
+
+/// Numbers temporary upload names.
+static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn integrity(id: &str) -> AbxError {
     AbxError::new(ErrorCode::IntegrityFailed, &[("provider", id)])
