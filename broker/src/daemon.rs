@@ -97,6 +97,7 @@ fn startup_error(detail: impl std::fmt::Display, paths: &Paths) -> AbxError {
 /// Run the daemon in the foreground until `broker/shutdown` or SIGTERM/SIGINT.
 pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
     crate::state::tune_allocator();
+    crate::state::raise_fd_limit();
     paths.ensure().map_err(|e| startup_error(e, &paths))?;
     let _log = logging::init(&paths, log_to_stderr);
     let mut lock = match FileLock::try_acquire(&paths.daemon_lock) {

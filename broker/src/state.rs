@@ -126,6 +126,51 @@ impl Drop for Counted {
     }
 }
 
+/// The soft and hard open-file limits the daemon started with (0: not raised).
+static FD_LIMIT: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// In a child between fork and exec (a system call, no allocation): give back the soft
+/// open-file limit the daemon started with, so commands and plugins see the usual one.
+pub fn restore_fd_limit_in_child() {
+    let cur = FD_LIMIT[0].load(Ordering::Relaxed);
+    if cur == 0 {
+        return;
+    }
+    let l = libc::rlimit {
+        rlim_cur: cur,
+        rlim_max: FD_LIMIT[1].load(Ordering::Relaxed),
+    };
+    // SAFETY: setrlimit with a struct on the stack.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+    }
+}
+
+/// Raise the soft open-file limit to the hard one (at most 1M): every connection, plugin pipe
+/// and exec stream is a descriptor, and the common soft limit of 1024 ends near 1000 clients.
+/// Children get the original back ([`restore_fd_limit_in_child`]).
+pub fn raise_fd_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit with a struct on the stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            let want = l.rlim_max.min(1 << 20);
+            if want > l.rlim_cur {
+                FD_LIMIT[0].store(l.rlim_cur, Ordering::Relaxed);
+                FD_LIMIT[1].store(l.rlim_max, Ordering::Relaxed);
+                l.rlim_cur = want;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            }
+        }
+    }
+}
+
 /// Keep the daemon's memory honest: buffers over 1 MiB are mmapped and returned to the
 /// system when freed, the heap is trimmed above 2 MiB free, and few malloc arenas are kept.
 /// Without a fixed threshold glibc raises it after the first large free and keeps every

@@ -247,3 +247,42 @@ fn rpc_bridge_in_both_framings_waits_for_every_reply() {
     assert_eq!(msgs[0]["error"]["code"], -32700);
     assert_eq!(msgs[1]["error"]["code"], -32601);
 }
+
+/// The daemon raises its soft open-file limit to the hard one (1000 clients need more than
+/// the common 1024), and the commands it runs get the limit it started with.
+#[test]
+fn daemon_raises_its_fd_limit_and_children_get_the_original() {
+    let home = Home::new();
+    let mut cmd = home.abx();
+    cmd.args(["broker", "start"]);
+    // SAFETY: getrlimit/setrlimit only, in the child before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut l = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+            l.rlim_cur = l.rlim_max.min(512);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            Ok(())
+        });
+    }
+    assert!(cmd.status().unwrap().success());
+    let pid = home.daemon_pid().expect("daemon");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let nums: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (soft, hard) = (nums[0], nums[1]);
+    assert_eq!(soft, hard.min(1 << 20), "{line}");
+    let mut c = home.connect();
+    let sb = c.create(json!({}));
+    let expected = format!("{}\n", hard.min(512));
+    assert_eq!(c.sh(&sb, "ulimit -n")["stdout"], expected.as_str());
+}

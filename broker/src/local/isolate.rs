@@ -748,6 +748,7 @@ unsafe fn drop_caps(last_cap: i32, strict: bool) -> Result<(), i32> {
 
 /// Runs in the child between fork and exec: system calls only.
 unsafe fn child_setup(p: &Plan) -> Result<(), i32> {
+    crate::state::restore_fd_limit_in_child();
     let ruleset = p.ruleset.as_ref().map(|f| f.as_raw_fd());
     if let Some(ns) = &p.ns {
         ns_setup(ns, ruleset)?;

@@ -13,7 +13,8 @@
 //! - **Faults:** end of stdout fails every pending call with E8007 and the tail of stderr;
 //!   garbage or an oversized line kills the child (E8009); a call that gets no answer in time
 //!   is E8008. The next call restarts the child after a backoff; five crashes in a minute
-//!   disable it until `provider/doctor` or a reinstall resets it.
+//!   disable it until `provider/doctor` or a reinstall resets it, and so do five failed
+//!   starts in a row (a plugin that hangs at the handshake fails only every 15 s).
 //! - **Idle:** a child without calls or streams for `ABX_PLUGIN_IDLE_SECS` (300) is stopped.
 
 use crate::conn::ConnHandle;
@@ -104,6 +105,9 @@ struct Running {
 struct State {
     running: Option<Arc<Running>>,
     crashes: VecDeque<Instant>,
+    /// Starts that failed in a row (no handshake since): a plugin that hangs at the
+    /// handshake fails once per 15 s, never five times in a minute, and is disabled by this.
+    failed_starts: usize,
     restarts: u64,
     disabled: Option<String>,
     last_used: Option<Instant>,
@@ -164,6 +168,7 @@ impl Host {
         let mut st = self.state.lock().await;
         st.disabled = None;
         st.crashes.clear();
+        st.failed_starts = 0;
     }
 
     /// Status for `broker/status` and doctor.
@@ -189,6 +194,7 @@ impl Host {
         let mut st = self.state.lock().await;
         st.disabled = None;
         st.crashes.clear();
+        st.failed_starts = 0;
         self.set_status(&st);
     }
 
@@ -228,6 +234,7 @@ impl Host {
         let spec = self.spec.lock().expect("spec").clone();
         match start(&spec).await {
             Ok(r) => {
+                st.failed_starts = 0;
                 if !st.crashes.is_empty() {
                     info!(provider = %id, "plugin restarted");
                     st.restarts += 1;
@@ -238,12 +245,18 @@ impl Host {
             }
             Err(e) => {
                 st.crashes.push_back(Instant::now());
+                st.failed_starts += 1;
                 st.last_error = Some(e.message.clone());
                 if st.crashes.len() >= CRASH_LIMIT {
                     st.disabled = Some(format!(
                         "failed {} times in a minute: {}",
                         st.crashes.len(),
                         e.message
+                    ));
+                } else if st.failed_starts >= CRASH_LIMIT {
+                    st.disabled = Some(format!(
+                        "failed to start {} times in a row: {}",
+                        st.failed_starts, e.message
                     ));
                 }
                 self.set_status(&st);
@@ -497,6 +510,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     unsafe {
         cmd.pre_exec(move || {
             libc::setpgid(0, 0);
+            crate::state::restore_fd_limit_in_child();
             crate::confine::restrict_self(&confined)
                 .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))
         });
