@@ -31,7 +31,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +41,72 @@ use tracing::{debug, info, warn};
 const MAX_LINE: usize = 64 * 1024 * 1024;
 /// Lines of stderr kept for error details.
 const STDERR_TAIL: usize = 20;
+/// Longest stderr line kept (the rest of a longer line is dropped).
+const STDERR_LINE: usize = 16 * 1024;
+/// Plugin stderr lines and `log` notifications written to the broker's log per second (the
+/// rest are counted and reported, so a flooding plugin cannot fill the disk).
+const LOG_LINES_PER_SEC: u32 = 100;
+
+/// A per-second budget of log lines.
+#[derive(Default)]
+struct LogLimit {
+    window: Option<Instant>,
+    used: u32,
+    dropped: u64,
+}
+
+impl LogLimit {
+    /// Some(lines dropped since the last allowed one) when this line may be logged.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .window
+            .is_none_or(|w| now.duration_since(w) >= Duration::from_secs(1))
+        {
+            self.window = Some(now);
+            self.used = 0;
+        }
+        if self.used < LOG_LINES_PER_SEC {
+            self.used += 1;
+            Some(std::mem::take(&mut self.dropped))
+        } else {
+            self.dropped += 1;
+            None
+        }
+    }
+}
+
+/// Read one line into `line` (without its newline), keeping at most `cap` bytes. Ok(None) at
+/// the end; Ok(Some(true)) when the line was cut.
+async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<Option<bool>> {
+    use tokio::io::AsyncBufReadExt;
+    line.clear();
+    let mut cut = false;
+    let mut any = false;
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(any.then_some(cut));
+        }
+        any = true;
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        let room = cap.saturating_sub(line.len());
+        line.extend_from_slice(&buf[..take.min(room)]);
+        cut |= take > room;
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Some(cut));
+        }
+    }
+}
+
 /// Crashes within [`CRASH_WINDOW`] that disable a plugin.
 const CRASH_LIMIT: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
@@ -535,12 +601,24 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         let secrets = spec.secrets.clone();
         let id = spec.id.clone();
         tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let line = redact(&line, &secrets);
-                info!(provider = %id, "plugin: {line}");
+            let mut reader = tokio::io::BufReader::new(stderr);
+            let mut limit = LogLimit::default();
+            let mut line = Vec::new();
+            // Lines are cut at STDERR_LINE bytes (the rest until the newline is dropped), so
+            // an endless line costs no memory.
+            while let Ok(Some(cut)) = read_line_capped(&mut reader, &mut line, STDERR_LINE).await {
+                let mut text = redact(&String::from_utf8_lossy(&line), &secrets);
+                if cut {
+                    text.push_str(" [line cut]");
+                }
+                if let Some(dropped) = limit.allow() {
+                    if dropped > 0 {
+                        info!(provider = %id, "plugin: ({dropped} lines not logged: over {LOG_LINES_PER_SEC} a second)");
+                    }
+                    info!(provider = %id, "plugin: {text}");
+                }
                 let mut t = tail.lock().expect("tail");
-                t.push_back(line);
+                t.push_back(text);
                 while t.len() > STDERR_TAIL {
                     t.pop_front();
                 }
@@ -737,6 +815,7 @@ async fn read_loop(
 ) -> String {
     let (id, secrets, writer) = (io.id, io.secrets, io.writer);
     let mut frames = FramedRead::new(stdout, FrameCodec::with_framing(Framing::Line, MAX_LINE));
+    let mut log_limit = LogLimit::default();
     loop {
         let frame = tokio::select! {
             f = frames.next() => f,
@@ -784,7 +863,12 @@ async fn read_loop(
                 }
             }
             PluginLine::Log { level, message } => {
-                info!(provider = %id, level = %level, "plugin log: {message}");
+                if let Some(dropped) = log_limit.allow() {
+                    if dropped > 0 {
+                        info!(provider = %id, "plugin log: ({dropped} messages not logged: over {LOG_LINES_PER_SEC} a second)");
+                    }
+                    info!(provider = %id, level = %level, "plugin log: {message}");
+                }
             }
             PluginLine::Request { method, answer } => {
                 // Plugins may not call the broker (yet): answered -32601.
@@ -813,4 +897,45 @@ fn spawn_forwarder(conn: ConnHandle, replied: Option<CancellationToken>) -> Rout
         }
     });
     Route { tx }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stderr_lines_are_capped_and_logging_is_rate_limited() {
+        let mut input: &[u8] = b"short\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\nlast";
+        let mut r = tokio::io::BufReader::with_capacity(4, &mut input);
+        let mut line = Vec::new();
+        assert_eq!(
+            read_line_capped(&mut r, &mut line, 8).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(line, b"short");
+        assert_eq!(
+            read_line_capped(&mut r, &mut line, 8).await.unwrap(),
+            Some(true)
+        );
+        assert_eq!(line, b"xxxxxxxx");
+        assert_eq!(
+            read_line_capped(&mut r, &mut line, 8).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(line, b"last");
+        assert_eq!(read_line_capped(&mut r, &mut line, 8).await.unwrap(), None);
+
+        let mut l = LogLimit::default();
+        for _ in 0..LOG_LINES_PER_SEC {
+            assert_eq!(l.allow(), Some(0));
+        }
+        assert_eq!(l.allow(), None);
+        assert_eq!(l.allow(), None);
+        l.window = Some(Instant::now() - Duration::from_secs(2));
+        assert_eq!(
+            l.allow(),
+            Some(2),
+            "the next window reports what was dropped"
+        );
+    }
 }
