@@ -627,10 +627,15 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
     let mut notes = 0u64;
     // Returns the seconds and the daemon's CPU nanoseconds.
     let op = |rpc: &mut UnixRpc, op: Op, from: &Path, notes: &mut u64| -> Res<(f64, u64)> {
-        if op == Op::Upload {
-            // Into a fresh file, as cp writes one: freeing the last round's copy is not timed.
-            let _ = std::fs::remove_file(&up_host);
-        }
+        // Every copy goes into a fresh file; freeing the last round's copy is not timed. (A
+        // download over an existing file is an atomic rename over it, and ext4 then starts
+        // writing the new data back at once (auto_da_alloc), which `cp`'s in-place overwrite
+        // does not pay: that would compare durability, not transfer speed.)
+        let _ = std::fs::remove_file(match op {
+            Op::Cp => &cp_dst,
+            Op::Upload => &up_host,
+            Op::Download => &down,
+        });
         sync();
         let c0 = cpu_ns(pid);
         let t0 = Instant::now();

@@ -126,6 +126,8 @@ pub fn status(b: &Broker) -> Reply {
                 "pid": proc_.get("pid").cloned().unwrap_or(Value::Null),
                 "inFlight": proc_.get("inFlight").cloned().unwrap_or(json!(0)),
                 "restarts": proc_.get("restarts").cloned().unwrap_or(json!(0)),
+                "disabled": proc_.get("disabled").cloned().unwrap_or(Value::Null),
+                "lastError": proc_.get("lastError").cloned().unwrap_or(Value::Null),
             })
         }).collect::<Vec<_>>(),
         "sandboxes": b.registry.all().iter().map(|p| p.sandbox_count()).sum::<usize>(),

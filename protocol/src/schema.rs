@@ -104,6 +104,12 @@ pub struct ProviderProcess {
     pub in_flight: u64,
     /// How often it was restarted after a crash.
     pub restarts: u64,
+    /// Why it is disabled (crash loop, failed starts), if it is: `provider doctor` retries.
+    #[serde(default)]
+    pub disabled: Option<String>,
+    /// Its last failure, if any.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 /// `broker/status` result.

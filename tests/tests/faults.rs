@@ -433,6 +433,20 @@ fn plugin_exiting_or_closing_at_handshake_is_restarted_then_disabled() {
             "{mode}: disabled at last: {codes:?}"
         );
         assert!(codes.len() >= 5, "{mode}: {codes:?}");
+        // broker/status says so, and why.
+        let st = c.call("broker/status", Value::Null);
+        let me = st["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == "bad-handshake")
+            .cloned()
+            .unwrap();
+        assert!(
+            me["disabled"].as_str().is_some_and(|d| !d.is_empty()),
+            "{me}"
+        );
+        assert!(me["lastError"].as_str().is_some(), "{me}");
         // Doctor resets the crash history and tries again: still failing, and says so.
         let hs = doctor_check(&mut c, "bad-handshake", "handshake");
         assert_eq!(hs["ok"], false, "{hs}");
