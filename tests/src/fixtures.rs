@@ -80,3 +80,21 @@ pub fn install_pinned(c: &mut Client, name: &str) -> (tempfile::TempDir, String)
     assert!(r.get("error").is_none(), "install {name}: {r}");
     (dir, commit)
 }
+
+/// A sandbox on an installed plugin provider: (its bare id, `provider:id`).
+pub fn plugin_sandbox(c: &mut Client, provider: &str) -> (String, String) {
+    let sb = c.call("sandbox/create", json!({"provider": provider}))["id"]
+        .as_str()
+        .expect("sandbox id")
+        .to_owned();
+    let full = format!("{provider}:{sb}");
+    (sb, full)
+}
+
+/// A sparse file of `len` bytes (reading it costs no disk); keep the dir alive.
+pub fn sparse_file(len: u64) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.bin");
+    std::fs::File::create(&path).unwrap().set_len(len).unwrap();
+    (dir, path)
+}

@@ -10,7 +10,9 @@
 //! (`plugins.rs`, broker unit tests), another uid's ping (`daemon.rs`), restarts keeping local
 //! sandboxes (`local.rs`). Fuzzing is `fuzz/` (`scripts/fuzz`, `scripts/fuzz-smoke`).
 
-use abx_tests::fixtures::{copy_dir, fixture, git, install_pinned, started};
+use abx_tests::fixtures::{
+    copy_dir, fixture, git, install_pinned, plugin_sandbox, sparse_file, started,
+};
 use abx_tests::{abx_code, alive, frame, rss_kib, wait_until, Client, Framing, Home};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -193,11 +195,7 @@ fn raise_nofile(want: u64) -> u64 {
 fn plugin_killed_with_calls_in_flight_from_many_clients() {
     let (home, mut c) = started(&[]);
     let (_repo, _) = install_pinned(&mut c, "py-local");
-    let sb = c.call("sandbox/create", json!({"provider": "py-local"}))["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let full = format!("py-local:{sb}");
+    let (_, full) = plugin_sandbox(&mut c, "py-local");
     let marker = format!("37.{}", std::process::id());
     let pid = c.call("broker/status", Value::Null)["providers"]
         .as_array()
@@ -474,11 +472,7 @@ fn plugin_exiting_or_closing_at_handshake_is_restarted_then_disabled() {
 fn a_client_that_never_reads_a_plugin_stream_does_not_stall_the_plugin() {
     let (home, mut c) = started(&[("ABX_PLUGIN_TIMEOUT_SECS", "30")]);
     let (_repo, _) = install_pinned(&mut c, "py-local");
-    let sb = c.call("sandbox/create", json!({"provider": "py-local"}))["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let full = format!("py-local:{sb}");
+    let (_, full) = plugin_sandbox(&mut c, "py-local");
     let mut stalled = home.connect();
     let marker = format!("flood-{}", std::process::id());
     stalled.call(
@@ -750,11 +744,7 @@ fn daemon_killed_during_upload_leaves_the_old_file_or_the_new_one() {
         json!({"sandbox": sb, "path": "big.bin", "data": "old"}),
     );
     // A 1 GiB sparse file: reading it costs no disk.
-    let src_dir = tempfile::tempdir().unwrap();
-    let src = src_dir.path().join("big.bin");
-    let f = std::fs::File::create(&src).unwrap();
-    f.set_len(1 << 30).unwrap();
-    drop(f);
+    let (src_dir, src) = sparse_file(1 << 30);
     send_req(
         &mut c,
         7,
@@ -816,20 +806,12 @@ fn daemon_killed_during_upload_leaves_the_old_file_or_the_new_one() {
 fn daemon_killed_during_a_plugin_upload_keeps_registry_and_sandboxes() {
     let (home, mut c) = started(&[]);
     let (_repo, _) = install_pinned(&mut c, "py-local");
-    let sb = c.call("sandbox/create", json!({"provider": "py-local"}))["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let full = format!("py-local:{sb}");
+    let (sb, full) = plugin_sandbox(&mut c, "py-local");
     c.call(
         "files/write",
         json!({"sandbox": full, "path": "big.bin", "data": "old"}),
     );
-    let src_dir = tempfile::tempdir().unwrap();
-    let src = src_dir.path().join("big.bin");
-    let f = std::fs::File::create(&src).unwrap();
-    f.set_len(256 << 20).unwrap();
-    drop(f);
+    let (_src_dir, src) = sparse_file(256 << 20);
     send_req(
         &mut c,
         7,

@@ -2,7 +2,7 @@
 //! pinning and refusals, integrity, feature gating, the shared plugin process, faults,
 //! secrets. Real daemon, real plugin processes (Python and Node fixtures).
 
-use abx_tests::fixtures::{copy_dir, fixture, git, install_pinned, repo, started};
+use abx_tests::fixtures::{copy_dir, fixture, git, install_pinned, plugin_sandbox, repo, started};
 use abx_tests::{abx_code, alive, wait_until, Client};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
@@ -460,11 +460,7 @@ fn plugin_faults_are_typed_and_the_daemon_survives() {
 fn one_plugin_process_for_all_clients_and_a_kill_with_calls_in_flight() {
     let (home, mut c) = started(&[]);
     let (_repo, _) = install_pinned(&mut c, "py-local");
-    let sb = c.call("sandbox/create", json!({"provider": "py-local"}))["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let full = format!("py-local:{sb}");
+    let (sb, full) = plugin_sandbox(&mut c, "py-local");
     // Two clients stream from the same plugin at once; each gets only its own stream.
     let mut c2 = home.connect();
     let e1 = c.call(
@@ -554,11 +550,7 @@ fn node_provider_works_too() {
     }
     let (_home, mut c) = started(&[]);
     let (_repo, _) = install_pinned(&mut c, "node-local");
-    let sb = c.call("sandbox/create", json!({"provider": "node-local"}))["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let full = format!("node-local:{sb}");
+    let (_, full) = plugin_sandbox(&mut c, "node-local");
     assert_eq!(
         c.call(
             "exec/run",
