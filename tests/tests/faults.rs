@@ -962,3 +962,47 @@ fn another_uid_is_refused_every_time_without_leaking() {
         json!(1)
     );
 }
+
+/// A plugin that hangs at every handshake is disabled after five failed starts (here with a
+/// 1 s handshake timeout, `ABX_PLUGIN_HANDSHAKE_SECS`), with a doctor-pointing error and
+/// `broker/status` saying why.
+#[test]
+fn plugin_hanging_at_every_handshake_is_disabled() {
+    let (home, mut c) = started(&[("ABX_PLUGIN_HANDSHAKE_SECS", "1")]);
+    let (_repo, _) = install_pinned(&mut c, "bad-handshake");
+    let mut codes = vec![];
+    for _ in 0..7 {
+        let e = c.call_err("sandbox/list", json!({"provider": "bad-handshake"}));
+        codes.push(abx_code(&e).to_owned());
+        if abx_code(&e) == "E8007" {
+            break;
+        }
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or_default()
+                .contains("within 1 s"),
+            "{e}"
+        );
+    }
+    assert_eq!(codes.len(), 6, "five E8002 then disabled: {codes:?}");
+    assert!(codes[..5].iter().all(|c| c == "E8002"), "{codes:?}");
+    let st = c.call("broker/status", Value::Null);
+    let me = st["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "bad-handshake")
+        .cloned()
+        .unwrap();
+    assert!(
+        me["disabled"]
+            .as_str()
+            .is_some_and(|d| d.contains("initialize")),
+        "{me}"
+    );
+    wait_until("no plugin left behind", LONG, || {
+        plugin_pids(&home, "bad-handshake").is_empty()
+    });
+}

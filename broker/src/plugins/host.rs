@@ -107,6 +107,14 @@ async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
+/// How long a plugin has to answer `initialize`: `ABX_PLUGIN_HANDSHAKE_SECS`, default 15.
+fn handshake_timeout() -> Duration {
+    std::env::var("ABX_PLUGIN_HANDSHAKE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(15), Duration::from_secs)
+}
+
 /// Crashes within [`CRASH_WINDOW`] that disable a plugin.
 const CRASH_LIMIT: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
@@ -755,7 +763,8 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     let mut line = message::encode_request(&Id::Num(id_num), "initialize", Some(&params));
     line.push(b'\n');
     let _ = r.writer.send(line);
-    let reply = match tokio::time::timeout(Duration::from_secs(15), rx).await {
+    let limit = handshake_timeout();
+    let reply = match tokio::time::timeout(limit, rx).await {
         Ok(Ok(Ok(v))) => v,
         Ok(Ok(Err(e))) => {
             r.kill.cancel();
@@ -769,7 +778,10 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         }
         Err(_) => {
             r.kill.cancel();
-            return Err(handshake_failed("no answer to initialize within 15 s"));
+            return Err(handshake_failed(&format!(
+                "no answer to initialize within {} s",
+                limit.as_secs()
+            )));
         }
     };
     let handshake = match epp::check_handshake(&reply, &spec.id, &spec.features) {
