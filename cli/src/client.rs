@@ -86,7 +86,20 @@ impl Client {
     /// another version.
     pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
         let mut client = Self::connect_or_start(paths).await?;
-        let init = client.initialize().await?;
+        let init = match client.initialize_raw().await {
+            Ok(v) => client.accept_init(v)?,
+            // A daemon that is going away (killed, or stopping) can still accept a connection
+            // and then drop it: wait until it is gone (its lock is free), then start one.
+            Err(CallError::Broken(_)) => {
+                drop(client);
+                spawn::wait_stopped(paths, Duration::from_secs(10)).await?;
+                client = Self::connect_or_start(paths).await?;
+                client.initialize().await?
+            }
+            Err(CallError::Rpc(r)) => {
+                return Err(unreachable(paths, format!("initialize failed: {r}")))
+            }
+        };
         if init.server_info.version != abx_broker::VERSION
             && std::env::var_os("ABX_NO_REPLACE").is_none()
         {
@@ -131,16 +144,22 @@ impl Client {
 
     /// Send `initialize` with our version.
     pub async fn initialize(&mut self) -> Result<InitializeResult, AbxError> {
+        let v = self.initialize_raw().await.map_err(|e| match e {
+            CallError::Rpc(r) => unreachable(&self.paths, format!("initialize failed: {r}")),
+            CallError::Broken(b) => b,
+        })?;
+        self.accept_init(v)
+    }
+
+    /// The `initialize` call itself (a broken connection is told from an error reply).
+    async fn initialize_raw(&mut self) -> Result<serde_json::Value, CallError> {
         let params = serde_json::json!({
             "clientInfo": PeerInfo { name: "abx".into(), version: abx_broker::VERSION.into() },
         });
-        let v = self
-            .call(methods::INITIALIZE, Some(&params))
-            .await
-            .map_err(|e| match e {
-                CallError::Rpc(r) => unreachable(&self.paths, format!("initialize failed: {r}")),
-                CallError::Broken(b) => b,
-            })?;
+        self.call(methods::INITIALIZE, Some(&params)).await
+    }
+
+    fn accept_init(&mut self, v: serde_json::Value) -> Result<InitializeResult, AbxError> {
         let init: InitializeResult = serde_json::from_value(v)
             .map_err(|e| unreachable(&self.paths, format!("bad initialize reply: {e}")))?;
         self.server = Some(init.clone());

@@ -286,3 +286,41 @@ fn daemon_raises_its_fd_limit_and_children_get_the_original() {
     let expected = format!("{}\n", hard.min(512));
     assert_eq!(c.sh(&sb, "ulimit -n")["stdout"], expected.as_str());
 }
+
+/// A daemon that is going away (killed, still closing its files) holds its lock and its
+/// socket for a moment and drops connections: a client waits for it to be gone and starts a
+/// new one instead of failing with E1007. Simulated here by a listener that holds the lock,
+/// drops every connection, and goes away after a moment.
+#[test]
+fn a_client_meeting_a_dying_daemon_starts_a_new_one() {
+    use std::os::fd::AsRawFd;
+    let home = Home::new();
+    let run = home.run_dir();
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let lock = std::fs::File::create(run.join("broker.lock")).unwrap();
+    // SAFETY: flock on a file we own.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let listener = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();
+    let dying = std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let end = std::time::Instant::now() + Duration::from_millis(800);
+        while std::time::Instant::now() < end {
+            if let Ok((s, _)) = listener.accept() {
+                drop(s); // reset: the dying daemon closes everything
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(listener); // the socket file stays behind, stale
+        drop(lock);
+    });
+    let out = home.run(&["broker", "start"]);
+    dying.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut c = home.connect();
+    assert_eq!(c.call("broker/ping", Value::Null), json!({}));
+}
