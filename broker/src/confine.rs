@@ -677,8 +677,7 @@ mod tests {
                 datagrams: false,
             },
         };
-        // python3 may be missing: use perl-free probes via /proc? sh cannot open sockets, so
-        // use the test binary itself is not possible; rely on bash's /dev/udp redirection.
+        // bash's /dev/udp redirection opens a UDP socket (sh has no way to).
         if !std::path::Path::new("/bin/bash").exists() {
             return;
         }

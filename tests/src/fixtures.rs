@@ -98,3 +98,13 @@ pub fn sparse_file(len: u64) -> (tempfile::TempDir, PathBuf) {
     std::fs::File::create(&path).unwrap().set_len(len).unwrap();
     (dir, path)
 }
+
+/// One provider's entry of `broker/status` (`providers[]`: running, pid, restarts, disabled).
+pub fn provider_status(c: &mut Client, id: &str) -> serde_json::Value {
+    let st = c.call("broker/status", serde_json::Value::Null);
+    st["providers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["id"] == id))
+        .cloned()
+        .unwrap_or_else(|| panic!("no provider '{id}' in broker/status: {st}"))
+}

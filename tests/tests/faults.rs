@@ -11,7 +11,7 @@
 //! sandboxes (`local.rs`). Fuzzing is `fuzz/` (`scripts/fuzz`, `scripts/fuzz-smoke`).
 
 use abx_tests::fixtures::{
-    copy_dir, fixture, git, install_pinned, plugin_sandbox, sparse_file, started,
+    copy_dir, fixture, git, install_pinned, plugin_sandbox, provider_status, sparse_file, started,
 };
 use abx_tests::{abx_code, alive, frame, rss_kib, wait_until, Client, Framing, Home};
 use serde_json::{json, Value};
@@ -197,14 +197,7 @@ fn plugin_killed_with_calls_in_flight_from_many_clients() {
     let (_repo, _) = install_pinned(&mut c, "py-local");
     let (_, full) = plugin_sandbox(&mut c, "py-local");
     let marker = format!("37.{}", std::process::id());
-    let pid = c.call("broker/status", Value::Null)["providers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "py-local")
-        .unwrap()["pid"]
-        .as_u64()
-        .unwrap() as u32;
+    let pid = provider_status(&mut c, "py-local")["pid"].as_u64().unwrap() as u32;
     // A stream, then 4 clients x 25 calls.
     let mut streamer = home.connect();
     let exec = streamer.call(
@@ -260,14 +253,7 @@ fn plugin_killed_with_calls_in_flight_from_many_clients() {
         c.call("exec/run", json!({"sandbox": full, "command": "echo back"}))["stdout"],
         "back\n"
     );
-    let st = c.call("broker/status", Value::Null);
-    let p = st["providers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "py-local")
-        .unwrap()
-        .clone();
+    let p = provider_status(&mut c, "py-local");
     assert_ne!(p["pid"].as_u64().unwrap() as u32, pid, "{p}");
     assert!(p["restarts"].as_u64().unwrap() >= 1, "{p}");
     for c in clients.iter_mut() {
@@ -432,14 +418,7 @@ fn plugin_exiting_or_closing_at_handshake_is_restarted_then_disabled() {
         );
         assert!(codes.len() >= 5, "{mode}: {codes:?}");
         // broker/status says so, and why.
-        let st = c.call("broker/status", Value::Null);
-        let me = st["providers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["id"] == "bad-handshake")
-            .cloned()
-            .unwrap();
+        let me = provider_status(&mut c, "bad-handshake");
         assert!(
             me["disabled"].as_str().is_some_and(|d| !d.is_empty()),
             "{me}"
@@ -988,14 +967,7 @@ fn plugin_hanging_at_every_handshake_is_disabled() {
     }
     assert_eq!(codes.len(), 6, "five E8002 then disabled: {codes:?}");
     assert!(codes[..5].iter().all(|c| c == "E8002"), "{codes:?}");
-    let st = c.call("broker/status", Value::Null);
-    let me = st["providers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "bad-handshake")
-        .cloned()
-        .unwrap();
+    let me = provider_status(&mut c, "bad-handshake");
     assert!(
         me["disabled"]
             .as_str()

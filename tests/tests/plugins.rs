@@ -2,7 +2,9 @@
 //! pinning and refusals, integrity, feature gating, the shared plugin process, faults,
 //! secrets. Real daemon, real plugin processes (Python and Node fixtures).
 
-use abx_tests::fixtures::{copy_dir, fixture, git, install_pinned, plugin_sandbox, repo, started};
+use abx_tests::fixtures::{
+    copy_dir, fixture, git, install_pinned, plugin_sandbox, provider_status, repo, started,
+};
 use abx_tests::{abx_code, alive, wait_until, Client};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
@@ -348,14 +350,7 @@ fn every_tampering_is_caught_before_the_plugin_runs() {
             e["message"],
             "Provider 'py-local': files changed since install."
         );
-        let st = c.call("broker/status", Value::Null);
-        let p = st["providers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["id"] == "py-local")
-            .unwrap()
-            .clone();
+        let p = provider_status(&mut c, "py-local");
         assert_eq!(
             p["running"], false,
             "{name}: the plugin must not have started"
@@ -482,15 +477,7 @@ fn one_plugin_process_for_all_clients_and_a_kill_with_calls_in_flight() {
     assert_eq!(String::from_utf8(s1.stdout).unwrap(), "one1\none2\none3\n");
     assert_eq!(String::from_utf8(s2.stdout).unwrap(), "two1\ntwo2\ntwo3\n");
     assert_eq!((s1.exits, s2.exits), (1, 1));
-    let st = c.call("broker/status", Value::Null);
-    let pid = st["providers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "py-local")
-        .unwrap()["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = provider_status(&mut c, "py-local")["pid"].as_u64().unwrap();
     // 100 calls in flight, then the plugin is killed: 100 typed errors, then a restart.
     for i in 0..100 {
         c.send(&json!({"jsonrpc": "2.0", "id": 10_000 + i, "method": "exec/run", "params": {"sandbox": full, "command": "sleep 30"}}).to_string());

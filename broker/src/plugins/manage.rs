@@ -31,16 +31,23 @@ pub fn load_installed(paths: &crate::Paths) -> Vec<Arc<dyn Provider>> {
 
 /// The configured default provider, if any.
 pub fn load_default(paths: &crate::Paths) -> Option<String> {
-    let text = std::fs::read_to_string(paths.config_dir.join("config.toml")).ok()?;
-    let v: toml::Value = toml::from_str(&text).ok()?;
-    v.get("default_provider")?.as_str().map(str::to_owned)
+    broker_config(&paths.config_dir)
+        .get("default_provider")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The broker config (`config.toml`: `default_provider`, `enforcement`); empty when missing
+/// or unreadable.
+pub fn broker_config(config_dir: &std::path::Path) -> toml::Table {
+    std::fs::read_to_string(config_dir.join("config.toml"))
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
+        .unwrap_or_default()
 }
 
 fn store_default(paths: &crate::Paths, id: &str) -> Result<(), AbxError> {
-    let mut table = std::fs::read_to_string(paths.config_dir.join("config.toml"))
-        .ok()
-        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
-        .unwrap_or_default();
+    let mut table = broker_config(&paths.config_dir);
     table.insert(
         "default_provider".into(),
         toml::Value::String(id.to_owned()),

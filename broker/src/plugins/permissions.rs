@@ -63,10 +63,10 @@ impl Mode {
         if let Some(m) = std::env::var(MODE_ENV).ok().as_deref().and_then(parse) {
             return m;
         }
-        let from_config = std::fs::read_to_string(config_dir.join("config.toml"))
-            .ok()
-            .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
-            .and_then(|t| t.get("enforcement")?.as_str().and_then(parse));
+        let from_config = super::manage::broker_config(config_dir)
+            .get("enforcement")
+            .and_then(|v| v.as_str())
+            .and_then(parse);
         from_config.unwrap_or(if confine::kernel_landlock_abi() > 0 {
             Mode::Refuse
         } else {
