@@ -4,8 +4,8 @@
 //! 1. **Exec output streaming.** `head -c N /dev/zero` in a local sandbox through `exec/start`,
 //!    the client reading `exec/output` until `exec/exit` and counting decoded bytes, against
 //!    `head -c N /dev/zero | cat > /dev/null` (bar: >= 0.25x its GiB/s). NUL bytes are valid
-//!    UTF-8, so this output travels as text with a `\u0000` escape per byte; the same is
-//!    measured with `/dev/urandom` (the base64 path) against its own `head | cat`. Unpinned
+//!    UTF-8 but cost 6 bytes each as `\u0000`, so the broker sends them as base64; the same
+//!    is measured with `/dev/urandom` (not UTF-8, base64 too) against its own `head | cat`. Unpinned
 //!    and pinned (daemon, its sandboxed `head`, the client and the baseline pipeline all on one
 //!    CPU).
 //! 2. **Upload and download.** `files/upload` and `files/download` of one N-byte random file
@@ -13,7 +13,12 @@
 //!    same file (bar: >= 0.5x), sha256 of source, uploaded and downloaded copies identical (the
 //!    `sha256sum` binary), and the daemon's peak RSS (`VmHWM`, bar: <= 64 MiB). A fresh daemon
 //!    serves this figure, since a peak cannot be reset. `sync` runs (untimed) before each
-//!    timed copy so no copy pays for an earlier one's writeback. Unpinned only.
+//!    timed copy so no copy pays for an earlier one's writeback. The three copies take turns
+//!    at going first, second and third (rounds come in threes): on these VMs a copy's speed
+//!    depends on its place in a run of copies (plain `cp`, five 1 GiB copies in a row after
+//!    freeing the last run's: ~2 GiB/s for the first, ~0.45 GiB/s for the last ones), so a
+//!    fixed order favours whoever goes first.
+//!    Unpinned only.
 //! 3. **Idle memory.** A fresh daemon's RSS after one ping (bar: <= 10 MiB), then with 1000
 //!    more connections open, first only connected, then after one `broker/ping` each (bar:
 //!    the latter adds <= 32 MiB). Unpinned only.
@@ -24,12 +29,11 @@
 //!
 //! Environment (all optional): `ABX_BENCH_QUICK=1` (64 MiB, one round), `ABX_BENCH_BYTES`
 //! (per run: a number or `64M`, `1G`; default 1 GiB), `ABX_BENCH_ROUNDS` (default 3),
+//! `ABX_BENCH_TRANSFER_ROUNDS` (default 6, quick 3; rounded up to a multiple of 3),
 //! `ABX_BENCH_IDLE_CONNS` (default 1000), `ABX_BENCH_CPU`, `ABX_BENCH_JSON`,
 //! `ABX_BENCH_ONLY` (as in the wire bench).
 
 mod common;
-
-use base64::Engine;
 use common::{
     cpu_ns, cpu_snap, env_bytes, env_parse, find_byte, human_bytes, max_of, median, min_of,
     pin_cmd, pin_if, round3, round_trip, status_kib, thread_cpu_ns, verdict, Mode, Out, Res,
@@ -51,6 +55,7 @@ struct Config {
     quick: bool,
     bytes: u64,
     rounds: usize,
+    transfer_rounds: usize,
     stream: bool,
     transfer: bool,
     rss: bool,
@@ -99,6 +104,11 @@ impl Config {
             rounds: env_parse::<usize>("ABX_BENCH_ROUNDS")?
                 .unwrap_or(if quick { 1 } else { 3 })
                 .max(1),
+            transfer_rounds: env_parse::<usize>("ABX_BENCH_TRANSFER_ROUNDS")?
+                .unwrap_or(if quick { 3 } else { 6 })
+                .max(1)
+                .div_ceil(3)
+                * 3,
             stream,
             transfer,
             rss,
@@ -230,14 +240,11 @@ fn fast_output(line: &[u8], run: &mut Streamed, scratch: &mut Vec<u8>) -> Option
     let stderr = find_bytes_in(tail, b"\"stream\":\"stderr\"");
     let n = if tail.starts_with(b",\"encoding\":\"base64\"") {
         let raw = &body[..end];
-        let need = raw.len() / 4 * 3 + 3;
-        if scratch.len() < need {
-            scratch.resize(need, 0);
-        }
-        match base64::engine::general_purpose::STANDARD.decode_slice(raw, scratch) {
-            Ok(n) => {
+        scratch.clear();
+        match abx_protocol::b64::decode_append(raw, scratch) {
+            Ok(()) => {
                 run.base64_notes += 1;
-                n as u64
+                scratch.len() as u64
             }
             Err(e) => return Some(Err(format!("exec/output: bad base64: {e}"))),
         }
@@ -293,8 +300,7 @@ fn stream_once(
                 let p = &v["params"];
                 let data = p["data"].as_str().unwrap_or_default();
                 let decoded = match p["encoding"].as_str() {
-                    Some("base64") => base64::engine::general_purpose::STANDARD
-                        .decode(data)
+                    Some("base64") => abx_protocol::b64::decode(data)
                         .map_err(|e| format!("exec/output: bad base64: {e}"))?,
                     _ => data.as_bytes().to_vec(),
                 };
@@ -683,12 +689,9 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
     let mut rates: [Vec<f64>; 3] = Default::default();
     let mut cpu: [Vec<f64>; 3] = Default::default();
     let mut sums = Vec::new();
-    for round in 0..cfg.rounds {
-        let order = if round % 2 == 0 {
-            [Op::Cp, Op::Upload, Op::Download]
-        } else {
-            [Op::Upload, Op::Download, Op::Cp]
-        };
+    for round in 0..cfg.transfer_rounds {
+        let mut order = [Op::Cp, Op::Upload, Op::Download];
+        order.rotate_left(round % 3);
         for o in order {
             let (secs, cpu_used) = op(&mut rpc, o, &src, &mut notes)?;
             let (i, out_path) = match o {
@@ -708,7 +711,7 @@ fn run_transfer(cfg: &Config, dir: &Path, daemon: &Spawned) -> Res<Transfer> {
             rates[i].push(gib_per_s(cfg.bytes, secs));
             cpu[i].push(cpu_used as f64 / 1e9 / (cfg.bytes as f64 / GIB));
         }
-        if round + 1 == cfg.rounds {
+        if round + 1 == cfg.transfer_rounds {
             sums = sha256(&[&src, &cp_dst, &up_host, &down])?;
         }
         // Drop the copies (and their pending writeback) before the next round.
@@ -731,9 +734,9 @@ fn report_transfer(out: &mut Out, cfg: &Config, x: &Transfer) {
     let mode = Mode::Unpinned;
     let _ = writeln!(
         t,
-        "\nupload/download of a {} random file vs cp on the same filesystem [unpinned] ({} round(s), sync before each copy)",
+        "\nupload/download of a {} random file vs cp on the same filesystem [unpinned] ({} round(s), each copy first, second and third in turn, sync before each)",
         human_bytes(cfg.bytes),
-        cfg.rounds
+        cfg.transfer_rounds
     );
     let _ = writeln!(
         t,
@@ -1034,7 +1037,7 @@ fn orchestrate() -> Res<()> {
         "kind": "meta",
         "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "allowed_cpus": common::allowed_cpus(), "pin_cpu": cfg.cpu, "quick": cfg.quick,
-        "bytes": cfg.bytes, "rounds": cfg.rounds, "idle_conns": cfg.idle_conns,
+        "bytes": cfg.bytes, "rounds": cfg.rounds, "transfer_rounds": cfg.transfer_rounds, "idle_conns": cfg.idle_conns,
         "version": abx_broker::VERSION, "loadavg1": common::loadavg(),
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     }));

@@ -7,7 +7,6 @@ use crate::client::Client;
 use crate::output::Failure;
 use abx_protocol::message::Message;
 use abx_protocol::{AbxError, ErrorCode};
-use base64::Engine;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use tokio::io::AsyncWriteExt;
@@ -35,9 +34,7 @@ fn quote(a: &str) -> String {
 fn decode(v: &Value) -> Vec<u8> {
     let data = v["data"].as_str().unwrap_or_default();
     if v["encoding"] == "base64" {
-        base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .unwrap_or_default()
+        abx_protocol::b64::decode(data).unwrap_or_default()
     } else {
         data.as_bytes().to_vec()
     }
@@ -160,7 +157,7 @@ pub async fn write_stdin(
     // Fire and forget: replies are read (and ignored) by the stream loop.
     let params = json!({
         "execId": exec_id,
-        "data": base64::engine::general_purpose::STANDARD.encode(data),
+        "data": abx_protocol::b64::encode(data),
         "encoding": "base64",
         "eof": eof,
     });

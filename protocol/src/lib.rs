@@ -12,6 +12,7 @@
 //! types in their own tokio plumbing.
 
 pub mod api;
+pub mod b64;
 pub mod codec;
 pub mod epp;
 pub mod error;

@@ -418,12 +418,9 @@ pub struct Streamed {
 
 /// Decode exec/output data.
 pub fn output_bytes(p: &Value) -> Vec<u8> {
-    use base64::Engine;
     let d = p["data"].as_str().unwrap_or_default();
     if p["encoding"] == "base64" {
-        base64::engine::general_purpose::STANDARD
-            .decode(d)
-            .expect("base64")
+        abx_protocol::b64::decode(d).expect("base64")
     } else {
         d.as_bytes().to_vec()
     }

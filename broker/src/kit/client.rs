@@ -10,7 +10,6 @@
 
 use crate::conn;
 use crate::state::Broker;
-use base64::Engine;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fmt;
@@ -378,9 +377,7 @@ impl Output {
 pub fn decode(data: &Value, encoding: &Value) -> Vec<u8> {
     let s = data.as_str().unwrap_or_default();
     if encoding == "base64" {
-        base64::engine::general_purpose::STANDARD
-            .decode(s)
-            .unwrap_or_else(|_| s.as_bytes().to_vec())
+        abx_protocol::b64::decode(s).unwrap_or_else(|_| s.as_bytes().to_vec())
     } else {
         s.as_bytes().to_vec()
     }

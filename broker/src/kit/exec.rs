@@ -3,7 +3,6 @@
 
 use super::client::{short, Client, Stream};
 use super::{ensure, pass, Done, Outcome, Sb, T};
-use base64::Engine;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(20);
 const QUIET: Duration = Duration::from_millis(150);
 
 fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
+    abx_protocol::b64::encode(b)
 }
 
 /// stdout of an exec/run result as bytes (base64 when `encoding` says so).

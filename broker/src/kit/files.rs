@@ -3,14 +3,13 @@
 
 use super::client::{decode, short, Client};
 use super::{ensure, pass, Outcome, Sb, T};
-use base64::Engine;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 const CHUNK: usize = 4 * 1024 * 1024;
 
 fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
+    abx_protocol::b64::encode(b)
 }
 
 /// Deterministic bytes that do not compress or repeat (xorshift).

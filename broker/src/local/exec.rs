@@ -14,7 +14,6 @@
 use super::{isolate, procs, SandboxDirs};
 use crate::conn::ConnHandle;
 use abx_protocol::{AbxError, ErrorCode};
-use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
@@ -99,8 +98,7 @@ pub struct PtySize {
 pub fn decode_data(data: &str, encoding: Option<&str>) -> Result<Vec<u8>, AbxError> {
     match encoding.unwrap_or("utf-8") {
         "utf-8" | "utf8" | "text" => Ok(data.as_bytes().to_vec()),
-        "base64" => base64::engine::general_purpose::STANDARD
-            .decode(data)
+        "base64" => abx_protocol::b64::decode(data)
             .map_err(|e| AbxError::detail(ErrorCode::InvalidData, format!("invalid base64: {e}"))),
         other => Err(AbxError::detail(
             ErrorCode::InvalidData,
@@ -110,7 +108,7 @@ pub fn decode_data(data: &str, encoding: Option<&str>) -> Result<Vec<u8>, AbxErr
 }
 
 fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
+    abx_protocol::b64::encode(b)
 }
 
 fn base_env(sandbox_env: &BTreeMap<String, String>, pty: bool) -> Vec<(String, String)> {
@@ -609,16 +607,6 @@ impl Stream {
     }
 }
 
-/// The length of the longest valid UTF-8 prefix when the rest is only a character cut at
-/// the end (kept for the next chunk); None when the bytes are not UTF-8.
-fn utf8_prefix(bytes: &[u8]) -> Option<usize> {
-    match std::str::from_utf8(bytes) {
-        Ok(_) => Some(bytes.len()),
-        Err(e) if e.error_len().is_none() => Some(e.valid_up_to()),
-        Err(_) => None,
-    }
-}
-
 /// `exec/start`: spawn and stream. Returns the stream entry; the pump runs on its own.
 pub fn start(
     site: Site<'_>,
@@ -693,19 +681,11 @@ async fn pump(s: Arc<Stream>, mut sp: Spawned, timeout: Option<Duration>) {
         };
         tokio::select! {
             r = read_opt(&mut out, &mut buf_o) => match r {
-                Some(n) if n > 0 => {
-                    let mut chunk = std::mem::take(&mut carry_o);
-                    chunk.extend_from_slice(&buf_o[..n]);
-                    carry_o = send_chunk(&s, stream_name, chunk).await;
-                }
+                Some(n) if n > 0 => send_chunk(&s, stream_name, &mut carry_o, &buf_o[..n]).await,
                 _ => out = None,
             },
             r = read_opt(&mut err, &mut buf_e) => match r {
-                Some(n) if n > 0 => {
-                    let mut chunk = std::mem::take(&mut carry_e);
-                    chunk.extend_from_slice(&buf_e[..n]);
-                    carry_e = send_chunk(&s, "stderr", chunk).await;
-                }
+                Some(n) if n > 0 => send_chunk(&s, "stderr", &mut carry_e, &buf_e[..n]).await,
                 _ => err = None,
             },
             st = sp.child.wait(), if status.is_none() => {
@@ -754,16 +734,22 @@ async fn read_opt(r: &mut Option<Reader>, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-async fn send_chunk(s: &Stream, stream: &str, mut chunk: Vec<u8>) -> Vec<u8> {
-    let Some(valid) = utf8_prefix(&chunk) else {
-        send_raw(s, stream, &chunk).await;
-        return Vec::new();
+/// Send what was read (after what was carried from the last read), keeping a character
+/// cut at the end in `carry` for the next one. No copy unless something was carried.
+async fn send_chunk(s: &Stream, stream: &str, carry: &mut Vec<u8>, read: &[u8]) {
+    let joined;
+    let bytes = if carry.is_empty() {
+        read
+    } else {
+        carry.extend_from_slice(read);
+        joined = std::mem::take(carry);
+        &joined[..]
     };
-    let carry = chunk.split_off(valid);
-    if !chunk.is_empty() {
-        s.emit(output_frame(&s.id, stream, &chunk)).await;
+    let (p, used) = payload(bytes, true);
+    if used > 0 {
+        s.emit(frame(&s.id, stream, p)).await;
     }
-    carry
+    carry.extend_from_slice(&bytes[used..]);
 }
 
 async fn send_raw(s: &Stream, stream: &str, bytes: &[u8]) {
@@ -808,30 +794,57 @@ fn escaped_within(bytes: &[u8], limit: usize) -> bool {
     true
 }
 
-/// The `exec/output` notification body for `bytes`, built in one pre-sized buffer: UTF-8
-/// text as a JSON string, unless it is not UTF-8 or escaping it would cost more than base64
-/// (control-heavy output such as NUL bytes, 6 bytes each as `\u0000`), then base64 with
-/// `"encoding": "base64"`. Byte-exact either way.
+/// What an `exec/output` frame carries: text, or bytes sent as base64.
+enum Payload<'a> {
+    Text(&'a str),
+    Binary(&'a [u8]),
+}
+
+/// Choose how to send the front of `bytes`, and how many bytes that takes: UTF-8 text as a
+/// JSON string, unless it is not UTF-8 or escaping it would cost more than base64
+/// (control-heavy output such as NUL bytes, 6 bytes each as `\u0000`). With `keep_cut`, a
+/// character cut at the end is left out (the caller carries it into the next chunk).
+fn payload(bytes: &[u8], keep_cut: bool) -> (Payload<'_>, usize) {
+    // The cost check first: it gives up within a few KiB of NUL-heavy output, where a
+    // UTF-8 scan of the whole chunk would be wasted.
+    if escaped_within(bytes, abx_protocol::b64::encoded_len(bytes.len()) + 24) {
+        match std::str::from_utf8(bytes) {
+            Ok(t) => return (Payload::Text(t), bytes.len()),
+            Err(e) if keep_cut && e.error_len().is_none() => {
+                let valid = e.valid_up_to();
+                // SAFETY: `valid_up_to` is the length of the prefix `from_utf8` validated.
+                let t = unsafe { std::str::from_utf8_unchecked(&bytes[..valid]) };
+                return (Payload::Text(t), valid);
+            }
+            Err(_) => {}
+        }
+    }
+    (Payload::Binary(bytes), bytes.len())
+}
+
+/// The `exec/output` notification body for `bytes` (all of them), byte-exact: text or
+/// base64 with `"encoding": "base64"` as [`payload`] chooses.
 pub fn output_frame(exec_id: &str, stream: &str, bytes: &[u8]) -> Vec<u8> {
-    let b64_len = bytes.len().div_ceil(3) * 4;
-    let text = std::str::from_utf8(bytes)
-        .ok()
-        .filter(|_| escaped_within(bytes, b64_len + 24));
-    let mut out = Vec::with_capacity(b64_len.max(bytes.len() * 2).min(bytes.len() * 6) + 128);
+    frame(exec_id, stream, payload(bytes, false).0)
+}
+
+/// The notification body, built in one buffer sized for it: text is only chosen when its
+/// escaped form fits in the base64 length.
+fn frame(exec_id: &str, stream: &str, p: Payload<'_>) -> Vec<u8> {
+    let len = match p {
+        Payload::Text(t) => t.len(),
+        Payload::Binary(b) => b.len(),
+    };
+    let mut out = Vec::with_capacity(abx_protocol::b64::encoded_len(len) + 160);
     // Keys in the order serde_json's map writes them (sorted), like every other message.
     out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"exec/output","params":{"data":"#);
-    match text {
-        Some(t) => {
+    match p {
+        Payload::Text(t) => {
             serde_json::to_writer(&mut out, t).expect("vec write");
         }
-        None => {
+        Payload::Binary(b) => {
             out.push(b'"');
-            let at = out.len();
-            out.resize(at + b64_len, 0);
-            let n = base64::engine::general_purpose::STANDARD
-                .encode_slice(bytes, &mut out[at..])
-                .expect("sized");
-            out.truncate(at + n);
+            abx_protocol::b64::encode_append(b, &mut out);
             out.extend_from_slice(br#"","encoding":"base64""#);
         }
     }
@@ -897,9 +910,22 @@ mod tests {
 
     #[test]
     fn utf8_chunks_carry_partial_characters() {
+        let text = |p: Payload<'_>| match p {
+            Payload::Text(t) => Some(t.to_string()),
+            Payload::Binary(_) => None,
+        };
         let bytes = "héllo".as_bytes();
-        assert_eq!(utf8_prefix(&bytes[..2]), Some(1));
-        assert_eq!(utf8_prefix(bytes), Some(bytes.len()));
-        assert_eq!(utf8_prefix(&[0xff, b'a']), None);
+        // A character cut at the end is carried (keep_cut) or sent as base64 (at the end).
+        let (p, used) = payload(&bytes[..2], true);
+        assert_eq!((text(p).as_deref(), used), (Some("h"), 1));
+        let (p, used) = payload(&bytes[..2], false);
+        assert_eq!((text(p), used), (None, 2));
+        let (p, used) = payload(bytes, true);
+        assert_eq!((text(p).as_deref(), used), (Some("héllo"), bytes.len()));
+        // Not UTF-8, or only a cut character: nothing sent as text.
+        assert_eq!(text(payload(&[0xff, b'a'], true).0), None);
+        assert_eq!(payload(&bytes[1..2], true).1, 0);
+        // NUL-heavy bytes go as base64 even though they are valid UTF-8.
+        assert_eq!(text(payload(&[0u8; 4096], true).0), None);
     }
 }

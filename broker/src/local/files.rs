@@ -21,8 +21,6 @@
 
 use super::{split_path, view_path, Area, SandboxDirs};
 use abx_protocol::{AbxError, ErrorCode};
-use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use base64::Engine as _;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -545,17 +543,10 @@ fn parse_encoding(e: Option<&str>) -> Result<Encoding, AbxError> {
     }
 }
 
-/// Standard alphabet; padding optional.
-const B64: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
-
 fn decode<'a>(data: &'a str, encoding: Option<&str>) -> Result<Cow<'a, [u8]>, AbxError> {
     match parse_encoding(encoding)? {
         Encoding::Auto | Encoding::Utf8 => Ok(Cow::Borrowed(data.as_bytes())),
-        Encoding::Base64 => B64
-            .decode(data)
+        Encoding::Base64 => abx_protocol::b64::decode(data)
             .map(Cow::Owned)
             .map_err(|e| AbxError::detail(ErrorCode::InvalidData, format!("invalid base64: {e}"))),
     }
@@ -592,7 +583,7 @@ pub fn read(
     buf.truncate(got);
     let mut eof = offset.saturating_add(got as u64) >= size;
     let (data, encoding) = match enc {
-        Encoding::Base64 => (B64.encode(&buf), "base64"),
+        Encoding::Base64 => (abx_protocol::b64::encode(&buf), "base64"),
         Encoding::Auto => match std::str::from_utf8(&buf) {
             Ok(_) => (String::from_utf8(buf).expect("checked"), "utf-8"),
             // Text cut inside a character by the chunk length: the whole characters as text,
@@ -601,7 +592,7 @@ pub fn read(
                 buf.truncate(e.valid_up_to());
                 (String::from_utf8(buf).expect("checked"), "utf-8")
             }
-            Err(_) => (B64.encode(&buf), "base64"),
+            Err(_) => (abx_protocol::b64::encode(&buf), "base64"),
         },
         Encoding::Utf8 => match std::str::from_utf8(&buf) {
             Ok(_) => (String::from_utf8(buf).expect("checked"), "utf-8"),
@@ -1528,7 +1519,10 @@ mod tests {
         }
         let r = read(d, SB, "a.txt", 7, Some(1), None).unwrap();
         assert_eq!(r.encoding, "base64");
-        assert_eq!(B64.decode(&r.data).unwrap(), "ö".as_bytes()[..1].to_vec());
+        assert_eq!(
+            abx_protocol::b64::decode(&r.data).unwrap(),
+            "ö".as_bytes()[..1].to_vec()
+        );
         // Past the end.
         let r = read(d, SB, "a.txt", 100, None, None).unwrap();
         assert_eq!((r.data.as_str(), r.eof, r.size), ("", true, 12));
@@ -1601,7 +1595,7 @@ mod tests {
         // Write in three base64 chunks at offsets.
         let third = bytes.len() / 3;
         for (i, chunk) in bytes.chunks(third).enumerate() {
-            let enc = B64.encode(chunk);
+            let enc = abx_protocol::b64::encode(chunk);
             let off = (i * third) as u64;
             let size = if i == 0 {
                 write(
@@ -1641,7 +1635,7 @@ mod tests {
             assert_eq!(r.encoding, "base64");
             assert_eq!(r.size, bytes.len() as u64);
             assert_eq!(r.offset, offset);
-            let chunk = B64.decode(&r.data).unwrap();
+            let chunk = abx_protocol::b64::decode(&r.data).unwrap();
             assert!(chunk.len() as u64 <= MAX_CHUNK);
             offset += chunk.len() as u64;
             got.extend_from_slice(&chunk);

@@ -12,7 +12,6 @@ use super::registry::{self, Installed};
 use crate::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use crate::Paths;
 use abx_protocol::{features, AbxError, ErrorCode};
-use base64::Engine;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -159,7 +158,7 @@ impl ExecProvider {
                 if n == 0 && done > 0 {
                     break;
                 }
-                let data = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
+                let data = abx_protocol::b64::encode(&buf[..n]);
                 let mut p =
                     json!({"sandbox": sandbox, "path": target, "data": data, "encoding": "base64"});
                 if done > 0 {
@@ -233,8 +232,7 @@ impl ExecProvider {
                 let p = json!({"sandbox": sandbox, "path": path, "offset": off, "length": CHUNK, "encoding": "base64"});
                 let raw = self.host.call("files/read", &p, None, None, Some(cx.cancel.clone()), None).await?;
                 let v: Value = serde_json::from_str(raw.get()).map_err(AbxError::internal)?;
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(v["data"].as_str().unwrap_or_default())
+                let bytes = abx_protocol::b64::decode(v["data"].as_str().unwrap_or_default())
                     .map_err(|e| AbxError::new(ErrorCode::BadPluginReply, &[("provider", &self.record.id), ("detail", &e.to_string())]))?;
                 f.write_all(&bytes).map_err(|e| local_err(e.to_string()))?;
                 off += bytes.len() as u64;

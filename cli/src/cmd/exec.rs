@@ -5,7 +5,6 @@ use super::{call, Ctx};
 use crate::output::{print_json, Failure};
 use crate::stream;
 use crate::term;
-use base64::Engine;
 use serde_json::{json, Value};
 use std::io::Read;
 
@@ -21,7 +20,7 @@ fn run_params(sandbox: &str, command: &str, timeout: Option<f64>, cwd: Option<&s
     if !term::stdin_is_tty() {
         let mut buf = Vec::new();
         if std::io::stdin().read_to_end(&mut buf).is_ok() && !buf.is_empty() {
-            p["stdin"] = json!(base64::engine::general_purpose::STANDARD.encode(&buf));
+            p["stdin"] = json!(abx_protocol::b64::encode(&buf));
             p["stdinEncoding"] = json!("base64");
         }
     }

@@ -13,7 +13,6 @@ use crate::table::Table;
 use crate::term;
 use abx_protocol::message::Notification;
 use abx_protocol::{AbxError, ErrorCode};
-use base64::Engine;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -334,9 +333,8 @@ async fn read(cx: &Ctx, sandbox: &str, path: &str) -> Result<u8, Failure> {
             json!({"sandbox": sandbox, "path": path, "offset": offset, "length": READ_CHUNK, "encoding": "base64"}),
         )
         .await?;
-        let data = base64::engine::general_purpose::STANDARD
-            .decode(r["data"].as_str().unwrap_or_default())
-            .map_err(|e| {
+        let data =
+            abx_protocol::b64::decode(r["data"].as_str().unwrap_or_default()).map_err(|e| {
                 Failure::from(AbxError::internal(format!("bad base64 from broker: {e}")))
             })?;
         offset += data.len() as u64;
@@ -352,10 +350,7 @@ async fn read(cx: &Ctx, sandbox: &str, path: &str) -> Result<u8, Failure> {
     if cx.json {
         let (data, encoding) = match String::from_utf8(all) {
             Ok(s) => (s, "utf-8"),
-            Err(e) => (
-                base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
-                "base64",
-            ),
+            Err(e) => (abx_protocol::b64::encode(e.into_bytes()), "base64"),
         };
         print_json(
             &json!({"sandbox": sandbox, "path": path, "size": offset, "encoding": encoding, "data": data}),
@@ -396,7 +391,7 @@ async fn write(cx: &Ctx, sandbox: &str, path: &str, from: Option<&Path>) -> Resu
                 &mut c,
                 "files/write",
                 json!({"sandbox": sandbox, "path": path, "encoding": "base64",
-                       "data": base64::engine::general_purpose::STANDARD.encode(&head)}),
+                       "data": abx_protocol::b64::encode(&head)}),
             )
             .await?;
             r["size"].as_u64().unwrap_or(head.len() as u64)

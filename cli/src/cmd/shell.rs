@@ -11,7 +11,6 @@ use crate::stream::{self, write_stdin};
 use crate::term;
 use abx_protocol::message::Message;
 use abx_protocol::{AbxError, ErrorCode};
-use base64::Engine;
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -109,9 +108,7 @@ async fn hang_up(c: &mut crate::client::Client, exec_id: &str, sig: u8) -> u8 {
 fn decode(v: &Value) -> Vec<u8> {
     let data = v["data"].as_str().unwrap_or_default();
     if v["encoding"] == "base64" {
-        base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .unwrap_or_default()
+        abx_protocol::b64::decode(data).unwrap_or_default()
     } else {
         data.as_bytes().to_vec()
     }

@@ -9,7 +9,6 @@ use super::{Era, Out};
 use crate::client::CallError;
 use crate::mux::Mux;
 use abx_protocol::{AbxError, ErrorCode};
-use base64::Engine;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -742,8 +741,7 @@ async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
                     let p = &ev.params;
                     let data = p["data"].as_str().unwrap_or_default();
                     let text = if p["encoding"] == "base64" {
-                        let bytes = base64::engine::general_purpose::STANDARD
-                            .decode(data)
+                        let bytes = abx_protocol::b64::decode(data)
                             .unwrap_or_default();
                         String::from_utf8_lossy(&bytes).into_owned()
                     } else {
