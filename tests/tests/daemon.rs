@@ -167,15 +167,8 @@ fn an_idle_daemon_of_another_version_is_replaced_a_busy_one_is_not() {
 fn another_uid_is_refused() {
     let home = Home::new();
     home.start();
-    // Open the doors the permissions normally close, so only the peer check remains.
-    for d in [home.path.as_path(), &home.run_dir()] {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::fs::set_permissions(home.socket(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    // A copy of the probe where the other user can reach it.
-    let ping = home.path.join("sockping");
-    std::fs::copy(abx_tests::bin_dir().join("sockping"), &ping).unwrap();
-    std::fs::set_permissions(&ping, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Only the peer check stands between another user and the daemon.
+    let ping = home.open_to_other_users();
     let same = std::process::Command::new(&ping)
         .arg(home.socket())
         .output()

@@ -17,7 +17,6 @@ use abx_tests::{abx_code, alive, frame, rss_kib, wait_until, Client, Framing, Ho
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -899,13 +898,8 @@ fn another_uid_is_refused_every_time_without_leaking() {
     use std::os::unix::process::CommandExt;
     let home = Home::new();
     let pid = home.start();
-    for d in [home.path.as_path(), &home.run_dir()] {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::fs::set_permissions(home.socket(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let ping = home.path.join("sockping");
-    std::fs::copy(abx_tests::bin_dir().join("sockping"), &ping).unwrap();
-    std::fs::set_permissions(&ping, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Only the peer check stands between another user and the daemon.
+    let ping = home.open_to_other_users();
     let mut mine = home.connect();
     assert_eq!(mine.call("broker/ping", Value::Null), json!({}));
     let fds0 = fd_count(pid);
