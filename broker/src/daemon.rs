@@ -96,6 +96,7 @@ fn startup_error(detail: impl std::fmt::Display, paths: &Paths) -> AbxError {
 
 /// Run the daemon in the foreground until `broker/shutdown` or SIGTERM/SIGINT.
 pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
+    crate::state::cloexec_inherited_fds();
     crate::state::tune_allocator();
     crate::state::raise_fd_limit();
     paths.ensure().map_err(|e| startup_error(e, &paths))?;
@@ -201,13 +202,13 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
             }
         }
         // A sandbox's process runs as this user too; it must not drive the broker (it could
-        // read the user's files through files/upload, or kill other sandboxes).
-        if let Some(sb) = creds
-            .ok()
-            .and_then(|c| c.pid())
-            .and_then(crate::local::procs::sandbox_of)
-        {
-            warn!(sandbox = %sb, "refusing a connection from inside a sandbox");
+        // read the user's files through files/upload, or kill other sandboxes). A peer in
+        // another PID namespace than the daemon's (every sandbox has its own) is refused: a
+        // rule no process can shed by changing its environment. The marker check covers the
+        // opt-in models without namespaces.
+        let peer_pid = creds.ok().and_then(|c| c.pid()).unwrap_or(0);
+        if let Some(why) = foreign_peer(peer_pid) {
+            warn!(pid = peer_pid, reason = %why, "refusing a connection from inside a sandbox");
             drop(stream);
             continue;
         }
@@ -234,6 +235,20 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
     .await;
     info!("daemon stopped");
     Ok(())
+}
+
+/// Why a peer must be refused (a process of a sandbox), if it must.
+fn foreign_peer(pid: i32) -> Option<String> {
+    if pid <= 0 {
+        // The kernel gives no pid for a peer whose PID namespace we cannot see.
+        return Some("the peer's pid is not visible from the daemon's PID namespace".into());
+    }
+    let mine = crate::local::container::ns_inode(std::process::id() as i32, "pid");
+    let theirs = crate::local::container::ns_inode(pid, "pid");
+    if mine.is_some() && theirs != mine {
+        return Some("the peer runs in another PID namespace".into());
+    }
+    crate::local::procs::sandbox_of(pid).map(|sb| format!("the peer belongs to sandbox {sb}"))
 }
 
 fn signal_ready() {

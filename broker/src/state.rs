@@ -39,9 +39,13 @@ impl Broker {
             paths.data_dir.clone(),
             paths.config_dir.clone(),
         ]);
-        let local: Arc<dyn crate::provider::Provider> = Arc::new(
-            crate::local::provider::LocalProvider::start(&paths.data_dir),
-        );
+        let local: Arc<dyn crate::provider::Provider> =
+            Arc::new(crate::local::provider::LocalProvider::start(
+                &paths.data_dir,
+                crate::local::provider::Settings::from_config(
+                    &crate::plugins::manage::broker_config(&paths.config_dir),
+                ),
+            ));
         let mut providers = vec![local];
         providers.extend(crate::plugins::manage::load_installed(&paths));
 
@@ -131,6 +135,49 @@ static FD_LIMIT: [std::sync::atomic::AtomicU64; 2] = [
     std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
 ];
+
+/// Mark every descriptor above stderr close-on-exec: whatever the daemon inherited from
+/// whoever started it (an editor, a shell with `exec 8>>file`) must never reach a sandbox or a
+/// plugin. Called first thing by the daemon and the stdio broker; descriptors the daemon
+/// opens later are close-on-exec anyway (Rust opens every descriptor that way).
+pub fn cloexec_inherited_fds() {
+    // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC; no memory arguments.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc != 0 {
+        // Before Linux 5.11: one fcntl per open descriptor.
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+            let fds: Vec<i32> = rd
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|fd| *fd > 2)
+                .collect();
+            for fd in fds {
+                // SAFETY: fcntl on a descriptor number; harmless if it closed meanwhile.
+                unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            }
+        }
+    }
+}
+
+/// In a child between fork and exec: close every descriptor above stderr that is not
+/// close-on-exec (async-signal-safe).
+pub fn close_inherited_in_child() {
+    // SAFETY: close_range(2); no memory arguments.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
+}
 
 /// In a child between fork and exec (a system call, no allocation): give back the soft
 /// open-file limit the daemon started with, so commands and plugins see the usual one.

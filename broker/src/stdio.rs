@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 /// Serve stdin/stdout until the client closes stdin or sends `exit`.
 pub fn run(paths: Paths) -> std::io::Result<()> {
+    crate::state::cloexec_inherited_fds();
     crate::state::tune_allocator();
     let _log = logging::init(&paths, true);
     let rt = tokio::runtime::Builder::new_multi_thread()

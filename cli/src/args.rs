@@ -76,6 +76,9 @@ pub enum Command {
         /// Template of the sandbox.
         #[arg(long)]
         template: Option<String>,
+        /// Network and limits of the sandbox.
+        #[command(flatten)]
+        opts: SandboxOpts,
         /// Seconds before the command is killed.
         #[arg(long, value_parser = parse_seconds_f64)]
         timeout: Option<f64>,
@@ -176,6 +179,52 @@ pub struct CreateArgs {
     /// Metadata to attach (repeatable).
     #[arg(long = "metadata", short = 'm', value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub metadata: Vec<(String, String)>,
+    /// Network and limits.
+    #[command(flatten)]
+    pub opts: SandboxOpts,
+}
+
+/// Network and limits of a new sandbox (`local`; docs/local-sandboxes.md).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct SandboxOpts {
+    /// Network: none (loopback only), internet (outbound, no host loopback), host.
+    #[arg(long, value_parser = ["none", "internet", "host"])]
+    pub network: Option<String>,
+    /// Memory limit (bytes, or 512M, 2G).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// CPU limit in cores (0.5, 2).
+    #[arg(long, value_name = "CORES")]
+    pub cpus: Option<f64>,
+    /// Limit on processes and threads.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+}
+
+impl SandboxOpts {
+    /// Put the options into `sandbox/create` params.
+    pub fn apply(&self, params: &mut serde_json::Value) {
+        use serde_json::json;
+        if let Some(n) = &self.network {
+            params["network"] = json!(n);
+        }
+        let mut limits = serde_json::Map::new();
+        if let Some(m) = &self.memory {
+            limits.insert(
+                "memory".into(),
+                m.parse::<u64>().map_or_else(|_| json!(m), |n| json!(n)),
+            );
+        }
+        if let Some(c) = self.cpus {
+            limits.insert("cpus".into(), json!(c));
+        }
+        if let Some(p) = self.pids {
+            limits.insert("pids".into(), json!(p));
+        }
+        if !limits.is_empty() {
+            params["limits"] = serde_json::Value::Object(limits);
+        }
+    }
 }
 
 /// `abx sandbox ...`.

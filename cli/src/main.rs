@@ -28,6 +28,12 @@ enum Serve {
 }
 
 fn main() -> ExitCode {
+    // The daemon starts each local sandbox's init as its own binary with this argument.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(abx_broker::local::init::ARG))
+    {
+        abx_broker::local::init::main();
+    }
     let parsed = Serve::augment_subcommands(args::Cli::command())
         .try_get_matches()
         .and_then(|m| match Serve::from_arg_matches(&m) {

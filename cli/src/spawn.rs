@@ -73,6 +73,8 @@ fn start_blocking(paths: &Paths) -> Result<Option<u32>, AbxError> {
             if libc::dup2(wfd, 3) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // Nothing else of the client's reaches the daemon (an inherited `8>>file`).
+            libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
             Ok(())
         });
     }

@@ -131,6 +131,10 @@ error_codes! {
     TemplateNotFound = 2005, rpc 2005, exit 4,
         "Template '{template}' not found.",
         "Run 'abx template list' to see the templates of this provider.";
+    /// The broker's cap on live sandboxes is reached.
+    SandboxLimitReached = 2006, rpc 2006, exit 1,
+        "Too many sandboxes: {detail}",
+        "Kill sandboxes you no longer need ('abx list', 'abx kill ID'), or raise [local] max_sandboxes in the broker config (config.toml).";
     /// No sandbox with this id.
     SandboxNotFound = 2009, rpc 2009, exit 4,
         "Sandbox '{sandbox}' not found.",

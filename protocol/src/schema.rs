@@ -466,6 +466,9 @@ pub struct Sandbox {
     /// Metadata given at create.
     #[serde(default)]
     pub metadata: Map<String, Value>,
+    /// Its network mode (`local`: `none`, `internet` or `host`).
+    #[serde(default)]
+    pub network: Option<String>,
 }
 
 /// `sandbox/create` params.
@@ -488,6 +491,30 @@ pub struct SandboxCreateParams {
     /// Metadata to attach.
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
+    /// Network of the sandbox (`local`): `none` (loopback only), `internet` (outbound, not
+    /// the host's loopback; needs `pasta`) or `host`; default from the broker config
+    /// (`[local] network`, else `none`). Unknown: E1004.
+    #[serde(default)]
+    pub network: Option<String>,
+    /// Limits (`local`): `{memory: bytes | "512M", cpus: 1.5, pids: 256}`; defaults from the
+    /// broker config (`[local] memory|cpus|pids`, else 2G memory, 1024 processes).
+    #[serde(default)]
+    pub limits: Option<SandboxLimits>,
+}
+
+/// Limits of a sandbox.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct SandboxLimits {
+    /// Memory: bytes, or a string with a unit (`512M`, `2G`); the OOM killer ends a command
+    /// that goes over it (`oomKilled: true` in its exit).
+    #[serde(default)]
+    pub memory: Option<Value>,
+    /// CPUs (`0.5`: half a core).
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// Processes and threads.
+    #[serde(default)]
+    pub pids: Option<u64>,
 }
 
 /// Params naming a sandbox.

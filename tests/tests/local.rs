@@ -1,6 +1,6 @@
 //! The builtin `local` provider end to end: a real daemon, real processes, real files.
 
-use abx_tests::{abx_code, alive, rss_kib, sha256_file, wait_until, Client, Home};
+use abx_tests::{abx_code, rss_kib, sha256_file, wait_until, Client, Home};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -222,7 +222,7 @@ fn exec_output_is_byte_exact_and_capped() {
 
 #[test]
 fn exec_timeout_kills_the_whole_tree() {
-    let (_home, mut c, id) = setup();
+    let (home, mut c, id) = setup();
     let r = c.call(
         "exec/run",
         json!({"sandbox": id, "command": "sh -c 'sleep 300 & echo $! > /tmp/gc; wait' & sleep 300", "timeout": 1}),
@@ -235,18 +235,19 @@ fn exec_timeout_kills_the_whole_tree() {
         .parse()
         .unwrap();
     wait_until("grandchild killed", Duration::from_secs(5), || {
-        !alive(gc as u32) || is_zombie(gc)
+        gone_in_sandbox(&home, &id, gc as i64)
     });
 }
 
-fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-        s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
+/// Whether `pid` (as the sandbox sees it) is gone from the sandbox (or a zombie).
+fn gone_in_sandbox(home: &Home, id: &str, pid: i64) -> bool {
+    let mut c = home.connect();
+    let list = c.call("process/list", json!({"sandbox": id}));
+    !list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["pid"] == pid && p["status"] != "zombie")
 }
 
 #[test]
@@ -268,7 +269,7 @@ fn cancelling_exec_run_kills_it_and_answers_32800() {
     assert_eq!(v["error"]["code"], -32800);
     assert_eq!(abx_code(&v["error"]), "E1006");
     wait_until("cancelled process killed", Duration::from_secs(5), || {
-        !alive(pid as u32) || is_zombie(pid)
+        gone_in_sandbox(&_home, &id, pid as i64)
     });
 }
 
@@ -397,7 +398,7 @@ fn attach_after_reconnect_and_foreign_exec_ids() {
 
 #[test]
 fn processes_list_and_kill() {
-    let (_home, mut c, id) = setup();
+    let (home, mut c, id) = setup();
     c.sh(&id, "sleep 300 > /dev/null 2>&1 & echo $! > /tmp/bg");
     let pid: i64 = c.call("files/read", json!({"sandbox": id, "path": "/tmp/bg"}))["data"]
         .as_str()
@@ -417,7 +418,7 @@ fn processes_list_and_kill() {
         json!({"sandbox": id, "pid": pid, "signal": "TERM"}),
     );
     wait_until("process gone", Duration::from_secs(5), || {
-        !alive(pid as u32) || is_zombie(pid as i32)
+        gone_in_sandbox(&home, &id, pid)
     });
     let e = c.call_err("process/kill", json!({"sandbox": id, "pid": 1}));
     assert_eq!(abx_code(&e), "E3006");

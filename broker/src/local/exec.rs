@@ -144,7 +144,7 @@ type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
 /// Where an exec runs: the sandbox's directories, id and create-time environment.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Site<'a> {
     /// Its directories.
     pub dirs: &'a SandboxDirs,
@@ -152,14 +152,40 @@ pub struct Site<'a> {
     pub id: &'a str,
     /// The env given at create.
     pub env: &'a BTreeMap<String, String>,
+    /// Its container (namespaces model).
+    pub container: Option<&'a super::container::Container>,
+    /// Its cgroup, to tell an OOM kill.
+    pub cgroup: Option<Arc<super::limits::Cgroup>>,
+}
+
+/// The process of an exec: a child of the daemon (Landlock and none models) or a process
+/// started by the sandbox's init (namespaces model).
+pub enum ExecChild {
+    /// A direct child.
+    Host(Child),
+    /// Started in a sandbox's container.
+    Sandboxed(super::container::Proc),
+}
+
+impl ExecChild {
+    /// Wait for it to end. Cancel-safe.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
+        match self {
+            ExecChild::Host(c) => c.wait().await,
+            ExecChild::Sandboxed(p) => Ok(std::process::ExitStatus::from_raw(p.wait().await)),
+        }
+    }
 }
 
 /// A spawned exec: the child, its pipes or pty, and its process group.
 pub struct Spawned {
     /// The child.
-    pub child: Child,
-    /// Its pid (= its process group).
+    pub child: ExecChild,
+    /// Its pid in the daemon's PID namespace (= its process group), for signals.
     pub pid: i32,
+    /// Its pid as the sandbox sees it (what clients are told).
+    pub view_pid: i32,
     /// Stdin (pipe or the pty master).
     pub stdin: Option<Writer>,
     /// Stdout (pipe or the pty master).
@@ -170,33 +196,7 @@ pub struct Spawned {
     pub pty: Option<Arc<OwnedFd>>,
 }
 
-/// Spawn an exec in a sandbox.
-pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned, AbxError> {
-    let (dirs, sandbox_id, sandbox_env) = (site.dirs, site.id, site.env);
-    let mut cmd = match (&p.command, &p.argv) {
-        (Some(c), None) => {
-            let mut cmd = Command::new("/bin/sh");
-            cmd.arg("-c").arg(c);
-            cmd
-        }
-        (None, Some(argv)) if !argv.is_empty() => {
-            let mut cmd = Command::new(&argv[0]);
-            cmd.args(&argv[1..]);
-            cmd
-        }
-        (Some(_), Some(_)) => {
-            return Err(AbxError::invalid_params(
-                "exec",
-                "give either command or argv, not both",
-            ))
-        }
-        _ => {
-            return Err(AbxError::invalid_params(
-                "exec",
-                "command (a shell string) or argv (a non-empty list) is required",
-            ))
-        }
-    };
+fn check_timeout(p: &ExecParams) -> Result<(), AbxError> {
     if let Some(t) = p.timeout {
         if !(t > 0.0 && t <= 30.0 * 86_400.0) {
             return Err(AbxError::new(
@@ -208,21 +208,182 @@ pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned
             ));
         }
     }
-    let pty = p.pty.is_some();
-    cmd.env_clear();
-    for (k, v) in base_env(sandbox_env, pty) {
-        cmd.env(k, v);
+    Ok(())
+}
+
+/// The program and arguments of an exec: `sh -c command` or the argv.
+fn argv_of(p: &ExecParams) -> Result<Vec<String>, AbxError> {
+    match (&p.command, &p.argv) {
+        (Some(c), None) => Ok(vec!["/bin/sh".into(), "-c".into(), c.clone()]),
+        (None, Some(argv)) if !argv.is_empty() => Ok(argv.clone()),
+        (Some(_), Some(_)) => Err(AbxError::invalid_params(
+            "exec",
+            "give either command or argv, not both",
+        )),
+        _ => Err(AbxError::invalid_params(
+            "exec",
+            "command (a shell string) or argv (a non-empty list) is required",
+        )),
     }
-    if let Some(env) = &p.env {
-        for (k, v) in env {
+}
+
+/// The environment of an exec: the base, the sandbox's, the exec's (checked).
+fn env_of(site: &Site<'_>, p: &ExecParams) -> Result<Vec<(String, String)>, AbxError> {
+    let mut env = base_env(site.env, p.pty.is_some());
+    if let Some(extra) = &p.env {
+        for (k, v) in extra {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                 return Err(AbxError::invalid_params(
                     "exec",
                     format!("invalid environment variable {k:?}"),
                 ));
             }
-            cmd.env(k, v);
+            env.push((k.clone(), v.clone()));
         }
+    }
+    Ok(env)
+}
+
+fn start_failed(p: &ExecParams, e: std::io::Error) -> AbxError {
+    let what = p.argv.as_ref().map_or("sh", |a| a[0].as_str());
+    let e = AbxError::detail(ErrorCode::ExecFailedToStart, format!("{what}: {e}"));
+    if p.argv.is_some() {
+        e.with_suggestion("Check the program name (argv[0] is run without a shell, found on PATH inside the sandbox).")
+    } else {
+        e
+    }
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 into a local array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Spawn an exec in a sandbox.
+pub async fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned, AbxError> {
+    match site.container {
+        Some(c) => spawn_in(c, site.clone(), p, want_stdin).await,
+        None => spawn_host(site, p, want_stdin),
+    }
+}
+
+/// Spawn through the sandbox's init (namespaces model).
+async fn spawn_in(
+    c: &super::container::Container,
+    site: Site<'_>,
+    p: &ExecParams,
+    want_stdin: bool,
+) -> Result<Spawned, AbxError> {
+    let argv = argv_of(p)?;
+    check_timeout(p)?;
+    let cwd = isolate::check_cwd(site.dirs, site.id, p.cwd.as_deref().unwrap_or("/workspace"))?;
+    let mut env: Vec<String> = env_of(&site, p)?
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.push(format!("{}={}", procs::MARKER, site.id));
+    env.push("HOME=/workspace".into());
+    env.push("TMPDIR=/tmp".into());
+    env.push(format!("PWD={cwd}"));
+    let io = |e: std::io::Error| AbxError::internal(format!("exec pipes: {e}"));
+    let pty = p.pty.map(|s| (s.rows, s.cols));
+    let mut ours: (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>) = (None, None, None);
+    let mut theirs: Vec<OwnedFd> = Vec::new();
+    if pty.is_none() {
+        let stdin = if want_stdin {
+            let (r, w) = pipe().map_err(io)?;
+            ours.0 = Some(w);
+            r
+        } else {
+            OwnedFd::from(std::fs::File::open("/dev/null").map_err(io)?)
+        };
+        let (or, ow) = pipe().map_err(io)?;
+        let (er, ew) = pipe().map_err(io)?;
+        grow_pipe(&or);
+        ours.1 = Some(or);
+        ours.2 = Some(er);
+        theirs = vec![stdin, ow, ew];
+    }
+    let raw: Vec<std::os::fd::RawFd> = theirs.iter().map(|f| f.as_raw_fd()).collect();
+    let proc_ = match c.spawn(argv, env, cwd.clone(), pty, &raw).await? {
+        Ok(p) => p,
+        Err((errno, what)) => {
+            let e = std::io::Error::from_raw_os_error(errno);
+            return Err(match what.as_str() {
+                "chdir" => AbxError::new(
+                    ErrorCode::FileNotFound,
+                    &[("path", &cwd), ("sandbox", site.id)],
+                ),
+                "exec" => start_failed(p, e),
+                other => AbxError::detail(
+                    ErrorCode::ExecFailedToStart,
+                    format!("starting the process failed ({other}): {e}"),
+                ),
+            });
+        }
+    };
+    drop(theirs);
+    let (pid, view_pid) = (proc_.host_pid, proc_.pid);
+    let mut proc_ = proc_;
+    type Ends = (
+        Option<Writer>,
+        Option<Reader>,
+        Option<Reader>,
+        Option<Arc<OwnedFd>>,
+    );
+    let (stdin, stdout, stderr, pty): Ends = match proc_.master.take() {
+        Some(m) => {
+            let m = Arc::new(m);
+            let r = tokio::fs::File::from_std(std::fs::File::from(
+                m.try_clone().map_err(AbxError::internal)?,
+            ));
+            let w = tokio::fs::File::from_std(std::fs::File::from(
+                m.try_clone().map_err(AbxError::internal)?,
+            ));
+            (Some(Box::new(w)), Some(Box::new(r)), None, Some(m))
+        }
+        None => {
+            use tokio::net::unix::pipe as tp;
+            let w = match ours.0 {
+                Some(w) => Some(Box::new(tp::Sender::from_owned_fd(w).map_err(io)?) as Writer),
+                None => None,
+            };
+            let o = tp::Receiver::from_owned_fd(ours.1.expect("stdout")).map_err(io)?;
+            let e = tp::Receiver::from_owned_fd(ours.2.expect("stderr")).map_err(io)?;
+            (
+                w,
+                Some(Box::new(o) as Reader),
+                Some(Box::new(e) as Reader),
+                None,
+            )
+        }
+    };
+    Ok(Spawned {
+        child: ExecChild::Sandboxed(proc_),
+        pid,
+        view_pid,
+        stdin,
+        stdout,
+        stderr,
+        pty,
+    })
+}
+
+/// Spawn as a child of the daemon (Landlock and none models).
+fn spawn_host(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned, AbxError> {
+    let (dirs, sandbox_id) = (site.dirs, site.id);
+    let argv = argv_of(p)?;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    check_timeout(p)?;
+    cmd.env_clear();
+    for (k, v) in env_of(&site, p)? {
+        cmd.env(k, v);
     }
     cmd.kill_on_drop(false);
     let mut master: Option<OwnedFd> = None;
@@ -273,16 +434,13 @@ pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned
     confine.apply(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| {
         if isolate::is_setup_error(&e) {
-            return AbxError::detail(ErrorCode::ExecFailedToStart, isolate::explain_spawn_error(&e))
-                .with_suggestion("The sandbox could not be set up; set ABX_ISOLATION=landlock (or none) for the broker to use a weaker model, and see the broker log.");
+            return AbxError::detail(
+                ErrorCode::ExecFailedToStart,
+                isolate::explain_spawn_error(&e),
+            )
+            .with_suggestion("The sandbox could not be set up; see the broker log.");
         }
-        let what = p.argv.as_ref().map_or("sh", |a| a[0].as_str());
-        let e = AbxError::detail(ErrorCode::ExecFailedToStart, format!("{what}: {e}"));
-        if p.argv.is_some() {
-            e.with_suggestion("Check the program name (argv[0] is run without a shell, found on PATH inside the sandbox).")
-        } else {
-            e
-        }
+        start_failed(p, e)
     })?;
     let pid = child.id().map_or(0, |p| p as i32);
     type Ends = (
@@ -313,8 +471,9 @@ pub fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned
         ),
     };
     Ok(Spawned {
-        child,
+        child: ExecChild::Host(child),
         pid,
+        view_pid: pid,
         stdin,
         stdout,
         stderr,
@@ -374,8 +533,21 @@ async fn collect<R: AsyncRead + Unpin>(mut r: R, cap: u64, stop: Arc<Notify>) ->
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = tokio::select! {
+            biased;
             n = r.read(&mut buf) => n,
-            _ = stop.notified() => break,
+            _ = stop.notified() => {
+                // Take what is already in the pipe (a slow reader under load must not lose
+                // output the command wrote before it exited), then stop.
+                while let Some(Ok(n)) = futures::FutureExt::now_or_never(r.read(&mut buf)) {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = cap.saturating_sub(out.len() as u64) as usize;
+                    truncated |= n > room;
+                    out.extend_from_slice(&buf[..n.min(room)]);
+                }
+                break;
+            }
         };
         match n {
             Ok(0) | Err(_) => break,
@@ -404,7 +576,8 @@ pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
         ));
     }
     let started = Instant::now();
-    let mut sp = spawn(site, &p, stdin_data.is_some())?;
+    let oom0 = site.cgroup.as_ref().map(|c| c.oom_kills());
+    let mut sp = spawn(site.clone(), &p, stdin_data.is_some()).await?;
     let mut guard = TreeGuard(sp.pid, true);
     let cap = p.max_output.unwrap_or(DEFAULT_MAX_OUTPUT);
     if let (Some(mut w), Some(data)) = (sp.stdin.take(), stdin_data) {
@@ -451,6 +624,9 @@ pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
         "truncated": t1 || t2,
     });
     if let Some(s) = signal {
+        if s == "SIGKILL" && oom_struck(site.cgroup.as_deref(), oom0) {
+            v["oomKilled"] = json!(true);
+        }
         v["signal"] = json!(s);
     }
     match (std::str::from_utf8(&stdout), std::str::from_utf8(&stderr)) {
@@ -476,6 +652,14 @@ fn exit_info(status: Option<std::process::ExitStatus>) -> (Value, Option<String>
             _ => (Value::Null, None),
         },
         None => (Value::Null, None),
+    }
+}
+
+/// Whether the OOM killer struck in the sandbox since `before` was read (its memory limit).
+fn oom_struck(cg: Option<&super::limits::Cgroup>, before: Option<u64>) -> bool {
+    match (cg, before) {
+        (Some(c), Some(b)) => c.oom_kills() > b,
+        _ => false,
     }
 }
 
@@ -512,8 +696,10 @@ pub struct Stream {
     pub id: String,
     /// The sandbox it runs in.
     pub sandbox: String,
-    /// Its process group.
+    /// Its process group (a pid of the daemon's PID namespace).
     pub pid: i32,
+    /// Its pid as the sandbox sees it.
+    pub view_pid: i32,
     sink: Mutex<Sink>,
     stdin: tokio::sync::Mutex<Option<Writer>>,
     pty: Option<Arc<OwnedFd>>,
@@ -608,7 +794,7 @@ impl Stream {
 }
 
 /// `exec/start`: spawn and stream. Returns the stream entry; the pump runs on its own.
-pub fn start(
+pub async fn start(
     site: Site<'_>,
     p: ExecParams,
     id: String,
@@ -620,11 +806,12 @@ pub fn start(
         Some(s) => Some(decode_data(s, p.stdin_encoding.as_deref())?),
         None => None,
     };
-    let mut sp = spawn(site, &p, true)?;
+    let mut sp = spawn(site.clone(), &p, true).await?;
     let stream = Arc::new(Stream {
         id: id.clone(),
         sandbox: site.id.to_owned(),
         pid: sp.pid,
+        view_pid: sp.view_pid,
         sink: Mutex::new(Sink {
             conn: Some(conn),
             buffer: VecDeque::new(),
@@ -644,16 +831,24 @@ pub fn start(
     }
     let timeout = p.timeout.map(Duration::from_secs_f64);
     let s = stream.clone();
+    let cg = site.cgroup.clone();
+    let oom0 = cg.as_ref().map(|c| c.oom_kills());
     tokio::spawn(async move {
         // The client must see exec/start's reply (the execId) before any output.
         let _ = tokio::time::timeout(Duration::from_secs(10), replied.cancelled()).await;
-        pump(s, sp, timeout).await;
+        pump(s, sp, timeout, cg, oom0).await;
         on_done(&id);
     });
     Ok(stream)
 }
 
-async fn pump(s: Arc<Stream>, mut sp: Spawned, timeout: Option<Duration>) {
+async fn pump(
+    s: Arc<Stream>,
+    mut sp: Spawned,
+    timeout: Option<Duration>,
+    cg: Option<Arc<super::limits::Cgroup>>,
+    oom0: Option<u64>,
+) {
     let pid = sp.pid;
     let mut out = sp.stdout.take();
     let mut err = sp.stderr.take();
@@ -681,11 +876,22 @@ async fn pump(s: Arc<Stream>, mut sp: Spawned, timeout: Option<Duration>) {
         };
         tokio::select! {
             r = read_opt(&mut out, &mut buf_o) => match r {
-                Some(n) if n > 0 => send_chunk(&s, stream_name, &mut carry_o, &buf_o[..n]).await,
+                Some(n) if n > 0 => {
+                    // Output still flowing after the exit: the grace starts again.
+                    if exited_at.is_some() {
+                        exited_at = Some(tokio::time::Instant::now());
+                    }
+                    send_chunk(&s, stream_name, &mut carry_o, &buf_o[..n]).await
+                }
                 _ => out = None,
             },
             r = read_opt(&mut err, &mut buf_e) => match r {
-                Some(n) if n > 0 => send_chunk(&s, "stderr", &mut carry_e, &buf_e[..n]).await,
+                Some(n) if n > 0 => {
+                    if exited_at.is_some() {
+                        exited_at = Some(tokio::time::Instant::now());
+                    }
+                    send_chunk(&s, "stderr", &mut carry_e, &buf_e[..n]).await
+                }
                 _ => err = None,
             },
             st = sp.child.wait(), if status.is_none() => {
@@ -712,6 +918,9 @@ async fn pump(s: Arc<Stream>, mut sp: Spawned, timeout: Option<Duration>) {
     let (code, signal) = exit_info(status);
     let mut exit = json!({"execId": s.id, "exitCode": code, "timedOut": timed_out});
     if let Some(sig) = signal {
+        if sig == "SIGKILL" && oom_struck(cg.as_deref(), oom0) {
+            exit["oomKilled"] = json!(true);
+        }
         exit["signal"] = json!(sig);
     }
     s.emit(abx_protocol::message::encode_notification(

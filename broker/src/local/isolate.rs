@@ -137,34 +137,21 @@ static MODEL: OnceLock<Model> = OnceLock::new();
 static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
 static HIDDEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// The model in force for this broker: `ABX_ISOLATION` if set to a known model, else the
-/// result of a real probe (a confined `true` in a throwaway sandbox), falling back to Landlock
-/// when the kernel has it, else none. Detected once.
+/// The model in force for this broker: `ABX_ISOLATION` if set to a known model (the
+/// opt-in to the weaker `landlock` or `none` models), else `namespaces`. There is no silent
+/// fallback: where namespaces do not work, creating a sandbox fails and says how to opt in.
 pub fn model() -> Model {
     *MODEL.get_or_init(|| {
         if let Ok(v) = std::env::var(FORCE_ENV) {
             match Model::parse(&v) {
                 Some(m) => {
-                    tracing::info!(model = %m, "isolation model forced by {FORCE_ENV}");
+                    tracing::warn!(model = %m, "isolation model chosen by {FORCE_ENV}");
                     return m;
                 }
                 None => tracing::warn!(value = %v, "ignoring unknown {FORCE_ENV}"),
             }
         }
-        let m = match namespaces_probe() {
-            Ok(()) => Model::Namespaces,
-            Err(e) => {
-                let fallback = if landlock_abi() > 0 {
-                    Model::Landlock
-                } else {
-                    Model::Unconfined
-                };
-                tracing::warn!(reason = %e, model = %fallback, "namespaces unavailable for sandboxes");
-                fallback
-            }
-        };
-        tracing::info!(model = %m, landlock_abi = landlock_abi(), "isolation model");
-        m
+        Model::Namespaces
     })
 }
 
@@ -191,37 +178,77 @@ fn probe_once() -> Result<(), String> {
         let dirs = SandboxDirs::new(base.clone());
         fs::create_dir_all(&dirs.workspace).map_err(|e| format!("probe dir: {e}"))?;
         fs::create_dir_all(&dirs.tmp).map_err(|e| format!("probe dir: {e}"))?;
-        let confine = Confine::with_model(Model::Namespaces, &dirs, "isolation-probe", WORKSPACE)
-            .map_err(|e| e.message)?;
-        let mut cmd = std::process::Command::new("true");
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        confine.apply_std(&mut cmd);
-        let status = cmd.status().map_err(|e| explain_spawn_error(&e))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!("confined probe exited with {status}"))
-        }
+        let cfg = super::container::config(&dirs, "isolation-probe", "none", None);
+        super::container::probe(&cfg)
     })();
     let _ = fs::remove_dir_all(&base);
     result
 }
 
-/// What `sandbox/systemInfo` and provider info say about isolation.
+/// Check a working directory of a sandbox (`/workspace/sub`, `/tmp`, or relative = under
+/// `/workspace`) and return it as the sandbox sees it: E4002 when it leaves the sandbox
+/// (`..`, a symlink out), E4001 when it does not exist, E4004 when it is not a directory.
+pub fn check_cwd(dirs: &SandboxDirs, sandbox_id: &str, cwd: &str) -> Result<String, AbxError> {
+    let (area, rel) = split_path(cwd)?;
+    open_cwd(dirs, area, &rel, sandbox_id, cwd)?;
+    Ok(super::view_path(area, &rel))
+}
+
+/// What `sandbox/systemInfo` and provider info say about isolation: the model, what a
+/// sandbox sees, and what the model does not protect.
 pub fn describe() -> serde_json::Value {
     let m = model();
     let abi = landlock_abi();
     let mut v = serde_json::json!({
         "model": m.as_str(),
-        "landlock": { "abi": abi, "enforced": abi > 0 && m != Model::Unconfined },
-        "namespaces": m == Model::Namespaces,
-        "network": "host",
+        "landlock": {
+            "abi": abi,
+            "enforced": abi > 0 && m != Model::Unconfined,
+            "scoped": abi >= 6 && m == Model::Namespaces,
+        },
     });
-    if m != Model::Namespaces {
-        if let Some(Err(reason)) = PROBE.get() {
-            v["namespacesError"] = serde_json::Value::String(reason.clone());
+    match m {
+        Model::Namespaces => {
+            v["namespaces"] = serde_json::json!([
+                "user",
+                "mount",
+                "pid",
+                "ipc",
+                "uts",
+                "net (unless network is host)"
+            ]);
+            v["root"] = serde_json::json!({
+                "system": super::container::SYSTEM_DIRS.iter().map(|d| format!("/{d} (read-only)")).collect::<Vec<_>>(),
+                "etc": super::container::ETC_ENTRIES.iter().map(|e| format!("/etc/{e}")).collect::<Vec<_>>(),
+                "etcGenerated": ["/etc/passwd", "/etc/group", "/etc/hosts", "/etc/hostname"],
+                "writable": ["/workspace", "/tmp", "/dev/shm"],
+                "dev": ["null", "zero", "full", "random", "urandom", "tty", "pts (own instance)", "ptmx", "shm", "fd", "stdin", "stdout", "stderr"],
+                "proc": "own (the sandbox's PID namespace)",
+                "notVisible": ["home directories", "/root", "/run", "/var", "/srv", "/opt", "/mnt", "/media", "/sys", "the host /tmp", "other sandboxes", "the broker's state and socket"],
+            });
+            v["processes"] = serde_json::json!(
+                "own PID namespace; an init as PID 1 reaps; kill ends every process"
+            );
+            if let Some(Err(reason)) = PROBE.get() {
+                v["namespacesError"] = serde_json::Value::String(reason.clone());
+            }
+        }
+        Model::Landlock | Model::Unconfined => {
+            v["doesNotProtect"] = serde_json::json!([
+                "the host filesystem is readable as the broker's user (home directories, keys, tokens)",
+                "processes of the broker's user can be seen and signalled",
+                "the host network and loopback services are reachable",
+                "the broker socket can be reached; the broker refuses peers by an environment marker that a process can shed",
+                "no process, memory or CPU limits",
+            ]);
+            if m == Model::Unconfined {
+                v["doesNotProtect"]
+                    .as_array_mut()
+                    .expect("array")
+                    .push(serde_json::json!(
+                        "writes anywhere the broker's user can write"
+                    ));
+            }
         }
     }
     v
@@ -1567,14 +1594,11 @@ echo $(id -u) > /workspace/uid
         assert_eq!(Model::parse("bogus"), None);
         let d = describe();
         assert_eq!(d["model"], model().as_str());
-        assert_eq!(d["network"], "host");
         assert!(d["landlock"]["abi"].is_i64());
-        assert_eq!(d["namespaces"], model() == Model::Namespaces);
-    }
-
-    #[test]
-    fn namespace_probe_works_here() {
-        // This machine has unprivileged user namespaces (DESIGN §8).
-        namespaces_probe().unwrap();
+        // Each model says what a sandbox sees or what it does not protect.
+        match model() {
+            Model::Namespaces => assert!(d["root"]["notVisible"].is_array(), "{d}"),
+            _ => assert!(d["doesNotProtect"].is_array(), "{d}"),
+        }
     }
 }

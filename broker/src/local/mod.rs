@@ -2,12 +2,20 @@
 //!
 //! - [`files`]: every files/* operation, confined beneath the sandbox with `openat2`.
 //! - [`watch`]: files/watch through inotify.
-//! - [`isolate`]: how a sandbox's process is confined (namespaces, Landlock, caps).
+//! - [`init`]: the sandbox's init (PID 1): builds the private root and namespaces, starts
+//!   and reaps its processes.
+//! - [`container`]: the daemon's side of a sandbox's init.
+//! - [`isolate`]: the isolation model in force; per-process confinement of the opt-in
+//!   Landlock and none models.
 //! - [`procs`]: finding, signalling and listing a sandbox's processes.
 
+pub mod container;
 pub mod exec;
 pub mod files;
+pub mod init;
 pub mod isolate;
+pub mod limits;
+pub mod net;
 pub mod procs;
 pub mod provider;
 pub mod watch;

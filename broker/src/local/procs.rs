@@ -185,6 +185,25 @@ pub fn list(sandbox_id: &str) -> Vec<ProcInfo> {
         .collect()
 }
 
+/// The processes of a sandbox with its own PID namespace, from (host pid, pid inside)
+/// pairs: pids and parent pids as the sandbox sees them (a parent outside the list is the
+/// sandbox's init, pid 1).
+pub fn list_members(members: &[(i32, i32)]) -> Vec<ProcInfo> {
+    let inner: HashMap<i32, i32> = members.iter().copied().collect();
+    members
+        .iter()
+        .filter_map(|&(host, pid)| {
+            let stat = read_stat(host)?;
+            Some(ProcInfo {
+                pid,
+                ppid: inner.get(&stat.ppid).copied().unwrap_or(1),
+                command: command_of(host, &stat),
+                status: status_name(stat.state).to_owned(),
+            })
+        })
+        .collect()
+}
+
 fn kill(pid: i32, sig: i32) -> bool {
     // SAFETY: kill(2) has no memory arguments.
     unsafe { libc::kill(pid, sig) == 0 }

@@ -5,7 +5,9 @@
 //! are reaped then and whenever a lifetime runs out (a reaper task sleeps until the next
 //! expiry). Lifetimes are the daemon's to enforce, so they survive restarts.
 
+use super::container::{self, Container};
 use super::exec::{self, ExecParams, PtySize};
+use super::limits::{self, Cgroup, Limits};
 use super::{files, isolate, procs, watch, SandboxDirs};
 use crate::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use crate::util::{now_ms, rfc3339, write_atomic};
@@ -13,6 +15,7 @@ use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,11 +60,28 @@ struct Record {
     env: BTreeMap<String, String>,
     #[serde(default)]
     metadata: BTreeMap<String, Value>,
+    /// `none`, `internet` or `host`.
+    #[serde(default = "default_network")]
+    network: String,
+    /// Memory, CPU and process limits.
+    #[serde(default)]
+    limits: Limits,
+}
+
+fn default_network() -> String {
+    "none".into()
 }
 
 struct Sandbox {
     dirs: SandboxDirs,
     rec: Mutex<Record>,
+    /// The init of a running sandbox (namespaces model); started again on first use after a
+    /// daemon restart.
+    container: tokio::sync::Mutex<Option<Arc<Container>>>,
+    /// Its cgroup (where one can be made), from the first start of its container.
+    cgroup: Mutex<Option<Arc<Cgroup>>>,
+    /// Port forwarders: sandbox port -> (host port, task).
+    forwards: tokio::sync::Mutex<HashMap<u16, (u16, tokio::task::JoinHandle<()>)>>,
 }
 
 impl Sandbox {
@@ -87,11 +107,170 @@ impl Sandbox {
             "startedAt": rfc3339(r.created_ms / 1000),
             "expiresAt": rfc3339(r.expires_ms / 1000),
             "metadata": r.metadata,
+            "network": r.network,
         })
+    }
+
+    /// The sandbox's running container, started when there is none (namespaces model only).
+    async fn container(&self) -> Result<Option<Arc<Container>>, AbxError> {
+        if isolate::model() != isolate::Model::Namespaces {
+            return Ok(None);
+        }
+        let mut g = self.container.lock().await;
+        if let Some(c) = g.as_ref().filter(|c| c.alive()) {
+            return Ok(Some(c.clone()));
+        }
+        let (id, network, lim) = {
+            let r = self.rec.lock().expect("record");
+            (r.id.clone(), r.network.clone(), r.limits.clone())
+        };
+        let cg = {
+            let mut g = self.cgroup.lock().expect("cgroup");
+            if g.is_none() {
+                *g = Cgroup::create(&id, &lim).map(Arc::new);
+            }
+            g.clone()
+        };
+        // Without a pids controller, RLIMIT_NPROC (counted per user namespace) bounds it.
+        let nproc = match &cg {
+            Some(c) if c.enforced.contains(&"pids") => None,
+            _ => lim.pids,
+        };
+        let procs = cg.as_ref().map(|c| c.open_procs()).unwrap_or_default();
+        let fds = procs.iter().map(|f| f.as_raw_fd()).collect();
+        let c = Container::start(container::config(&self.dirs, &id, &network, nproc), fds).await?;
+        drop(procs);
+        *g = Some(c.clone());
+        Ok(Some(c))
+    }
+
+    /// A host loopback port forwarded to `port` on the sandbox's loopback (in its network
+    /// namespace): the same number when it is free on the host, else an ephemeral one. One
+    /// forwarder per port, for the life of the sandbox's container.
+    async fn forward(&self, c: Arc<Container>, port: u16) -> Result<u16, AbxError> {
+        let mut fw = self.forwards.lock().await;
+        if let Some((host_port, task)) = fw.get(&port) {
+            if !task.is_finished() {
+                return Ok(*host_port);
+            }
+        }
+        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(l) => l,
+            Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(|e| AbxError::internal(format!("port forward: {e}")))?,
+        };
+        let host_port = listener.local_addr().map_err(AbxError::internal)?.port();
+        let task = tokio::spawn(super::net::forward(listener, c, port));
+        fw.insert(port, (host_port, task));
+        Ok(host_port)
+    }
+
+    /// Kill every process of the sandbox: its container, or (other models) every process
+    /// found by its marker.
+    async fn stop_processes(&self) {
+        for (_, (_, task)) in self.forwards.lock().await.drain() {
+            task.abort();
+        }
+        let c = self.container.lock().await.take();
+        let cg = self.cgroup.lock().expect("cgroup").take();
+        if let Some(cg) = &cg {
+            cg.freeze(false);
+        }
+        match c {
+            Some(c) => {
+                c.kill().await;
+                if let Some(cg) = cg {
+                    cg.remove().await;
+                }
+            }
+            None => {
+                let id = self.rec.lock().expect("record").id.clone();
+                procs::signal_all(&id, libc::SIGKILL);
+                procs::signal_all(&id, libc::SIGCONT);
+            }
+        }
+    }
+}
+
+/// The `[local]` table of the broker config (`config.toml`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The cap on live sandboxes (`max_sandboxes`, default 64).
+    pub max_sandboxes: usize,
+    /// The network mode of a sandbox created without one (`network`, default `none`).
+    pub network: String,
+    /// Limits of a sandbox created without them (`memory`, `cpus`, `pids`).
+    pub limits: Limits,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            max_sandboxes: 64,
+            network: "none".into(),
+            limits: limits::DEFAULT,
+        }
+    }
+}
+
+/// The network modes of a local sandbox.
+pub const NETWORK_MODES: &[&str] = &["none", "internet", "host"];
+
+impl Settings {
+    /// Read the `[local]` table (bad values are logged and replaced by the defaults).
+    pub fn from_config(config: &toml::Table) -> Settings {
+        let mut s = Settings::default();
+        let Some(t) = config.get("local").and_then(|v| v.as_table()) else {
+            return s;
+        };
+        if let Some(v) = t.get("max_sandboxes") {
+            match v.as_integer().filter(|n| *n >= 1) {
+                Some(n) => s.max_sandboxes = n as usize,
+                None => warn!(value = %v, "ignoring [local] max_sandboxes: not a positive integer"),
+            }
+        }
+        let positive_int = |v: &toml::Value| v.as_integer().filter(|n| *n > 0).map(|n| n as u64);
+        if let Some(v) = t.get("memory") {
+            match v
+                .as_str()
+                .and_then(limits::parse_size)
+                .or_else(|| positive_int(v))
+            {
+                Some(n) => s.limits.memory = Some(n),
+                None => warn!(value = %v, "ignoring [local] memory"),
+            }
+        }
+        if let Some(v) = t.get("cpus") {
+            match v
+                .as_float()
+                .or_else(|| positive_int(v).map(|n| n as f64))
+                .filter(|f| *f > 0.0)
+            {
+                Some(f) => s.limits.cpus = Some(f),
+                None => warn!(value = %v, "ignoring [local] cpus"),
+            }
+        }
+        if let Some(v) = t.get("pids") {
+            match positive_int(v) {
+                Some(n) => s.limits.pids = Some(n),
+                None => warn!(value = %v, "ignoring [local] pids"),
+            }
+        }
+        if let Some(v) = t.get("network") {
+            match v.as_str().filter(|n| NETWORK_MODES.contains(n)) {
+                Some(n) => s.network = n.to_owned(),
+                None => {
+                    warn!(value = %v, "ignoring [local] network: not one of none, internet, host")
+                }
+            }
+        }
+        s
     }
 }
 
 struct Inner {
+    settings: Settings,
     summary: ProviderSummary,
     root: PathBuf,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
@@ -106,6 +285,10 @@ struct Inner {
 struct CreateParams {
     #[serde(default)]
     template: Option<String>,
+    #[serde(default)]
+    network: Option<String>,
+    #[serde(default)]
+    limits: Option<Value>,
     #[serde(default)]
     timeout: Option<Value>,
     #[serde(default)]
@@ -156,10 +339,11 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 impl Inner {
-    fn start(data_dir: &Path) -> Arc<Inner> {
+    fn start(data_dir: &Path, settings: Settings) -> Arc<Inner> {
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
         let p = Arc::new(Inner {
+            settings,
             summary: ProviderSummary {
                 id: "local".into(),
                 name: "Local sandboxes".into(),
@@ -200,6 +384,9 @@ impl Inner {
                         Arc::new(Sandbox {
                             dirs: SandboxDirs::new(dir),
                             rec: Mutex::new(r),
+                            container: tokio::sync::Mutex::new(None),
+                            forwards: tokio::sync::Mutex::new(HashMap::new()),
+                            cgroup: Mutex::new(None),
                         }),
                     );
                 }
@@ -238,7 +425,7 @@ impl Inner {
         Ok(sb)
     }
 
-    fn create(&self, p: CreateParams) -> Result<Value, AbxError> {
+    async fn create(&self, p: CreateParams) -> Result<Value, AbxError> {
         let template = p
             .template
             .filter(|t| !t.is_empty())
@@ -266,6 +453,37 @@ impl Inner {
                 ));
             }
         }
+        let network = match p.network.as_deref() {
+            None | Some("") => self.settings.network.clone(),
+            Some(n) if NETWORK_MODES.contains(&n) => n.to_owned(),
+            Some(n) => {
+                return Err(AbxError::invalid_params(
+                    "sandbox/create",
+                    format!("unknown network mode '{n}'; use none, internet or host"),
+                ))
+            }
+        };
+        if network == "internet" {
+            super::net::check_helper()?;
+        }
+        let limits = match &p.limits {
+            None | Some(Value::Null) => Limits::default(),
+            Some(v) => limits::parse(v)?,
+        }
+        .resolve(&self.settings.limits)?;
+        let live = self.sandboxes.lock().expect("sandboxes").len();
+        if live >= self.settings.max_sandboxes {
+            return Err(AbxError::new(
+                ErrorCode::SandboxLimitReached,
+                &[(
+                    "detail",
+                    &format!(
+                        "{live} live local sandboxes, the broker's cap is {}",
+                        self.settings.max_sandboxes
+                    ),
+                )],
+            ));
+        }
         let id = format!("sb-{}", rand_id());
         let dirs = SandboxDirs::new(self.root.join(&id));
         let mk = |d: &Path| std::fs::create_dir_all(d);
@@ -287,12 +505,22 @@ impl Inner {
             timeout,
             env: p.env.unwrap_or_default(),
             metadata: p.metadata.unwrap_or_default(),
+            network,
+            limits,
         };
         let sb = Arc::new(Sandbox {
             dirs,
             rec: Mutex::new(rec),
+            container: tokio::sync::Mutex::new(None),
+            forwards: tokio::sync::Mutex::new(HashMap::new()),
+            cgroup: Mutex::new(None),
         });
         if let Err(e) = sb.save() {
+            let _ = std::fs::remove_dir_all(&sb.dirs.root);
+            return Err(e);
+        }
+        // Build the sandbox now: create fails (and leaves nothing) when it cannot be built.
+        if let Err(e) = sb.container().await {
             let _ = std::fs::remove_dir_all(&sb.dirs.root);
             return Err(e);
         }
@@ -309,7 +537,9 @@ impl Inner {
         let Some(sb) = sb else {
             return json!({"killed": false});
         };
-        destroy(id, &sb.dirs.root).await;
+        sb.stop_processes().await;
+        let root = sb.dirs.root.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(root)).await;
         let streams: Vec<String> = self
             .streams
             .lock()
@@ -342,10 +572,22 @@ impl Inner {
         Ok(sb.view())
     }
 
-    fn set_paused(&self, id: &str, paused: bool) -> Result<Value, AbxError> {
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<Value, AbxError> {
         let sb = self.get(id)?;
         let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
-        procs::signal_all(id, sig);
+        let c = sb.container().await?;
+        let cg = sb.cgroup.lock().expect("cgroup").clone();
+        match (c, cg) {
+            (Some(_), Some(cg)) if cg.freeze(paused) => {}
+            (Some(c), _) => {
+                // Twice: a process forked while the first pass ran is caught by the second.
+                c.signal_all(sig).await?;
+                c.signal_all(sig).await?;
+            }
+            (None, _) => {
+                procs::signal_all(id, sig);
+            }
+        }
         sb.rec.lock().expect("record").status = if paused { "paused" } else { "running" }.into();
         sb.save()?;
         Ok(sb.view())
@@ -380,7 +622,7 @@ impl Inner {
             Ok(parse::<SandboxParam>(method, params.clone())?.sandbox)
         };
         match method {
-            "sandbox/create" => self.create(parse(method, params)?),
+            "sandbox/create" => self.create(parse(method, params)?).await,
             "sandbox/info" | "sandbox/connect" => Ok(self.get(&sandbox()?)?.view()),
             "sandbox/list" => {
                 let mut v: Vec<Value> = self
@@ -407,8 +649,8 @@ impl Inner {
                     .ok_or_else(|| AbxError::invalid_params(method, "missing field `timeout`"))?;
                 self.set_timeout(&id, &t)
             }
-            "sandbox/pause" => self.set_paused(&sandbox()?, true),
-            "sandbox/resume" => self.set_paused(&sandbox()?, false),
+            "sandbox/pause" => self.set_paused(&sandbox()?, true).await,
+            "sandbox/resume" => self.set_paused(&sandbox()?, false).await,
             "sandbox/capabilities" => {
                 self.get(&sandbox()?)?;
                 Ok(json!({
@@ -418,18 +660,31 @@ impl Inner {
             }
             "sandbox/systemInfo" => {
                 let sb = self.get(&sandbox()?)?;
-                Ok(system_info(&sb.dirs))
+                let (id, network, lim) = {
+                    let r = sb.rec.lock().expect("record");
+                    (r.id.clone(), r.network.clone(), r.limits.clone())
+                };
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
+                let mut v = system_info(&sb.dirs, &id, &network);
+                if isolate::model() == isolate::Model::Namespaces {
+                    v["isolation"]["limits"] = limits::describe(&lim, cg.as_deref());
+                }
+                Ok(v)
             }
             "exec/run" => {
                 let p: ExecParams = parse(method, params)?;
                 let sb = self.running(&p.sandbox)?;
                 let env = sb.rec.lock().expect("record").env.clone();
                 let id = p.sandbox.clone();
+                let c = sb.container().await?;
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
                 exec::run(
                     exec::Site {
                         dirs: &sb.dirs,
                         id: &id,
                         env: &env,
+                        container: c.as_deref(),
+                        cgroup: cg,
                     },
                     p,
                 )
@@ -446,11 +701,15 @@ impl Inner {
                 );
                 let weak = Arc::downgrade(self);
                 let id = p.sandbox.clone();
+                let c = sb.container().await?;
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
                 let s = exec::start(
                     exec::Site {
                         dirs: &sb.dirs,
                         id: &id,
                         env: &env,
+                        container: c.as_deref(),
+                        cgroup: cg,
                     },
                     p,
                     exec_id.clone(),
@@ -461,8 +720,9 @@ impl Inner {
                             me.streams.lock().expect("streams").remove(eid);
                         }
                     },
-                )?;
-                let pid = s.pid;
+                )
+                .await?;
+                let pid = s.view_pid;
                 self.streams
                     .lock()
                     .expect("streams")
@@ -529,8 +789,24 @@ impl Inner {
             }
             "process/list" => {
                 let id = sandbox()?;
-                self.get(&id)?;
-                Ok(json!({"processes": procs::list(&id)}))
+                let sb = self.get(&id)?;
+                let c = sb.container.lock().await.clone();
+                let paused = sb.rec.lock().expect("record").status == "paused";
+                Ok(match c {
+                    Some(c) => {
+                        let mut list = procs::list_members(&c.members());
+                        if paused {
+                            // A frozen cgroup shows its tasks as in disk sleep: they are stopped.
+                            for p in &mut list {
+                                if p.status == "disk-sleep" || p.status == "sleeping" {
+                                    p.status = "stopped".into();
+                                }
+                            }
+                        }
+                        json!({"processes": list})
+                    }
+                    None => json!({"processes": procs::list(&id)}),
+                })
             }
             "process/kill" => {
                 #[derive(Deserialize)]
@@ -541,15 +817,27 @@ impl Inner {
                     signal: Option<String>,
                 }
                 let p: P = parse(method, params)?;
-                self.get(&p.sandbox)?;
+                let sb = self.get(&p.sandbox)?;
                 let sig = signal(p.signal.as_deref())?;
-                if !procs::belongs(p.pid, &p.sandbox) {
-                    return Err(AbxError::new(
+                let not_found = || {
+                    AbxError::new(
                         ErrorCode::ProcessNotFound,
                         &[("pid", &p.pid.to_string()), ("sandbox", &p.sandbox)],
-                    ));
-                }
-                unsafe { libc::kill(p.pid, sig) };
+                    )
+                };
+                let c = sb.container.lock().await.clone();
+                let host_pid = match c {
+                    // `pid` is the sandbox's view; the init (1) is not the caller's to kill.
+                    Some(c) => c
+                        .members()
+                        .into_iter()
+                        .find(|&(_, inner)| inner == p.pid)
+                        .map(|(host, _)| host)
+                        .ok_or_else(not_found)?,
+                    None if procs::belongs(p.pid, &p.sandbox) => p.pid,
+                    None => return Err(not_found()),
+                };
+                unsafe { libc::kill(host_pid, sig) };
                 Ok(json!({}))
             }
             m if m.starts_with("files/") => self.files(cx, m, params).await,
@@ -560,15 +848,24 @@ impl Inner {
                     port: Value,
                 }
                 let p: P = parse(method, params)?;
-                self.get(&p.sandbox)?;
+                let sb = self.get(&p.sandbox)?;
                 let port = p
                     .port
                     .as_u64()
                     .filter(|n| (1..=65535).contains(n))
                     .ok_or_else(|| {
                         AbxError::new(ErrorCode::InvalidPort, &[("port", &p.port.to_string())])
-                    })?;
-                Ok(json!({"url": format!("http://127.0.0.1:{port}"), "headers": {}}))
+                    })? as u16;
+                let network = sb.rec.lock().expect("record").network.clone();
+                let host_port = if network == "host" {
+                    port
+                } else {
+                    match sb.container().await? {
+                        Some(c) => sb.forward(c, port).await?,
+                        None => port,
+                    }
+                };
+                Ok(json!({"url": format!("http://127.0.0.1:{host_port}"), "headers": {}}))
             }
             _ => Err(crate::provider::unsupported(
                 "local",
@@ -776,13 +1073,6 @@ fn signal(name: Option<&str>) -> Result<i32, AbxError> {
     }
 }
 
-async fn destroy(id: &str, root: &Path) {
-    procs::signal_all(id, libc::SIGKILL);
-    procs::signal_all(id, libc::SIGCONT);
-    let root = root.to_owned();
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(root)).await;
-}
-
 async fn reaper(weak: std::sync::Weak<Inner>) {
     loop {
         let Some(me) = weak.upgrade() else { return };
@@ -817,7 +1107,10 @@ async fn reaper(weak: std::sync::Weak<Inner>) {
     }
 }
 
-fn system_info(dirs: &SandboxDirs) -> Value {
+fn system_info(dirs: &SandboxDirs, id: &str, network: &str) -> Value {
+    let ns = isolate::model() == isolate::Model::Namespaces;
+    let mut isolation = isolate::describe();
+    isolation["network"] = json!(if ns { network } else { "host" });
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
     unsafe { libc::uname(&mut uts) };
     let field = |f: &[libc::c_char]| {
@@ -842,13 +1135,13 @@ fn system_info(dirs: &SandboxDirs) -> Value {
     json!({
         "os": field(&uts.sysname),
         "arch": field(&uts.machine),
-        "hostname": field(&uts.nodename),
+        "hostname": if ns { id.to_owned() } else { field(&uts.nodename) },
         "kernel": field(&uts.release),
         "cpuCount": std::thread::available_parallelism().map_or(1, |n| n.get()),
         "memoryTotalMb": mem_mb,
         "diskTotalGb": gb(st.f_blocks as u64),
         "diskFreeGb": gb(st.f_bavail as u64),
-        "isolation": isolate::describe(),
+        "isolation": isolation,
     })
 }
 
@@ -857,8 +1150,8 @@ pub struct LocalProvider(Arc<Inner>);
 
 impl LocalProvider {
     /// Load the sandboxes under `data_dir/local` and start the reaper (needs a runtime).
-    pub fn start(data_dir: &Path) -> LocalProvider {
-        LocalProvider(Inner::start(data_dir))
+    pub fn start(data_dir: &Path, settings: Settings) -> LocalProvider {
+        LocalProvider(Inner::start(data_dir, settings))
     }
 }
 

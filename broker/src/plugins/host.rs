@@ -584,6 +584,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     unsafe {
         cmd.pre_exec(move || {
             libc::setpgid(0, 0);
+            crate::state::close_inherited_in_child();
             crate::state::restore_fd_limit_in_child();
             crate::confine::restrict_self(&confined)
                 .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))

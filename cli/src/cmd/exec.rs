@@ -53,6 +53,7 @@ pub async fn exec(
 pub async fn run(
     cx: &Ctx,
     template: Option<&str>,
+    opts: &crate::args::SandboxOpts,
     timeout: Option<f64>,
     command: &[String],
 ) -> Result<u8, Failure> {
@@ -61,6 +62,7 @@ pub async fn run(
     if let Some(t) = template {
         params["template"] = json!(t);
     }
+    opts.apply(&mut params);
     let sb = call(&mut c, "sandbox/create", params).await?;
     let full = super::sandbox::full_id(&sb);
     let cmd = stream::shell_join(command);

@@ -120,9 +120,10 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
         } => exec::exec(cx, &sandbox, &command, timeout, cwd.as_deref()).await,
         Command::Run {
             template,
+            opts,
             timeout,
             command,
-        } => exec::run(cx, template.as_deref(), timeout, &command).await,
+        } => exec::run(cx, template.as_deref(), &opts, timeout, &command).await,
         Command::Shell { sandbox, command } => shell::shell(cx, &sandbox, &command).await,
         Command::Upload {
             sandbox,

@@ -109,6 +109,7 @@ pub async fn create(cx: &Ctx, a: CreateArgs) -> Result<u8, Failure> {
         params["metadata"] =
             Value::Object(a.metadata.into_iter().map(|(k, v)| (k, json!(v))).collect());
     }
+    a.opts.apply(&mut params);
     let sb = call1(cx, "sandbox/create", params).await?;
     show(cx, &sb);
     Ok(0)

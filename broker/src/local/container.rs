@@ -1,0 +1,589 @@
+//! A sandbox's container, seen from the daemon: its init process (see [`super::init`]) and
+//! the socket through which processes are started, ports are reached and signals are sent.
+//!
+//! One [`Container`] per running sandbox of the `namespaces` model, started at
+//! `sandbox/create` (and again on first use after a daemon restart: a daemon crash ends the
+//! processes, never the sandbox). A reader task takes the init's events: answers to requests
+//! (matched by `seq`) and exits of started processes (matched by pid). Killing the container
+//! closes the socket and kills the init's outer process; the kernel then ends every process of
+//! the sandbox's PID namespace, detached or not.
+
+use super::init::{self, Config, Event, Request};
+use abx_protocol::{AbxError, ErrorCode};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+
+/// The environment variable naming the init program (default: the daemon's own binary).
+pub const INIT_ENV: &str = "ABX_SANDBOX_INIT";
+
+/// How long the init may take to build the sandbox or answer a request.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An answer of the init to one request.
+enum Answer {
+    Spawned {
+        pid: i32,
+        fds: Vec<OwnedFd>,
+        exit: oneshot::Receiver<i32>,
+    },
+    Failed {
+        errno: i32,
+        what: String,
+    },
+    Connected(Vec<OwnedFd>),
+    Done,
+}
+
+/// A process started in a sandbox.
+pub struct Proc {
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    /// Its pid in the daemon's PID namespace.
+    pub host_pid: i32,
+    /// A pidfd (stable across pid reuse).
+    pub pidfd: OwnedFd,
+    /// The pty master (spawned with a pty).
+    pub master: Option<OwnedFd>,
+    exit: Option<oneshot::Receiver<i32>>,
+    status: Option<i32>,
+}
+
+impl Proc {
+    /// Wait for the process to end: its wait status. A process whose sandbox went away is
+    /// reported as killed by SIGKILL. Cancel-safe; may be called again after it returned.
+    pub async fn wait(&mut self) -> i32 {
+        if let Some(s) = self.status {
+            return s;
+        }
+        let s = match self.exit.as_mut() {
+            Some(rx) => rx.await.unwrap_or(libc::SIGKILL),
+            None => libc::SIGKILL,
+        };
+        self.exit = None;
+        self.status = Some(s);
+        s
+    }
+}
+
+/// A running sandbox's init, from the daemon.
+pub struct Container {
+    sock: AsyncFd<OwnedFd>,
+    outer: Mutex<Option<std::process::Child>>,
+    outer_pid: i32,
+    pidns: u64,
+    seq: AtomicU64,
+    waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    exits: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
+    alive: AtomicBool,
+}
+
+fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut sv = [0; 2];
+    // SAFETY: socketpair into a local array.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            sv.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors.
+    let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+    let size: libc::c_int = (init::MAX_MSG * 2) as libc::c_int;
+    // SAFETY: setsockopt with an int on the stack (best effort: capped by wmem_max).
+    unsafe {
+        libc::setsockopt(
+            a.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&size as *const libc::c_int).cast(),
+            4,
+        );
+    }
+    Ok((a, b))
+}
+
+/// The program run as the init: `ABX_SANDBOX_INIT`, else the daemon's own binary.
+fn init_program() -> std::path::PathBuf {
+    std::env::var_os(INIT_ENV)
+        .map(Into::into)
+        .unwrap_or_else(|| "/proc/self/exe".into())
+}
+
+/// Start the init with its socket on fd 3 and send it the config. Blocking (no runtime
+/// needed): used by the probe and, on a blocking thread, by [`Container::start`].
+fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(std::process::Child, OwnedFd, Event), String> {
+    std::fs::create_dir_all(&cfg.new_root)
+        .map_err(|e| format!("creating {}: {e}", cfg.new_root.display()))?;
+    let (ours, theirs) = socketpair().map_err(|e| format!("socketpair: {e}"))?;
+    let mut cmd = std::process::Command::new(init_program());
+    cmd.arg0("abx-sandbox-init")
+        .arg(init::ARG)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let fd = theirs.as_raw_fd();
+    // The cgroup's `cgroup.procs` go to fds 4.. of the init, which joins before anything else
+    // (joining here, between fork and exec, would keep the daemon's other descriptors alive
+    // in this child for as long as a cgroup migration takes).
+    // Sources in target order: the socket to fd 3, the cgroup's procs to 4...
+    let mut sources = vec![fd];
+    sources.extend_from_slice(cgroup);
+    let count = sources.len();
+    // SAFETY: fcntl, dup2 and close_range only (async-signal-safe); `sources` was built
+    // before the fork and is only read.
+    unsafe {
+        cmd.pre_exec(move || {
+            // First out of the way (a source may sit on a target number), then into place.
+            let mut high = [0 as RawFd; 16];
+            for (i, &src) in sources.iter().enumerate().take(16) {
+                high[i] = libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 64);
+                if high[i] < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for (i, &h) in high.iter().enumerate().take(count.min(16)) {
+                if libc::dup2(h, 3 + i as RawFd) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            crate::state::restore_fd_limit_in_child();
+            libc::syscall(
+                libc::SYS_close_range,
+                3 + count as u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            Ok(())
+        });
+    }
+    cmd.arg(cgroup.len().to_string());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting the sandbox init: {e}"))?;
+    drop(theirs);
+    let body = serde_json::to_vec(cfg).map_err(|e| e.to_string())?;
+    let fail = |child: &mut std::process::Child, e: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        e
+    };
+    if let Err(e) = init::send(ours.as_raw_fd(), &body, &[], 0) {
+        return Err(fail(&mut child, format!("sending the sandbox config: {e}")));
+    }
+    // The first event: Ready or SetupFailed, in bounded time.
+    let mut pfd = libc::pollfd {
+        fd: ours.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one local pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, ANSWER_TIMEOUT.as_millis() as i32) };
+    if n <= 0 {
+        return Err(fail(
+            &mut child,
+            "the sandbox init did not answer in time".into(),
+        ));
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let ev = match init::recv(ours.as_raw_fd(), &mut buf, 0) {
+        Ok((0, _)) => {
+            return Err(fail(
+                &mut child,
+                format!(
+                    "the sandbox init exited before it was ready (is {} the abx daemon binary?)",
+                    init_program().display()
+                ),
+            ))
+        }
+        Ok((n, _)) => serde_json::from_slice::<Event>(&buf[..n]).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match ev {
+        Ok(Event::Ready) => Ok((child, ours, Event::Ready)),
+        Ok(Event::SetupFailed { error }) => Err(fail(&mut child, error)),
+        Ok(other) => Err(fail(
+            &mut child,
+            format!("unexpected first event {other:?}"),
+        )),
+        Err(e) => Err(fail(&mut child, e)),
+    }
+}
+
+/// Build and tear down a throwaway sandbox: whether the container model works here.
+pub fn probe(cfg: &Config) -> Result<(), String> {
+    let (mut child, sock, _) = launch(cfg, &[])?;
+    drop(sock);
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(())
+}
+
+/// The inode of a process's namespace link (`/proc/<pid>/ns/<name>`).
+pub fn ns_inode(pid: i32, name: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/{name}"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+impl Container {
+    /// Start a sandbox's init and wait until the sandbox is built.
+    pub async fn start(cfg: Config, cgroup: Vec<RawFd>) -> Result<Arc<Container>, AbxError> {
+        let id = cfg.id.clone();
+        let (child, sock, _) = tokio::task::spawn_blocking(move || launch(&cfg, &cgroup))
+            .await
+            .map_err(AbxError::internal)?
+            .map_err(|e| {
+                AbxError::new(
+                    ErrorCode::SandboxCreateFailed,
+                    &[("detail", &format!("building the sandbox failed: {e}")), ("provider", "local")],
+                )
+                .with_suggestion("See docs/local-sandboxes.md for what the local provider needs (user namespaces); the broker log has details.")
+            })?;
+        let outer_pid = child.id() as i32;
+        let pidns = ns_inode(outer_pid, "pid_for_children").unwrap_or(0);
+        // SAFETY: fcntl on our own descriptor.
+        unsafe {
+            let fl = libc::fcntl(sock.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(sock.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        let c = Arc::new(Container {
+            // SAFETY: the socket is an OwnedFd owned by the AsyncFd for its whole life.
+            sock: unsafe { AsyncFd::register(sock) }
+                .map_err(|e| AbxError::internal(e.to_string()))?,
+            outer: Mutex::new(Some(child)),
+            outer_pid,
+            pidns,
+            seq: AtomicU64::new(1),
+            waiting: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            alive: AtomicBool::new(true),
+        });
+        tracing::debug!(sandbox = %id, pid = outer_pid, "sandbox init ready");
+        let r = c.clone();
+        tokio::spawn(async move { r.read_loop().await });
+        Ok(c)
+    }
+
+    /// Whether the init is still there.
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// The inode of the sandbox's PID namespace.
+    pub fn pidns(&self) -> u64 {
+        self.pidns
+    }
+
+    async fn read_loop(self: Arc<Self>) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let Ok(mut guard) = self.sock.readable().await else {
+                break;
+            };
+            match guard.try_io(|fd| init::recv(fd.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT)) {
+                Ok(Ok((0, _))) => break,
+                Ok(Ok((n, fds))) => {
+                    if let Ok(ev) = serde_json::from_slice::<Event>(&buf[..n]) {
+                        self.on_event(ev, fds);
+                    }
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {}
+                Ok(Err(_)) => break,
+                Err(_would_block) => {}
+            }
+        }
+        self.alive.store(false, Ordering::Relaxed);
+        self.waiting.lock().expect("waiting").clear();
+        self.exits.lock().expect("exits").clear();
+        // Reap the outer process (it exits with the init).
+        let child = self.outer.lock().expect("outer").take();
+        if let Some(mut child) = child {
+            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+        }
+    }
+
+    fn on_event(&self, ev: Event, fds: Vec<OwnedFd>) {
+        let answer = |seq: u64, a: Answer| {
+            if let Some(tx) = self.waiting.lock().expect("waiting").remove(&seq) {
+                let _ = tx.send(a);
+            }
+        };
+        match ev {
+            Event::Spawned { seq, pid } => {
+                let (tx, rx) = oneshot::channel();
+                self.exits.lock().expect("exits").insert(pid, tx);
+                answer(seq, Answer::Spawned { pid, fds, exit: rx });
+            }
+            Event::Failed { seq, errno, what } => answer(seq, Answer::Failed { errno, what }),
+            Event::Connected { seq } => answer(seq, Answer::Connected(fds)),
+            Event::Done { seq } => answer(seq, Answer::Done),
+            Event::Exit { pid, status } => {
+                if let Some(tx) = self.exits.lock().expect("exits").remove(&pid) {
+                    let _ = tx.send(status);
+                }
+            }
+            Event::Ready | Event::SetupFailed { .. } => {}
+        }
+    }
+
+    fn gone() -> AbxError {
+        AbxError::detail(
+            ErrorCode::ExecFailedToStart,
+            "the sandbox's init is gone (the sandbox was killed or its init died)",
+        )
+    }
+
+    async fn request(&self, req: Request, seq: u64, fds: &[RawFd]) -> Result<Answer, AbxError> {
+        if !self.alive() {
+            return Err(Self::gone());
+        }
+        let body = serde_json::to_vec(&req).map_err(AbxError::internal)?;
+        if body.len() > init::MAX_MSG {
+            return Err(AbxError::invalid_params(
+                "exec",
+                format!(
+                    "the command and its environment take {} bytes; a local sandbox takes at most {} (pass large input on stdin or in a file)",
+                    body.len(),
+                    init::MAX_MSG
+                ),
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().expect("waiting").insert(seq, tx);
+        loop {
+            let mut guard = self.sock.writable().await.map_err(AbxError::internal)?;
+            match guard.try_io(|fd| init::send(fd.as_raw_fd(), &body, fds, libc::MSG_DONTWAIT)) {
+                Ok(Ok(())) => break,
+                Ok(Err(_)) => {
+                    self.waiting.lock().expect("waiting").remove(&seq);
+                    return Err(Self::gone());
+                }
+                Err(_would_block) => continue,
+            }
+        }
+        match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(_)) => Err(Self::gone()),
+            Err(_) => {
+                self.waiting.lock().expect("waiting").remove(&seq);
+                Err(AbxError::detail(
+                    ErrorCode::ExecFailedToStart,
+                    "the sandbox's init did not answer in time",
+                ))
+            }
+        }
+    }
+
+    fn next(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Start a process: `stdio` (stdin, stdout, stderr) or a pty of `(rows, cols)`.
+    /// Errors: `Err((errno, step))` for what failed in the sandbox, else an AbxError.
+    pub async fn spawn(
+        &self,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+        pty: Option<(u16, u16)>,
+        stdio: &[RawFd],
+    ) -> Result<Result<Proc, (i32, String)>, AbxError> {
+        let seq = self.next();
+        let req = Request::Spawn {
+            seq,
+            argv,
+            env,
+            cwd,
+            pty,
+        };
+        match self.request(req, seq, stdio).await? {
+            Answer::Spawned { pid, fds, exit } => {
+                let mut it = fds.into_iter();
+                let pidfd = it.next().ok_or_else(|| AbxError::internal("no pidfd"))?;
+                let master = if pty.is_some() { it.next() } else { None };
+                let host_pid = host_pid_of(&pidfd).unwrap_or(0);
+                Ok(Ok(Proc {
+                    pid,
+                    host_pid,
+                    pidfd,
+                    master,
+                    exit: Some(exit),
+                    status: None,
+                }))
+            }
+            Answer::Failed { errno, what } => Ok(Err((errno, what))),
+            _ => Err(AbxError::internal("unexpected answer to spawn")),
+        }
+    }
+
+    /// A TCP connection to `port` on the sandbox's loopback (its network namespace).
+    pub async fn connect(&self, port: u16) -> Result<OwnedFd, io::Error> {
+        let seq = self.next();
+        match self.request(Request::Connect { seq, port }, seq, &[]).await {
+            Ok(Answer::Connected(mut fds)) if !fds.is_empty() => Ok(fds.remove(0)),
+            Ok(Answer::Failed { errno, .. }) => Err(io::Error::from_raw_os_error(errno)),
+            Ok(_) => Err(io::Error::other("unexpected answer to connect")),
+            Err(e) => Err(io::Error::other(e.message)),
+        }
+    }
+
+    /// Send a signal to every process of the sandbox (not the init).
+    pub async fn signal_all(&self, sig: i32) -> Result<(), AbxError> {
+        let seq = self.next();
+        self.request(Request::SignalAll { seq, sig }, seq, &[])
+            .await
+            .map(|_| ())
+    }
+
+    /// End the sandbox's every process: close the socket (the init exits), kill the outer
+    /// process, and wait until it is gone (by then the kernel has ended the whole PID
+    /// namespace).
+    pub async fn kill(&self) {
+        self.alive.store(false, Ordering::Relaxed);
+        // SAFETY: shutdown on our own socket; kill(2) of our own child.
+        unsafe {
+            libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR);
+            libc::kill(self.outer_pid, libc::SIGKILL);
+        }
+        let child = self.outer.lock().expect("outer").take();
+        if let Some(mut child) = child {
+            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+        } else {
+            // The reader task reaps it; wait until the pid is gone.
+            for _ in 0..500 {
+                if std::fs::metadata(format!("/proc/{}", self.outer_pid)).is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+
+    /// The host pids of the sandbox's processes with their pids inside (init excluded).
+    pub fn members(&self) -> Vec<(i32, i32)> {
+        members_of(self.pidns)
+    }
+}
+
+/// `Pid:` from a pidfd's fdinfo: the process's pid in our PID namespace.
+fn host_pid_of(pidfd: &OwnedFd) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Pid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|p: &i32| *p > 0)
+}
+
+/// `NSpid:` of a host pid: its pid in the innermost namespace.
+pub fn inner_pid(host_pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last()?.parse().ok())
+}
+
+/// (host pid, inner pid) of every process whose PID namespace is `pidns`, init excluded.
+pub fn members_of(pidns: u64) -> Vec<(i32, i32)> {
+    if pidns == 0 {
+        return Vec::new();
+    }
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<(i32, i32)> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| ns_inode(p, "pid") == Some(pidns))
+        .filter_map(|p| Some((p, inner_pid(p)?)))
+        .filter(|&(_, inner)| inner != 1)
+        .collect();
+    out.sort_by_key(|&(_, inner)| inner);
+    out
+}
+
+/// Top-level host directories a sandbox sees (read-only): `/usr` and the usr-merge links.
+pub const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Entries of the host `/etc` a sandbox sees (read-only). Not carried: `shadow`, `gshadow`,
+/// `sudoers`, `ssh`, `ssl/private` (with `ssl` only `certs` and `openssl.cnf`), and the
+/// host's `passwd`, `group`, `hosts` and `hostname`, which are generated per sandbox.
+pub const ETC_ENTRIES: &[&str] = &[
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "environment",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "issue",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "login.defs",
+    "lsb-release",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "profile.d",
+    "protocols",
+    "python3",
+    "python3.11",
+    "resolv.conf",
+    "rpc",
+    "services",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "terminfo",
+    "timezone",
+    "vim",
+];
+
+/// The uid and gid a sandbox's processes have inside and the host ids they map to: the
+/// daemon's own user, mapped to itself (as the user sees its files).
+pub fn id_maps() -> (u32, u32, String, String) {
+    // SAFETY: getters without arguments.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (uid, gid, format!("{uid} {uid} 1"), format!("{gid} {gid} 1"))
+}
+
+/// The config of a sandbox's init.
+pub fn config(dirs: &super::SandboxDirs, id: &str, network: &str, nproc: Option<u64>) -> Config {
+    let (inner_uid, inner_gid, uid_map, gid_map) = id_maps();
+    Config {
+        id: id.to_owned(),
+        new_root: dirs.root.join(".root"),
+        workspace: dirs.workspace.clone(),
+        tmp: dirs.tmp.clone(),
+        network: network.to_owned(),
+        uid_map,
+        gid_map,
+        inner_uid,
+        inner_gid,
+        system: SYSTEM_DIRS.iter().map(|s| s.to_string()).collect(),
+        etc: ETC_ENTRIES.iter().map(|s| s.to_string()).collect(),
+        shm_size: 64 << 20,
+        landlock: true,
+        nproc,
+        fsize: None,
+    }
+}

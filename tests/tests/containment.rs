@@ -1,0 +1,367 @@
+//! A `local` sandbox is a boundary (DESIGN §8, docs/threat-model.md): every escape found
+//! by the attacker review, tried the way the attacker tried it, against the real daemon.
+//! Each of these passed (the escape worked) before sandboxes had their own namespaces.
+
+use abx_tests::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+fn setup_with(params: Value) -> (Home, Client, String) {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let id = c.create(params);
+    (home, c, id)
+}
+
+fn out(r: &Value) -> String {
+    format!(
+        "{}{}",
+        r["stdout"].as_str().unwrap_or(""),
+        r["stderr"].as_str().unwrap_or("")
+    )
+}
+
+/// A unique marker for files and processes of one test.
+fn marker(what: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("abx-{what}-{}-{n}", std::process::id())
+}
+
+/// Host pids whose command line contains `needle`.
+fn host_pids_with(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn host_files_are_not_visible() {
+    // A secret in the user's home, one in the host /tmp, and the broker's own state.
+    let home_dir = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let m = marker("secret");
+    let secret_home = std::path::Path::new(&home_dir).join(format!(".{m}"));
+    let secret_tmp = std::env::temp_dir().join(&m);
+    std::fs::write(&secret_home, "TOKEN-HOME").unwrap();
+    std::fs::write(&secret_tmp, "TOKEN-TMP").unwrap();
+    let (home, mut c, id) = setup_with(json!({}));
+    let r = c.sh(
+        &id,
+        &format!(
+            "cat {} {} 2>&1; ls -a {home_dir} /root /home /run /var 2>&1; cat /etc/shadow 2>&1; ls {} 2>&1",
+            secret_home.display(),
+            secret_tmp.display(),
+            home.path.display()
+        ),
+    );
+    let top = c.sh(&id, "ls /");
+    let _ = std::fs::remove_file(&secret_home);
+    let _ = std::fs::remove_file(&secret_tmp);
+    let text = out(&r);
+    assert!(!text.contains("TOKEN-HOME"), "{text}");
+    assert!(!text.contains("TOKEN-TMP"), "{text}");
+    assert!(!text.contains("root:"), "/etc/shadow readable: {text}");
+    assert!(
+        !text.contains("broker.sock") && !text.contains("sandboxes"),
+        "{text}"
+    );
+    // The root holds only what docs/local-sandboxes.md lists.
+    let ls: Vec<&str> = top["stdout"].as_str().unwrap().lines().collect();
+    for top in &ls {
+        assert!(
+            [
+                "bin",
+                "dev",
+                "etc",
+                "lib",
+                "lib32",
+                "lib64",
+                "libx32",
+                "proc",
+                "sbin",
+                "tmp",
+                "usr",
+                "workspace"
+            ]
+            .contains(top),
+            "unexpected top-level entry {top}: {text}"
+        );
+    }
+    // /tmp is the sandbox's own, and files/* see the same one.
+    c.sh(&id, "echo inside > /tmp/mine");
+    assert_eq!(
+        c.call("files/read", json!({"sandbox": id, "path": "/tmp/mine"}))["data"],
+        "inside\n"
+    );
+    // What a sandbox sees is said in systemInfo.
+    let info = c.call("sandbox/systemInfo", json!({"sandbox": id}));
+    assert_eq!(info["isolation"]["model"], "namespaces", "{info}");
+    assert_eq!(info["hostname"], id.as_str());
+    assert!(info["isolation"]["root"]["notVisible"].is_array(), "{info}");
+}
+
+#[test]
+fn host_processes_cannot_be_seen_or_signalled() {
+    let m = marker("victim");
+    // A host process of the same user, and the daemon itself.
+    let mut victim = std::process::Command::new("bash")
+        .args(["-c", &format!("exec -a {m} /bin/sleep 300")])
+        .spawn()
+        .unwrap();
+    let (home, mut c, id) = setup_with(json!({}));
+    let daemon = home.daemon_pid().unwrap();
+    let r = c.sh(
+        &id,
+        &format!(
+            "kill -9 {v} 2>&1; kill -STOP {d} 2>&1; kill -9 {d} 2>&1; ls /proc | grep -c '^[0-9]'; ps -eo pid,args 2>&1; hostname",
+            v = victim.id(),
+            d = daemon
+        ),
+    );
+    let text = out(&r);
+    assert!(!text.contains(&m), "a host process is visible: {text}");
+    // Still alive and still serving.
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host process was killed: {text}"
+    );
+    assert!(alive(daemon));
+    let st = std::fs::read_to_string(format!("/proc/{daemon}/stat")).unwrap();
+    assert!(!st.contains(") T "), "the daemon was stopped: {st}");
+    c.call("broker/ping", json!({}));
+    // Inside, pid 1 is the sandbox's init and the hostname is the sandbox id.
+    assert!(text.contains(&id), "{text}");
+    let _ = victim.kill();
+    let _ = victim.wait();
+}
+
+#[test]
+fn a_host_terminal_cannot_be_read() {
+    // A host pty with a line typed into it.
+    let (mut m, mut s) = (0, 0);
+    unsafe {
+        assert_eq!(
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null()
+            ),
+            0
+        );
+    }
+    let name = std::fs::read_link(format!("/proc/self/fd/{s}")).unwrap();
+    let mut master = unsafe { std::fs::File::from_raw_fd_checked(m) };
+    master.write_all(b"typed-secret\n").unwrap();
+    let (_home, mut c, id) = setup_with(json!({}));
+    let r = c.sh(
+        &id,
+        &format!(
+            "ls /dev/pts; timeout 2 head -n1 {} 2>&1; echo x > {} 2>&1; echo done",
+            name.display(),
+            name.display()
+        ),
+    );
+    let text = out(&r);
+    assert!(!text.contains("typed-secret"), "{text}");
+    assert!(text.contains("done"), "{text}");
+    // Nothing was written into the host terminal.
+    unsafe {
+        let fl = libc::fcntl(m, libc::F_GETFL);
+        libc::fcntl(m, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+    let mut buf = [0u8; 256];
+    let n = master.read(&mut buf).unwrap_or(0);
+    assert!(
+        !String::from_utf8_lossy(&buf[..n]).contains('x'),
+        "written into the host pty"
+    );
+    unsafe { libc::close(s) };
+}
+
+trait FromRawChecked {
+    unsafe fn from_raw_fd_checked(fd: i32) -> std::fs::File;
+}
+
+impl FromRawChecked for std::fs::File {
+    unsafe fn from_raw_fd_checked(fd: i32) -> std::fs::File {
+        assert!(fd >= 0);
+        std::os::fd::FromRawFd::from_raw_fd(fd)
+    }
+}
+
+#[test]
+fn inherited_descriptors_do_not_reach_sandboxes() {
+    // `exec 8>>file; abx run -- 'echo pwn >&8'`: the CLI and the daemon it starts both
+    // inherit fd 8.
+    let home = Home::new();
+    let target = home.path.join("host-file");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&target)
+        .unwrap();
+    let fd = f.as_raw_fd();
+    let mut cmd = home.abx();
+    cmd.args(["run", "--", "echo pwn >&8; ls -l /proc/self/fd"]);
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 8) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    drop(f);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "", "{text}");
+    // Neither the daemon (started by that CLI) holds the file open.
+    let daemon = home.daemon_pid().unwrap();
+    for e in std::fs::read_dir(format!("/proc/{daemon}/fd")).unwrap() {
+        let l = std::fs::read_link(e.unwrap().path()).unwrap_or_default();
+        assert_ne!(l, target, "the daemon inherited the client's fd");
+    }
+}
+
+#[test]
+fn kill_ends_detached_processes() {
+    let (_home, mut c, id) = setup_with(json!({}));
+    let m = marker("survivor");
+    // The attacker's detach: a new session, a cleaned environment, re-parented away.
+    c.sh(
+        &id,
+        &format!("setsid -f env -i bash -c 'exec -a {m} /bin/sleep 3011' >/dev/null 2>&1; true"),
+    );
+    wait_until("detached process started", Duration::from_secs(10), || {
+        !host_pids_with(&m).is_empty()
+    });
+    // process/list sees it.
+    let list = c.call("process/list", json!({"sandbox": id}));
+    assert!(list.to_string().contains(&m), "{list}");
+    c.call("sandbox/kill", json!({"sandbox": id}));
+    // Gone when sandbox/kill answers.
+    assert_eq!(
+        host_pids_with(&m),
+        Vec::<i32>::new(),
+        "survived sandbox/kill"
+    );
+}
+
+#[test]
+fn host_loopback_is_unreachable_without_host_network() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let probe = format!(
+        "import socket\ns=socket.socket()\ns.settimeout(3)\ntry:\n  s.connect(('127.0.0.1',{port})); print('REACHED')\nexcept OSError as e:\n  print('refused', e)"
+    );
+    for (network, reach) in [("none", false), ("host", true)] {
+        let (_home, mut c, id) = setup_with(json!({"network": network}));
+        c.call(
+            "files/write",
+            json!({"sandbox": id, "path": "probe.py", "data": probe}),
+        );
+        let r = c.sh(&id, "python3 probe.py");
+        assert_eq!(out(&r).contains("REACHED"), reach, "{network}: {r}");
+        let info = c.call("sandbox/info", json!({"sandbox": id}));
+        assert_eq!(info["network"], network);
+    }
+}
+
+#[test]
+fn ports_url_reaches_a_server_in_each_network_mode() {
+    for network in ["none", "host"] {
+        let (_home, mut c, id) = setup_with(json!({"network": network}));
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        c.call(
+            "files/write",
+            json!({"sandbox": id, "path": "index.html", "data": format!("served in {network}")}),
+        );
+        c.call("exec/start", json!({"sandbox": id, "command": format!("exec python3 -m http.server {port} --bind 127.0.0.1")}));
+        let url = c.call("ports/url", json!({"sandbox": id, "port": port}))["url"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let host_port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+        let mut body = String::new();
+        wait_until("server reachable", Duration::from_secs(20), || {
+            let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", host_port)) else {
+                return false;
+            };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = s.write_all(b"GET /index.html HTTP/1.0\r\n\r\n");
+            body.clear();
+            let _ = s.read_to_string(&mut body);
+            body.contains("served in")
+        });
+        assert!(body.contains(&format!("served in {network}")), "{body}");
+    }
+}
+
+#[test]
+fn the_cap_on_live_sandboxes_holds() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.path.join("config")).unwrap();
+    std::fs::write(
+        home.path.join("config/config.toml"),
+        "[local]\nmax_sandboxes = 2\n",
+    )
+    .unwrap();
+    home.start();
+    let mut c = home.connect();
+    let a = c.create(json!({}));
+    c.create(json!({}));
+    let e = c.call_err("sandbox/create", json!({}));
+    assert_eq!(abx_code(&e), "E2006", "{e}");
+    assert!(e["message"].as_str().unwrap().contains('2'), "{e}");
+    // Killing one makes room.
+    c.call("sandbox/kill", json!({"sandbox": a}));
+    c.create(json!({}));
+}
+
+#[test]
+fn bad_network_modes_are_refused() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let e = c.call_err("sandbox/create", json!({"network": "lan"}));
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("none"), "{e}");
+}
+
+#[test]
+fn a_sandbox_survives_a_daemon_restart() {
+    let (home, mut c, id) = setup_with(json!({}));
+    c.sh(&id, "echo kept > /workspace/f");
+    let out1 = home.run(&["broker", "stop"]);
+    assert!(out1.status.success());
+    home.start();
+    let mut c = home.connect();
+    let r = c.sh(&id, "cat /workspace/f; hostname");
+    assert_eq!(r["stdout"], format!("kept\n{id}\n"), "{r}");
+}
