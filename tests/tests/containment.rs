@@ -365,3 +365,299 @@ fn a_sandbox_survives_a_daemon_restart() {
     let r = c.sh(&id, "cat /workspace/f; hostname");
     assert_eq!(r["stdout"], format!("kept\n{id}\n"), "{r}");
 }
+
+fn root_with(tools: &[&str]) -> Result<(), String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("needs root (network namespaces for a test host)".into());
+    }
+    for t in tools {
+        let ok = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok {
+            return Err(format!("needs {t} (scripts/test installs it)"));
+        }
+    }
+    Ok(())
+}
+
+/// Two network namespaces joined by a veth pair: `a` (where the daemon runs: 192.0.2.1,
+/// default route through `b`) and `b` (a test host: 192.0.2.2, and 198.51.100.1 on its
+/// loopback). Nothing leaves the machine. Removed on drop.
+struct TestNet {
+    a: String,
+    b: String,
+    server: Option<std::process::Child>,
+}
+
+impl TestNet {
+    fn new() -> TestNet {
+        let tag = format!("{}{}", std::process::id(), marker("n").len() % 1000);
+        let (a, b) = (format!("abxa{tag}"), format!("abxb{tag}"));
+        let ip = |args: &str| {
+            let o = std::process::Command::new("sh")
+                .args(["-c", &format!("ip {args}")])
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "ip {args}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        ip(&format!("netns add {a}"));
+        ip(&format!("netns add {b}"));
+        let net = TestNet {
+            a: a.clone(),
+            b: b.clone(),
+            server: None,
+        };
+        ip(&format!(
+            "link add va{tag} netns {a} type veth peer name vb{tag} netns {b}"
+        ));
+        ip(&format!("-n {a} addr add 192.0.2.1/24 dev va{tag}"));
+        ip(&format!("-n {b} addr add 192.0.2.2/24 dev vb{tag}"));
+        ip(&format!("-n {b} addr add 198.51.100.1/32 dev lo"));
+        for (ns, dev) in [(&a, format!("va{tag}")), (&b, format!("vb{tag}"))] {
+            ip(&format!("-n {ns} link set lo up"));
+            ip(&format!("-n {ns} link set {dev} up"));
+        }
+        ip(&format!("-n {a} route add default via 192.0.2.2"));
+        net
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for ns in [&self.a, &self.b] {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn internet_reaches_outside_but_not_the_host_loopback() {
+    if let Err(why) = root_with(&["ip", "pasta", "python3"]) {
+        println!("skipped: {why}");
+        return;
+    }
+    let mut net = TestNet::new();
+    // A web server on the other test host, and one on the daemon host's loopback.
+    net.server = Some(
+        std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &net.b,
+                "python3",
+                "-m",
+                "http.server",
+                "18080",
+            ])
+            .args(["--bind", "198.51.100.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let home = Home::new();
+    // The daemon runs in namespace `a` (the "host").
+    let mut start = std::process::Command::new("ip");
+    start.args(["netns", "exec", &net.a]).arg(abx_bin());
+    start.args(["broker", "start"]);
+    for (k, v) in home.abx().get_envs() {
+        if let Some(v) = v {
+            start.env(k, v);
+        }
+    }
+    assert!(start.status().unwrap().success());
+    let host_lo = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.a,
+            "python3",
+            "-m",
+            "http.server",
+            "18081",
+        ])
+        .args(["--bind", "127.0.0.1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut host_lo = scopeguard(host_lo);
+    let mut c = home.connect();
+    let id = c.create(json!({"network": "internet"}));
+    let probe = "import urllib.request as u, sys\nfor url in sys.argv[1:]:\n  try:\n    print(url, 'REACHED', len(u.urlopen(url, timeout=3).read()))\n  except Exception as e:\n    print(url, 'FAILED', e)\n";
+    c.call(
+        "files/write",
+        json!({"sandbox": id, "path": "probe.py", "data": probe}),
+    );
+    let mut text = String::new();
+    wait_until(
+        "the outside server answers",
+        Duration::from_secs(20),
+        || {
+            let r = c.sh(
+            &id,
+            "python3 probe.py http://198.51.100.1:18080/ http://127.0.0.1:18081/ http://192.0.2.2:18081/",
+        );
+            text = out(&r);
+            text.contains("198.51.100.1:18080/ REACHED")
+        },
+    );
+    assert!(text.contains("127.0.0.1:18081/ FAILED"), "{text}");
+    assert!(text.contains("192.0.2.2:18081/ FAILED"), "{text}");
+    // ports/url works in this mode too.
+    c.call(
+        "exec/start",
+        json!({"sandbox": id, "command": "exec python3 -m http.server 18090 --bind 127.0.0.1"}),
+    );
+    let url = c.call("ports/url", json!({"sandbox": id, "port": 18090}))["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let fetch = format!(
+        "ip netns exec {} python3 -c \"import urllib.request as u; print(u.urlopen('{url}', timeout=3).status)\"",
+        net.a
+    );
+    wait_until("forwarded port answers", Duration::from_secs(20), || {
+        std::process::Command::new("sh")
+            .args(["-c", &fetch])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("200"))
+    });
+    c.call("sandbox/kill", json!({"sandbox": id}));
+    let _ = home.run(&["broker", "stop"]);
+    host_lo.kill();
+}
+
+/// Kills the child when dropped.
+struct Guard(std::process::Child);
+
+impl Guard {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn scopeguard(c: std::process::Child) -> Guard {
+    Guard(c)
+}
+
+#[test]
+fn internet_without_the_helper_names_the_package() {
+    let mut home = Home::new();
+    home.env
+        .push(("ABX_PASTA".into(), "/nonexistent/pasta".into()));
+    home.start();
+    let mut c = home.connect();
+    let e = c.call_err("sandbox/create", json!({"network": "internet"}));
+    assert_eq!(abx_code(&e), "E2001", "{e}");
+    assert!(e.to_string().contains("passt"), "{e}");
+    // Nothing was left behind.
+    assert_eq!(c.call("sandbox/list", json!({}))["sandboxes"], json!([]));
+}
+
+#[test]
+fn a_fork_bomb_is_bounded_and_the_host_unharmed() {
+    let (home, mut c, id) = setup_with(json!({"limits": {"pids": 40}}));
+    // Fork until refused (bounded in time), report how many ran at once.
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": id, "timeout": 20, "command": "n=0; while [ $n -lt 200 ]; do sleep 30 & if [ $? -ne 0 ]; then break; fi; n=$((n+1)); done 2>/dev/null; ls /proc | grep -c '^[0-9]'"}),
+    );
+    let running: u64 = r["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(999);
+    assert!(
+        running <= 41,
+        "{running} processes ran under a limit of 40: {r}"
+    );
+    // The host and the broker are fine, and the limit is reported.
+    c.call("broker/ping", json!({}));
+    assert!(alive(home.daemon_pid().unwrap()));
+    let info = c.call("sandbox/systemInfo", json!({"sandbox": id}));
+    assert_eq!(info["isolation"]["limits"]["pids"]["max"], 40, "{info}");
+    assert_ne!(
+        info["isolation"]["limits"]["pids"]["enforced"], false,
+        "{info}"
+    );
+    c.call("sandbox/kill", json!({"sandbox": id}));
+}
+
+#[test]
+fn a_memory_hog_is_killed_and_reported() {
+    let (_home, mut c, id) = setup_with(json!({"limits": {"memory": "64M"}}));
+    let info = c.call("sandbox/systemInfo", json!({"sandbox": id}));
+    if info["isolation"]["limits"]["memory"]["enforced"] == false {
+        println!("skipped: no memory cgroup can be made here: {info}");
+        return;
+    }
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": id, "timeout": 60, "argv": ["python3", "-c", "b = []\nwhile True: b.append(bytearray(8 << 20))"]}),
+    );
+    assert_eq!(r["signal"], "SIGKILL", "{r}");
+    assert_eq!(r["oomKilled"], true, "{r}");
+    // The sandbox goes on.
+    assert_eq!(c.sh(&id, "echo still")["stdout"], "still\n");
+}
+
+/// CPU time (user + system ticks) of a host pid.
+fn cpu_ticks(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+}
+
+#[test]
+fn pause_stops_a_busy_loop_and_resume_continues_it() {
+    let (_home, mut c, id) = setup_with(json!({}));
+    let m = marker("busy");
+    c.call(
+        "exec/start",
+        json!({"sandbox": id, "argv": ["bash", "-c", format!("exec -a {m} bash -c 'while :; do :; done'")]}),
+    );
+    let pid = {
+        let mut found = None;
+        wait_until("busy loop running", Duration::from_secs(10), || {
+            found = host_pids_with(&m).first().copied();
+            found.is_some_and(|p| cpu_ticks(p) > 0)
+        });
+        found.unwrap()
+    };
+    c.call("sandbox/pause", json!({"sandbox": id}));
+    let t0 = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_millis(600));
+    let t1 = cpu_ticks(pid);
+    assert!(t1 - t0 <= 2, "a paused loop used {} ticks", t1 - t0);
+    c.call("sandbox/resume", json!({"sandbox": id}));
+    wait_until("the loop runs again", Duration::from_secs(10), || {
+        cpu_ticks(pid) > t1 + 5
+    });
+    c.call("sandbox/kill", json!({"sandbox": id}));
+}

@@ -83,6 +83,8 @@ pub struct Container {
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     exits: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
     alive: AtomicBool,
+    /// The user-mode networking helper of an `internet` sandbox.
+    pasta: Mutex<Option<i32>>,
 }
 
 fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -243,6 +245,8 @@ impl Container {
     /// Start a sandbox's init and wait until the sandbox is built.
     pub async fn start(cfg: Config, cgroup: Vec<RawFd>) -> Result<Arc<Container>, AbxError> {
         let id = cfg.id.clone();
+        let internet = cfg.network == "internet";
+        let pidfile = cfg.new_root.with_file_name("pasta.pid");
         let (child, sock, _) = tokio::task::spawn_blocking(move || launch(&cfg, &cgroup))
             .await
             .map_err(AbxError::internal)?
@@ -255,6 +259,32 @@ impl Container {
             })?;
         let outer_pid = child.id() as i32;
         let pidns = ns_inode(outer_pid, "pid_for_children").unwrap_or(0);
+        // A helper left by an earlier daemon for this sandbox.
+        if let Some(old) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            super::net::stop_pasta(old);
+        }
+        let pasta = if internet {
+            let pf = pidfile.clone();
+            let started =
+                tokio::task::spawn_blocking(move || super::net::start_pasta(outer_pid, &pf))
+                    .await
+                    .map_err(AbxError::internal)
+                    .and_then(|r| r);
+            match started {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let mut child = child;
+                    let _ = child.kill();
+                    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         // SAFETY: fcntl on our own descriptor.
         unsafe {
             let fl = libc::fcntl(sock.as_raw_fd(), libc::F_GETFL);
@@ -271,6 +301,7 @@ impl Container {
             waiting: Mutex::new(HashMap::new()),
             exits: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
+            pasta: Mutex::new(pasta),
         });
         tracing::debug!(sandbox = %id, pid = outer_pid, "sandbox init ready");
         let r = c.clone();
@@ -454,6 +485,9 @@ impl Container {
     /// namespace).
     pub async fn kill(&self) {
         self.alive.store(false, Ordering::Relaxed);
+        if let Some(p) = self.pasta.lock().expect("pasta").take() {
+            super::net::stop_pasta(p);
+        }
         // SAFETY: shutdown on our own socket; kill(2) of our own child.
         unsafe {
             libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR);
