@@ -229,7 +229,7 @@ export class OpenSandboxProvider {
     this.records = new Map(); // id -> record (sandboxes this plugin created or set a lifetime on)
     this.timers = new Map(); // id -> reaper timer
     this.endpoints = new Map(); // id -> Promise<Execd>
-    this.endpointUrls = new Map(); // id -> execd URL (to see sandboxes that share one execd)
+    this.endpointUrls = new Map(); // id -> its execd endpoint (to see sandboxes that share one execd)
     this.execs = new Map(); // execId -> Exec
     this.tombstones = new Map(); // id -> when abx's lifetime of it ended (E2009 from then on)
     this.saving = Promise.resolve();
@@ -381,7 +381,7 @@ export class OpenSandboxProvider {
     let ep = this.endpoints.get(id);
     if (!ep) {
       ep = this.life.endpoint(id, EXECD_PORT, signal).then(async (e) => {
-        await this.checkShared(id, e.url, signal);
+        await this.checkShared(id, e, signal);
         const execd = new Execd(e.url, e.headers);
         // A sandbox made without abx has no /workspace, which abx's paths and the commands'
         // default working directory are relative to: make it (best effort).
@@ -397,14 +397,16 @@ export class OpenSandboxProvider {
     return ep;
   }
 
-  // Another live sandbox answered with the same execd URL: they share one execd (E8006).
-  async checkShared(id, url, signal) {
-    for (const [other, u] of [...this.endpointUrls]) {
-      if (other === id || u !== url) continue;
-      if (await this.stillThere(other, signal)) throw sharedExecd(id, other, url);
+  // Another live sandbox got the same execd endpoint (URL and headers: a gateway may route
+  // by header): they share one execd (E8006).
+  async checkShared(id, ep, signal) {
+    const key = JSON.stringify([ep.url, Object.entries(ep.headers ?? {}).sort()]);
+    for (const [other, k] of [...this.endpointUrls]) {
+      if (other === id || k !== key) continue;
+      if (await this.stillThere(other, signal)) throw sharedExecd(id, other, ep.url);
       this.endpointUrls.delete(other);
     }
-    this.endpointUrls.set(id, url);
+    this.endpointUrls.set(id, key);
   }
 
   // Whether the server still has sandbox `id` (not deleted, not expired).
