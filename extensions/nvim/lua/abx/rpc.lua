@@ -167,6 +167,14 @@ function Client:start()
       if self.job == j then
         self.job = nil
       end
+      if unexpected then
+        -- at once, not in the scheduled re-attach: what is typed meanwhile must wait for it
+        for id, e in pairs(self.execs) do
+          if e.job == j and e.handlers.on_detached then
+            pcall(e.handlers.on_detached, id)
+          end
+        end
+      end
       local err = self:_unreachable(detail)
       vim.schedule(function()
         -- replies that arrived before the exit are delivered first
@@ -352,8 +360,8 @@ end
 
 --- Route `exec/output` / `exec/exit` of `exec_id` to `handlers` {on_output, on_exit,
 --- on_lost, on_detached, on_reattach}; anything that arrived before is delivered now.
---- After a bridge restart the exec is re-attached: on_detached() when `exec/attach` is
---- sent, on_reattach(result) once it answered (only then may this connection write to,
+--- After a bridge restart the exec is re-attached: on_detached() when the bridge is seen
+--- gone and when `exec/attach` is sent, on_reattach(result) once it answered (only then may this connection write to,
 --- resize or kill the exec), on_lost(err) when it cannot be re-attached.
 function Client:subscribe_exec(exec_id, handlers)
   local entry = { handlers = handlers, job = self.job }
