@@ -2,6 +2,7 @@
 // EPP/1 on a pipe (as the broker does, with the same minimal environment).
 
 import { spawn } from "node:child_process";
+import * as http from "node:http";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -119,4 +120,58 @@ export class Plugin {
     }
     if (this.ownData) fs.rmSync(this.dataDir, { recursive: true, force: true });
   }
+}
+
+// A gateway in front of the stand-in (loopback only): forwards every request, points the
+// endpoints the server answers at itself (so execd traffic goes through it too), and can go
+// away like an overloaded host: when `refuseWhen(req)` says so it stops listening and drops
+// every connection, so that request and every later one fail (reset, then refused).
+// Resolves {url, closed, stop()}.
+export function startGateway(target, { refuseWhen = () => false } = {}) {
+  const t = new URL(target);
+  const sockets = new Set();
+  const gw = { closed: false };
+  const server = http.createServer((req, res) => {
+    if (gw.closed || refuseWhen(req)) {
+      gw.close();
+      return;
+    }
+    const up = http.request(
+      { host: t.hostname, port: t.port, method: req.method, path: req.url, headers: { ...req.headers, host: t.host } },
+      (ur) => {
+        if (!/\/endpoints\/\d+/.test(req.url)) {
+          res.writeHead(ur.statusCode, ur.headers);
+          ur.pipe(res);
+          return;
+        }
+        const chunks = [];
+        ur.on("data", (c) => chunks.push(c));
+        ur.on("end", () => {
+          const body = Buffer.concat(chunks).toString("utf8").split(t.host).join(gw.host);
+          const headers = { ...ur.headers, "content-length": Buffer.byteLength(body) };
+          res.writeHead(ur.statusCode, headers);
+          res.end(body);
+        });
+      },
+    );
+    up.on("error", () => res.destroy());
+    req.pipe(up);
+  });
+  server.on("connection", (s) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  gw.close = () => {
+    gw.closed = true;
+    server.close();
+    for (const s of sockets) s.destroy();
+  };
+  gw.stop = () => new Promise((r) => (gw.closed ? r() : (gw.close(), r())));
+  return new Promise((resolve) => {
+    server.listen(0, "127.0.0.1", () => {
+      gw.host = `127.0.0.1:${server.address().port}`;
+      gw.url = `http://${gw.host}`;
+      resolve(gw);
+    });
+  });
 }

@@ -291,6 +291,26 @@ test("wrapper (stream): stdin chunks are fed in order until eof; uploads may sti
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
+test("wrapper (stream): the command's stderr is its own, without bash's job notices ('[2]+ Done')", { skip: !hasBash }, async () => {
+  // A command that ends before the wrapper reaches its `wait` made bash report the finished
+  // job on the wrapper's stderr, which is the exec's stderr (a third of the runs did, with a
+  // watchdog: one more fork before the wrapper's `wait`).
+  const dir = tempDir("wrap");
+  try {
+    for (let i = 0; i < 30; i++) {
+      const d = `${dir}/x${i}`;
+      fs.mkdirSync(d);
+      fs.writeFileSync(`${d}/eof`, ""); // no input: the feeder ends at once
+      const r = spawnSync("bash", ["-c", wrapperScript({ dir: d, mode: "stream", watchdog: 60, command: "echo out; echo err >&2" })]);
+      assert.equal(r.status, 0);
+      assert.equal(r.stderr.toString(), "err\n", `run ${i}`);
+      assert.match(r.stdout.toString(), /^\u0001abx-pid \d+ \d+\nout\n$/);
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 // -----------------------------------------------------------------------------------------------
 // The plugin process against the stand-in
 

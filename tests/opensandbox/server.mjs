@@ -6,7 +6,8 @@
 // behaviour a real server showed (../../shared/reference/opensandbox.md):
 //   - lifecycle under /v1 (and /), header OPEN-SANDBOX-API-KEY (401 MISSING_API_KEY /
 //     INVALID_API_KEY), errors as {code, message} (FastAPI validation errors as {detail: [...]});
-//   - POST /sandboxes answers 202 Pending and the sandbox turns Running shortly after; timeout
+//   - POST /sandboxes answers 202 Pending and the sandbox turns Running shortly after (with
+//     no /workspace: that is made by whoever wants one, like the plugin does); timeout
 //     >= 60 (or null: no expiry); metadata must be Kubernetes label values; an entrypoint is
 //     required with an image; images matching --missing-images fail with
 //     DOCKER::SANDBOX_IMAGE_PULL_FAILED;
@@ -22,9 +23,13 @@
 //     init / ping / stdout / stderr (one event per line, terminator stripped, "\n" for a blank
 //     line, invalid UTF-8 replaced) / execution_complete or error (evalue = exit code, "-1" for
 //     a signal), and keeps the connection open --linger-ms (1 s) after that terminal event;
+//     a cwd that does not exist is refused before the stream starts (HTTP 400
+//     INVALID_REQUEST_BODY "... working directory does not exist: DIR");
 //     background commands with status, logs and interrupt; files (info with type, upload as
-//     multipart metadata+file pairs where metadata must be a file part, download with Range,
-//     mv, delete), directories (list, mkdir -p, rm -rf), metrics; an access token
+//     multipart metadata+file pairs where metadata must be a file part, overwriting an
+//     existing file; download with Range; mv, which refuses an existing destination with
+//     HTTP 500 RUNTIME_ERROR "error accessing file: destination path already exists: DEST";
+//     delete), directories (list, mkdir -p, rm -rf), metrics; an access token
 //     (X-EXECD-ACCESS-TOKEN) that the endpoint answer lists in its headers.
 //
 // Commands really run, on this machine, with `bash -c` in their own session (detached), in a
@@ -35,7 +40,11 @@
 //
 // Usage: node server.mjs [--port 0] [--host 127.0.0.1] [--root DIR] [--linger-ms 1000]
 //          [--start-ms 150] [--pause-ms 200] [--ping-ms 3000] [--max-timeout 86400]
-//          [--missing-images REGEX] [--no-file-type]
+//          [--missing-images REGEX] [--no-file-type] [--host-network]
+// --host-network plays a docker runtime with network_mode = "host": every sandbox's execd
+// listens on the same host port, so every endpoint of port 44772 (direct or through the
+// proxy) reaches one execd, the one of the oldest running sandbox (the first to bind the
+// port), and that execd has no access token.
 // The API key is read from the environment variable OSB_STANDIN_API_KEY (unset: no key needed).
 // Prints "listening http://HOST:PORT" on stdout once it accepts connections.
 
@@ -61,6 +70,7 @@ const opts = {
   maxTimeout: 86400,
   missingImages: "(^|/)does-not-exist|^missing/",
   fileType: true,
+  hostNetwork: false,
 };
 {
   const a = process.argv.slice(2);
@@ -77,6 +87,7 @@ const opts = {
       case "--max-timeout": opts.maxTimeout = Number(next()); break;
       case "--missing-images": opts.missingImages = next(); break;
       case "--no-file-type": opts.fileType = false; break;
+      case "--host-network": opts.hostNetwork = true; break;
       default:
         process.stderr.write(`server.mjs: unknown option ${a[i]}\n`);
         process.exit(2);
@@ -223,6 +234,13 @@ function removeSandbox(sb, why) {
   for (const w of sb.waiting.splice(0)) w.reject();
   fs.rm(sb.dir, { recursive: true, force: true }, () => {});
   log(`sandbox ${sb.id} removed (${why})`);
+}
+
+// --host-network: the sandbox whose execd holds the shared port (the oldest running one).
+function hostExecd() {
+  let best = null;
+  for (const sb of sandboxes.values()) if (sb.state === "Running" && (!best || sb.createdAt < best.createdAt)) best = sb;
+  return best;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,9 +445,10 @@ async function lifecycle(req, res, url, parts) {
     if (!Number.isInteger(port) || port < 1 || port > 65535) return error(res, 400, "DOCKER::INVALID_PORT", "Port must be between 1 and 65535.");
     const proxy = url.searchParams.get("use_server_proxy") === "true";
     const hostport = `${opts.host}:${server.address().port}`;
-    const endpoint = proxy ? `${hostport}/v1/sandboxes/${id}/proxy/${port}` : `${hostport}/sandboxes/${id}/port/${port}`;
+    let endpoint = proxy ? `${hostport}/v1/sandboxes/${id}/proxy/${port}` : `${hostport}/sandboxes/${id}/port/${port}`;
+    if (opts.hostNetwork && !proxy) endpoint = `${hostport}/hostnet/${port}`;
     const body = { endpoint };
-    if (port === EXECD_PORT) body.headers = { "X-EXECD-ACCESS-TOKEN": sb.token };
+    if (port === EXECD_PORT && !opts.hostNetwork) body.headers = { "X-EXECD-ACCESS-TOKEN": sb.token };
     return sendJson(res, 200, body);
   }
   return error(res, 404, "NOT_FOUND", `No route for ${req.method} ${url.pathname}`);
@@ -556,9 +575,24 @@ async function runCommand(sb, req, res) {
   if (!body || typeof body.command !== "string" || !body.command) {
     return error(res, 400, "INVALID_REQUEST_BODY", "invalid request, validation error: command is required");
   }
-  const session = randomBytes(8).toString("hex");
+  // execd validates the request before it starts the stream (RunCommandRequest.Validate ->
+  // runtime.ValidateWorkingDir): a missing working directory is a 400, not an error event.
+  // Without a cwd the command runs in execd's own working directory (here: the root).
   const cwd = body.cwd ? String(body.cwd) : "/";
   const cwdHost = hostPath(sb, cwd);
+  if (body.cwd) {
+    let st = null;
+    try {
+      st = await fsp.stat(cwdHost);
+    } catch (e) {
+      if (e.code === "ENOENT") {
+        return error(res, 400, "INVALID_REQUEST_BODY", `invalid request, validation error working directory does not exist: ${cwd}`);
+      }
+      return error(res, 400, "INVALID_REQUEST_BODY", `invalid request, validation error cannot access working directory "${cwd}": stat ${cwd}: ${e.code === "ENOTDIR" ? "not a directory" : e.message}`);
+    }
+    if (!st.isDirectory()) return error(res, 400, "INVALID_REQUEST_BODY", `invalid request, validation error working directory path is not a directory: ${cwd}`);
+  }
+  const session = randomBytes(8).toString("hex");
   const env = commandEnv(sb, body.envs);
   res.writeHead(200, { "Content-Type": "text/event-stream", "Cache-Control": "no-cache", Connection: "keep-alive", "X-Accel-Buffering": "no" });
   const write = (event) => {
@@ -574,18 +608,6 @@ async function runCommand(sb, req, res) {
     }, opts.lingerMs);
   };
   const started = Date.now();
-  let cwdOk = false;
-  try {
-    cwdOk = (await fsp.stat(cwdHost)).isDirectory();
-  } catch {
-    cwdOk = false;
-  }
-  if (!cwdOk) {
-    write({ type: "init", text: session });
-    const msg = `chdir ${cwd}: no such file or directory`;
-    write({ type: "error", error: { ename: "CommandExecError", evalue: msg, traceback: [msg] } });
-    return end();
-  }
 
   if (body.background) {
     const logFile = hostPath(sb, `/tmp/.execd-${session}.output`);
@@ -792,7 +814,7 @@ async function listDir(sb, res, url) {
 
 async function execd(sb, req, res, url, rest) {
   const token = req.headers["x-execd-access-token"];
-  if (token !== sb.token) return sendJson(res, 401, { error: "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN" });
+  if (!opts.hostNetwork && token !== sb.token) return sendJson(res, 401, { error: "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN" });
   const route = `${req.method} /${rest.join("/")}`;
   const paths = () => url.searchParams.getAll("path");
   try {
@@ -824,14 +846,41 @@ async function execd(sb, req, res, url, rest) {
         }
         return sendJson(res, 200, null);
       case "POST /files/mv": {
-        const items = await readJson(req);
-        if (!Array.isArray(items)) return error(res, 400, "INVALID_REQUEST", "error parsing request, MAYBE invalid body format.");
+        let items;
+        try {
+          items = await readJson(req);
+        } catch (e) {
+          items = null;
+        }
+        if (!Array.isArray(items)) return error(res, 400, "INVALID_REQUEST_BODY", "error parsing request, MAYBE invalid body format.");
         for (const it of items) {
+          // execd's RenameFile (components/execd/pkg/web/controller/utils.go): the source must
+          // exist (404), the destination's directory is created, and an existing destination
+          // is refused (500 RUNTIME_ERROR): /files/mv never replaces anything.
+          const src = hostPath(sb, it.src);
+          const dest = hostPath(sb, it.dest);
           try {
-            await fsp.rename(hostPath(sb, it.src), hostPath(sb, it.dest));
+            await fsp.stat(src);
+          } catch (e) {
+            if (e.code === "ENOENT") return error(res, 404, "FILE_NOT_FOUND", `file not found. source path not found: ${it.src}: stat ${it.src}: no such file or directory`);
+          }
+          try {
+            await fsp.mkdir(path.dirname(dest), { recursive: true });
+          } catch (e) {
+            return error(res, 500, "RUNTIME_ERROR", `error accessing file: failed to create destination directory: mkdir ${path.posix.dirname(it.dest)}: ${e.code === "EEXIST" || e.code === "ENOTDIR" ? "not a directory" : e.message}`);
+          }
+          let exists = true;
+          try {
+            await fsp.stat(dest); // os.Stat: follows links, so a dangling link does not count
+          } catch {
+            exists = false;
+          }
+          if (exists) return error(res, 500, "RUNTIME_ERROR", `error accessing file: destination path already exists: ${it.dest}`);
+          try {
+            await fsp.rename(src, dest);
           } catch (e) {
             if (e.code === "ENOENT") return notFound(res, it.src, e);
-            return error(res, 500, "RUNTIME_ERROR", `error renaming ${it.src}. ${e.message}`);
+            return error(res, 500, "RUNTIME_ERROR", `error accessing file: failed to rename file: rename ${it.src} ${it.dest}: ${e.code === "EINVAL" ? "invalid argument" : e.message}`);
           }
         }
         return sendJson(res, 200, null);
@@ -913,11 +962,19 @@ async function handle(req, res) {
 
   if (parts[0] === "health") return sendJson(res, 200, { status: "healthy" });
 
+  // --host-network: the one execd on the host's port 44772, whoever asks for it.
+  if (opts.hostNetwork && parts[0] === "hostnet" && parts[1]) {
+    const sb = hostExecd();
+    if (!sb || Number(parts[1]) !== EXECD_PORT) return req.socket.destroy();
+    return execd(sb, req, res, url, parts.slice(2));
+  }
+
   // A sandbox port: /sandboxes/{id}/port/{port}/... (direct endpoint) or
   // [/v1]/sandboxes/{id}/proxy/{port}/... (through the server; no API key needed).
   if (parts[0] === "sandboxes" && (parts[2] === "port" || parts[2] === "proxy") && parts[3]) {
-    const sb = sandboxes.get(parts[1]);
+    let sb = sandboxes.get(parts[1]);
     const viaProxy = parts[2] === "proxy";
+    if (sb && opts.hostNetwork && Number(parts[3]) === EXECD_PORT) sb = hostExecd() ?? sb;
     if (!sb) {
       if (viaProxy) return error(res, 404, "DOCKER::SANDBOX_NOT_FOUND", `Sandbox ${parts[1]} not found.`);
       return req.socket.destroy(); // a removed container's port: nothing answers

@@ -8,7 +8,7 @@
 // them into its log with secret values redacted); secrets are never logged by this plugin.
 
 import * as readline from "node:readline";
-import { Cancelled, RpcError } from "./lib/errors.mjs";
+import { Cancelled, NetworkError, RpcError } from "./lib/errors.mjs";
 import { OpenSandboxProvider } from "./lib/provider.mjs";
 
 function send(msg) {
@@ -42,7 +42,15 @@ async function runRequest(id, method, params) {
   } catch (e) {
     if (e instanceof RpcError) error = e;
     else if (e instanceof Cancelled) error = new RpcError(-32800, "Request cancelled.");
-    else {
+    else if (e instanceof NetworkError) {
+      // Not mapped where it happened (each call site should): still the documented E-code.
+      log(`${method}: ${e.url}: ${e.message}`);
+      error = new RpcError(
+        8006,
+        `OpenSandbox is unreachable (${e.url}): ${e.message}.`,
+        "Check that the server and its sandboxes can be reached (abx provider doctor opensandbox); if sandbox endpoints cannot be reached directly: abx provider configure opensandbox use_server_proxy=true",
+      );
+    } else {
       log(`internal error in ${method}: ${e?.stack ?? e}`);
       error = new RpcError(9001, `Internal error in ${method}: ${e?.message ?? e}`);
     }

@@ -155,6 +155,19 @@ function M.run(sandbox, command, opts)
       on_lost = function(e)
         finish(buf, st, "[connection to the broker lost: " .. util.format_error(e):gsub("\n.*", "") .. "]", nil)
       end,
+      -- the bridge restarted: the output continues once exec/attach answered; a Ctrl-C
+      -- meanwhile is sent then (only the attached connection may signal the exec)
+      on_detached = function()
+        st.detached = true
+      end,
+      on_reattach = function()
+        st.detached = false
+        st.reattached = (st.reattached or 0) + 1
+        if st.pending_signal and not st.done then
+          abx.call("exec/kill", { execId = st.exec_id, signal = st.pending_signal })
+          st.pending_signal = nil
+        end
+      end,
     })
     if st.pending_signal and not st.done then
       abx.call("exec/kill", { execId = st.exec_id, signal = st.pending_signal })
@@ -170,7 +183,7 @@ function M.run(sandbox, command, opts)
     end
     st.interrupts = (st.interrupts or 0) + 1
     local sig = st.interrupts > 1 and "KILL" or "INT"
-    if st.exec_id then
+    if st.exec_id and not st.detached then
       abx.call("exec/kill", { execId = st.exec_id, signal = sig }, function(e)
         if e and not st.done then -- an exec that just ended is no error
           util.notify_error(e, "exec/kill")

@@ -7,6 +7,12 @@
 -- since the reply to `exec/start` may be read in the same chunk as the first output.
 -- `cancel(id)` sends `$/cancelRequest`.
 --
+-- When the bridge exits on its own (not through `stop`), the requests waiting for it fail
+-- with E1007, and the execs that were streaming to it are re-attached: a new bridge is
+-- started and `exec/attach` sent for each, so their output continues (the broker keeps a
+-- detached exec's output and replays it on attach). An exec that cannot be re-attached
+-- gets `on_lost`.
+--
 -- Messages are handled from a queue drained in a vim.schedule() callback, never inside
 -- the job's stdout callback: a handler may then wait for another reply (vim.wait), and
 -- the lines that arrive meanwhile are handled in order by a nested drain.
@@ -44,8 +50,15 @@ function Client:is_running()
   return self.job ~= nil
 end
 
--- Everything that belonged to `job` (nil: every job) fails with `err`.
-function Client:_fail_job(job, err)
+local function lost(entry, err, exec_id)
+  if entry.handlers.on_lost then
+    pcall(entry.handlers.on_lost, err, exec_id)
+  end
+end
+
+-- Everything that belonged to `job` (nil: every job) fails with `err`; with `reattach`, the
+-- execs of the job are re-attached over a new bridge instead.
+function Client:_fail_job(job, err, reattach)
   for id, p in pairs(self.pending) do
     if job == nil or p.job == job then
       self.pending[id] = nil
@@ -59,12 +72,58 @@ function Client:_fail_job(job, err)
       self.held[id] = nil
     end
   end
+  local again = {}
   for id, e in pairs(self.execs) do
     if job == nil or e.job == job then
       self.execs[id] = nil
-      if e.handlers.on_lost then
-        pcall(e.handlers.on_lost, err, id)
+      if reattach then
+        again[#again + 1] = { id = id, entry = e }
+      else
+        lost(e, err, id)
       end
+    end
+  end
+  if #again > 0 then
+    self:_reattach(again, err)
+  end
+end
+
+-- Start a new bridge and `exec/attach` each of `list` ({id, entry}) to it; the output the
+-- broker kept meanwhile is replayed, then the stream continues.
+function Client:_reattach(list, err)
+  local ok, serr = self:start()
+  for _, item in ipairs(list) do
+    local id, entry = item.id, item.entry
+    if not ok then
+      lost(entry, serr or err, id)
+    else
+      entry.job = self.job
+      self.execs[id] = entry
+      if entry.handlers.on_detached then
+        pcall(entry.handlers.on_detached, id)
+      end
+      self:request("exec/attach", { execId = id }, function(aerr, res)
+        if aerr then
+          if self.execs[id] == entry then
+            self.execs[id] = nil
+            lost(entry, aerr, id)
+          end
+          return
+        end
+        if entry.handlers.on_reattach then
+          pcall(entry.handlers.on_reattach, res, id)
+        end
+        -- what was kept (its exit too) is replayed before this reply: an exec that has ended
+        -- and is still here lost its exit on the way
+        if type(res) == "table" and util.v(res.running) == false and self.execs[id] == entry then
+          self.execs[id] = nil
+          lost(
+            entry,
+            util.make_error("E3002", "The command ended while the bridge restarted; its exit status was lost.", "Run it again to see its status."),
+            id
+          )
+        end
+      end)
     end
   end
 end
@@ -103,15 +162,25 @@ function Client:start()
       if #self.stderr > 0 then
         detail = detail .. ": " .. table.concat(self.stderr, " ")
       end
+      -- not stopped by us (stop() clears self.job first): its execs are re-attached
+      local unexpected = self.job == j
       if self.job == j then
         self.job = nil
+      end
+      if unexpected then
+        -- at once, not in the scheduled re-attach: what is typed meanwhile must wait for it
+        for id, e in pairs(self.execs) do
+          if e.job == j and e.handlers.on_detached then
+            pcall(e.handlers.on_detached, id)
+          end
+        end
       end
       local err = self:_unreachable(detail)
       vim.schedule(function()
         -- replies that arrived before the exit are delivered first
         self:_drain()
         self.partial[j] = nil
-        self:_fail_job(j, err)
+        self:_fail_job(j, err, unexpected)
       end)
     end,
   }
@@ -290,7 +359,10 @@ function Client:_deliver_exec(h, method, params)
 end
 
 --- Route `exec/output` / `exec/exit` of `exec_id` to `handlers` {on_output, on_exit,
---- on_lost}; anything that arrived before is delivered now.
+--- on_lost, on_detached, on_reattach}; anything that arrived before is delivered now.
+--- After a bridge restart the exec is re-attached: on_detached() when the bridge is seen
+--- gone and when `exec/attach` is sent, on_reattach(result) once it answered (only then may this connection write to,
+--- resize or kill the exec), on_lost(err) when it cannot be re-attached.
 function Client:subscribe_exec(exec_id, handlers)
   local entry = { handlers = handlers, job = self.job }
   self.execs[exec_id] = entry

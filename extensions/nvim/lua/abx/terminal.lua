@@ -34,7 +34,7 @@ end
 
 local function resize(buf)
   local st = M.state[buf]
-  if not st or not st.exec_id or st.done then
+  if not st or not st.exec_id or st.done or st.detached then
     return
   end
   local cols, rows = M.size(buf)
@@ -62,13 +62,23 @@ local function write(st, data, eof)
   end)
 end
 
+-- Send what was typed before the session started (or while it was being re-attached), then
+-- the window's size, which may have changed meanwhile.
+local function flush_queue(buf, st)
+  for _, d in ipairs(st.queued) do
+    write(st, d)
+  end
+  st.queued = {}
+  resize(buf)
+end
+
 --- Send `data` to the terminal's session (as if typed).
 function M.send(buf, data)
   local st = M.state[buf]
   if not st then
     return false
   end
-  if st.exec_id then
+  if st.exec_id and not st.detached then
     write(st, data)
   else
     table.insert(st.queued, data)
@@ -97,7 +107,7 @@ function M.open(sandbox, command, opts)
       if st.done then
         return
       end
-      if st.exec_id then
+      if st.exec_id and not st.detached then
         write(st, data)
       else
         table.insert(st.queued, data)
@@ -148,15 +158,22 @@ function M.open(sandbox, command, opts)
         ended(require("abx.exec").exit_line(ex):gsub("^%[", ""):gsub("%]$", ""), ex)
       end,
       on_lost = function()
+        st.detached = false
         ended("connection to the broker lost", nil)
       end,
+      -- the bridge restarted: keys typed meanwhile wait until exec/attach made this
+      -- connection the session's owner again
+      on_detached = function()
+        st.detached = true
+      end,
+      on_reattach = function()
+        st.detached = false
+        st.reattached = (st.reattached or 0) + 1
+        st.cols, st.rows = nil, nil -- sent again: a resize may have gone down with the old bridge
+        flush_queue(buf, st)
+      end,
     })
-    for _, d in ipairs(st.queued) do
-      write(st, d)
-    end
-    st.queued = {}
-    -- the window may have changed while the session started
-    resize(buf)
+    flush_queue(buf, st)
   end)
 
   local group = vim.api.nvim_create_augroup("abx_term_" .. buf, { clear = true })

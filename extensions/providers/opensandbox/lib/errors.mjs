@@ -194,18 +194,62 @@ export function lifecycleError(err, { baseUrl, id = null, what = "request" } = {
   return new RpcError(9001, `Internal error during ${what}: ${err?.message ?? err}`);
 }
 
+// The E4xxx an error text about sandbox path `p` stands for (execd's messages, a shell
+// command's stderr), or null.
+export function fileErrorOfText(text, p) {
+  if (/FILE_NOT_FOUND|no such file|not exist/i.test(text)) return pathError(4001, p);
+  if (/permission denied|EACCES|EPERM|operation not permitted|read-only file system|EROFS/i.test(text)) return pathError(4008, p);
+  if (/is a directory|EISDIR/i.test(text)) return pathError(4003, p);
+  if (/not a directory|ENOTDIR/i.test(text)) return pathError(4004, p);
+  if (/not empty|ENOTEMPTY/i.test(text)) return pathError(4005, p);
+  if (/file exists|EEXIST|already exists/i.test(text)) return pathError(4006, p);
+  return null;
+}
+
 // Map an execd error on a file operation about sandbox path `p`.
 export function fileError(err, p) {
   if (err instanceof RpcError || err instanceof Cancelled) return err;
   if (err instanceof HttpError) {
     const text = `${err.serverCode ?? ""} ${err.serverMessage ?? ""}`;
-    if (err.status === 404 || /FILE_NOT_FOUND|no such file|not exist/i.test(text)) return pathError(4001, p);
-    if (/permission denied|EACCES|EPERM|operation not permitted/i.test(text)) return pathError(4008, p);
-    if (/is a directory|EISDIR/i.test(text)) return pathError(4003, p);
-    if (/not a directory|ENOTDIR/i.test(text)) return pathError(4004, p);
-    if (/not empty|ENOTEMPTY/i.test(text)) return pathError(4005, p);
-    if (/file exists|EEXIST/i.test(text)) return pathError(4006, p);
-    return new RpcError(9001, `execd ${err.message}`, "Check the sandbox with 'abx exec <sandbox> ls -la <dir>'.");
+    if (err.status === 404) return pathError(4001, p);
+    return fileErrorOfText(text, p) ?? new RpcError(9001, `execd ${err.message}`, "Check the sandbox with 'abx exec <sandbox> ls -la <dir>'.");
   }
   return new RpcError(9001, `Internal error on '${p}': ${err?.message ?? err}`);
+}
+
+// execd's /files/mv refused because the destination exists (it never replaces).
+export const isDestinationExists = (err) => err instanceof HttpError && /destination path already exists/i.test(err.serverMessage ?? "");
+
+// execd refused a command's working directory before starting it (HTTP 400 from
+// RunCommandRequest.Validate): "missing", "notdir", "other", or null for any other error.
+export function workingDirProblem(err) {
+  if (!(err instanceof HttpError) || err.status !== 400) return null;
+  const m = err.serverMessage ?? "";
+  if (/working directory does not exist/i.test(m)) return "missing";
+  if (/working directory path is not a directory/i.test(m)) return "notdir";
+  if (/working directory/i.test(m)) return "other";
+  return null;
+}
+
+export function workingDirError(problem, cwd, err) {
+  const what =
+    problem === "missing"
+      ? `working directory '${cwd}' does not exist`
+      : problem === "notdir"
+        ? `working directory '${cwd}' is not a directory`
+        : `working directory '${cwd}' cannot be used (${err?.serverMessage ?? "refused"})`;
+  return new RpcError(
+    3003,
+    `Could not start the command: ${what}.`,
+    `Give an existing directory as the working directory, or create it first: abx sandbox files mkdir <sandbox> ${cwd} -p.`,
+  );
+}
+
+// A shared-execd server: sandbox `id` reaches the execd of sandbox `other`.
+export function sharedExecd(id, other, where) {
+  return new RpcError(
+    8006,
+    `Sandbox '${id}' shares one execd with sandbox '${other}' (${where}): this OpenSandbox server gives its sandboxes a shared execd endpoint (a docker runtime with network_mode = "host" does), so the commands and files of one would reach the other.`,
+    `Use one sandbox at a time on this server (kill '${other}' first; for the contract kit: abx provider test opensandbox --concurrency 1), or configure its docker runtime with bridge networking.`,
+  );
 }

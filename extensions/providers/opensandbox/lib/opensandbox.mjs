@@ -246,10 +246,10 @@ export class Execd {
     await this.req("DELETE", "/files", { query: { path }, what: `remove ${path}`, signal });
   }
 
-  async mkdirs(paths, mode = 755, signal) {
+  async mkdirs(paths, mode = 755, signal, { timeoutMs } = {}) {
     const json = {};
     for (const p of paths) json[p] = { mode };
-    await this.req("POST", "/directories", { json, what: `mkdir ${paths.join(", ")}`, signal });
+    await this.req("POST", "/directories", { json, what: `mkdir ${paths.join(", ")}`, signal, timeoutMs });
   }
 
   async removeDir(path, signal) {

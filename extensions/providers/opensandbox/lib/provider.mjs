@@ -22,13 +22,18 @@ import {
   RpcError,
   authError,
   fileError,
+  fileErrorOfText,
   imageMissing,
   invalidParams,
   looksLikeImageError,
   pathError,
   sandboxNotFound,
   sandboxPaused,
+  sharedExecd,
   unreachable,
+  isDestinationExists,
+  workingDirError,
+  workingDirProblem,
 } from "./errors.mjs";
 import { exitOf, lineText } from "./events.mjs";
 import { EXECD_PORT, Execd, Lifecycle, waitForState } from "./opensandbox.mjs";
@@ -43,6 +48,7 @@ import {
   killPidScript,
   killScript,
   parseSignal,
+  replaceScript,
   wrapperScript,
 } from "./shell.mjs";
 
@@ -67,6 +73,9 @@ const DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024;
 const GONE_STATES = new Set(["Stopping", "Terminated"]);
 const EXEC_KEEP_MS = 60000; // an exited exec answers E3005 (not E3002) this long
 const TOMBSTONE_MS = 24 * 3600 * 1000; // how long an expired sandbox's id is remembered
+// The id of the sandbox an execd belongs to, written when the plugin creates a sandbox: a
+// server that gives several sandboxes one execd (docker network_mode = "host") shows there.
+const OWNER_FILE = `${EXEC_ROOT}/sandbox`;
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
@@ -220,6 +229,7 @@ export class OpenSandboxProvider {
     this.records = new Map(); // id -> record (sandboxes this plugin created or set a lifetime on)
     this.timers = new Map(); // id -> reaper timer
     this.endpoints = new Map(); // id -> Promise<Execd>
+    this.endpointUrls = new Map(); // id -> its execd endpoint (to see sandboxes that share one execd)
     this.execs = new Map(); // execId -> Exec
     this.tombstones = new Map(); // id -> when abx's lifetime of it ended (E2009 from then on)
     this.saving = Promise.resolve();
@@ -291,6 +301,7 @@ export class OpenSandboxProvider {
     clearTimeout(this.timers.get(id));
     this.timers.delete(id);
     this.endpoints.delete(id);
+    this.endpointUrls.delete(id);
     const had = this.records.delete(id);
     for (const ex of this.execs.values()) if (ex.sandbox === id) ex.sandboxGone();
     if (had) this.save();
@@ -369,7 +380,14 @@ export class OpenSandboxProvider {
     }
     let ep = this.endpoints.get(id);
     if (!ep) {
-      ep = this.life.endpoint(id, EXECD_PORT, signal).then((e) => new Execd(e.url, e.headers));
+      ep = this.life.endpoint(id, EXECD_PORT, signal).then(async (e) => {
+        await this.checkShared(id, e, signal);
+        const execd = new Execd(e.url, e.headers);
+        // A sandbox made without abx has no /workspace, which abx's paths and the commands'
+        // default working directory are relative to: make it (best effort).
+        if (!rec) await this.ensureWorkspace(execd, signal);
+        return execd;
+      });
       this.endpoints.set(id, ep);
       ep.catch(() => this.endpoints.delete(id));
       ep.catch((e) => {
@@ -377,6 +395,88 @@ export class OpenSandboxProvider {
       });
     }
     return ep;
+  }
+
+  // Another live sandbox got the same execd endpoint (URL and headers: a gateway may route
+  // by header): they share one execd (E8006).
+  async checkShared(id, ep, signal) {
+    const key = JSON.stringify([ep.url, Object.entries(ep.headers ?? {}).sort()]);
+    for (const [other, k] of [...this.endpointUrls]) {
+      if (other === id || k !== key) continue;
+      if (await this.stillThere(other, signal)) throw sharedExecd(id, other, ep.url);
+      this.endpointUrls.delete(other);
+    }
+    this.endpointUrls.set(id, key);
+  }
+
+  // Whether the server still has sandbox `id` (not deleted, not expired).
+  async stillThere(id, signal) {
+    try {
+      await this.fetch(id, signal);
+      return true;
+    } catch (e) {
+      if (e instanceof RpcError && e.code === 2009) return false;
+      throw e;
+    }
+  }
+
+  // The execd of a sandbox the plugin just created must not be another sandbox's: through the
+  // server's proxy the URLs differ although the execd is shared. Checked with OWNER_FILE.
+  async claimExecd(id, execd, signal) {
+    let owner = null;
+    try {
+      owner = (await execd.download(OWNER_FILE, { signal, maxBytes: 256 })).data.toString("utf8").trim();
+    } catch (e) {
+      if (!(e instanceof HttpError && fileError(e, OWNER_FILE).code === 4001)) throw e;
+    }
+    if (owner && owner !== id && (await this.stillThere(owner, signal))) throw sharedExecd(id, owner, execd.url);
+    await execd.upload([{ path: OWNER_FILE, data: Buffer.from(id), mode: 644 }], signal);
+  }
+
+  async ensureWorkspace(execd, signal) {
+    try {
+      await execd.mkdirs([WORKSPACE], 755, signal, { timeoutMs: 5000 });
+      return true;
+    } catch (e) {
+      if (e instanceof Cancelled) throw e;
+      this.log(`cannot create ${WORKSPACE} at ${execd.url}: ${e.message}`);
+      return false;
+    }
+  }
+
+  // POST /command. A missing default working directory (/workspace removed, or never made)
+  // is made and the command sent again; a missing working directory that was asked for is
+  // E3003. execd refuses those before it starts anything, so sending again is safe.
+  async startCommand(execd, spec, body, opts) {
+    try {
+      return await execd.command(body, opts);
+    } catch (e) {
+      const problem = workingDirProblem(e);
+      if (!problem) throw e;
+      if (spec.cwdDefaulted && problem === "missing") {
+        if (await this.ensureWorkspace(execd, opts.signal)) return execd.command(body, opts);
+        return execd.command({ ...body, cwd: undefined }, opts); // execd's own directory then
+      }
+      throw workingDirError(problem, spec.cwd, e);
+    }
+  }
+
+  // Rename `src` to `dest`, replacing `dest` when it is an existing non-directory (atomic:
+  // rename(2) through the shell, as execd's /files/mv refuses an existing destination).
+  async moveOver(execd, src, dest, destExists, signal) {
+    if (!destExists) {
+      try {
+        await execd.move(src, dest, signal);
+        return;
+      } catch (e) {
+        if (!isDestinationExists(e)) throw e; // made meanwhile: replace it
+      }
+    }
+    const r = await this.script(execd, replaceScript(src, dest), { signal });
+    if (r.code !== 0) {
+      const text = `${r.stderr}${r.stdout}`.trim();
+      throw fileErrorOfText(text, dest) ?? new RpcError(9001, `Could not replace '${dest}': ${text || `exit ${r.code}`}`);
+    }
   }
 
   // Why a call to execd failed: the sandbox is gone (E2009), paused or not running yet (E2002),
@@ -553,6 +653,7 @@ export class OpenSandboxProvider {
           const r = await this.script(execd, `mkdir -p ${WORKSPACE}`, { signal: ctx.abort.signal });
           if (r.code !== 0) throw e;
         }
+        await this.claimExecd(id, execd, ctx.abort.signal);
         return;
       } catch (e) {
         if (e instanceof Cancelled || (e instanceof RpcError && e.code !== 9001)) throw e;
@@ -769,7 +870,7 @@ export class OpenSandboxProvider {
       maxOutput = p.maxOutput;
     }
     const display = command ?? argv.join(" ");
-    return { command, argv, cwd, env, timeout, stdin, maxOutput, display };
+    return { command, argv, cwd, cwdDefaulted: p.cwd == null, env, timeout, stdin, maxOutput, display };
   }
 
   envsFor(id, env) {
@@ -815,13 +916,16 @@ export class OpenSandboxProvider {
       ctx.abort.signal.addEventListener("abort", onAbort, { once: true });
       let terminal;
       try {
-        terminal = await execd.command(
+        terminal = await this.startCommand(
+          execd,
+          spec,
           { command: script, cwd: spec.cwd, envs: this.envsFor(id, spec.env) },
           { onEvent: (e) => ex.control(e), signal: ex.streamAbort.signal },
         );
       } catch (e) {
         if (e instanceof Cancelled && ex.cancelled) throw e;
         if (ex.gone) throw sandboxNotFound(id);
+        if (e instanceof RpcError) throw e;
         throw await this.diagnose(id, e, execd);
       } finally {
         clearTimeout(timer);
@@ -834,14 +938,20 @@ export class OpenSandboxProvider {
       const { code, reason } = exitOf(terminal);
       if (ex.nocmd) throw new RpcError(3003, `Could not start the command: ${spec.argv[0]}: not found.`);
       if (ex.pid == null) throw new RpcError(3003, `Could not start the command: ${reason ?? ex.errorText ?? "the command did not start"}.`);
-      const [out, err] = await Promise.all(
-        ["out", "err"].map((f) =>
-          execd.download(`${dir}/${f}`, { maxBytes: spec.maxOutput, signal: ctx.abort.signal }).catch((e) => {
-            if (e instanceof HttpError && e.status === 404) return { data: Buffer.alloc(0), size: 0 };
-            throw e;
-          }),
-        ),
-      );
+      let out;
+      let err;
+      try {
+        [out, err] = await Promise.all(
+          ["out", "err"].map((f) =>
+            execd.download(`${dir}/${f}`, { maxBytes: spec.maxOutput, signal: ctx.abort.signal }).catch((e) => {
+              if (e instanceof HttpError && e.status === 404 && isFileAnswer(e)) return { data: Buffer.alloc(0), size: 0 };
+              throw e;
+            }),
+          ),
+        );
+      } catch (e) {
+        throw await this.diagnose(id, e, execd);
+      }
       const truncated = Boolean(out.truncated || err.truncated || (out.size ?? 0) > out.data.length || (err.size ?? 0) > err.data.length);
       const result = {
         exitCode: code,
@@ -883,7 +993,9 @@ export class OpenSandboxProvider {
       watchdog: spec.timeout != null ? spec.timeout + 5 : null,
     });
     this.execs.set(ex.id, ex);
-    const done = execd.command(
+    const done = this.startCommand(
+      execd,
+      spec,
       { command: script, cwd: spec.cwd, envs: this.envsFor(id, spec.env) },
       { onEvent: (e) => ex.onEvent(e), signal: ex.streamAbort.signal },
     );
@@ -1076,10 +1188,12 @@ export class OpenSandboxProvider {
         const oldSize = tst ? Number(tst.info.size ?? 0) : 0;
         const mode = p.mode != null ? Number(p.mode.toString(8)) : tst?.info?.mode != null ? Number(tst.info.mode) : 644;
         const tmp = joinPath(parent, `.abx-write-${randomBytes(6).toString("hex")}`);
+        // Whole-file writes (and writes that patch a file) are atomic: the bytes go to a
+        // temporary file next to the target, which is then renamed over it.
         const replace = async (bytes) => {
           try {
             await execd.upload([{ path: tmp, data: bytes, mode }], signal);
-            await execd.move(tmp, sp, signal);
+            await this.moveOver(execd, tmp, sp, Boolean(tst), signal);
           } catch (e) {
             execd.removeFile(tmp).catch(() => {});
             throw e;
@@ -1221,11 +1335,26 @@ export class OpenSandboxProvider {
     return this.onExecd(
       id,
       async (execd) => {
-        const [st, pst] = await Promise.all([this.stat(execd, from, signal), this.stat(execd, parentOf(to), signal)]);
+        const [st, pst, tst] = await Promise.all([this.stat(execd, from, signal), this.stat(execd, parentOf(to), signal), this.stat(execd, to, signal)]);
         if (!st) throw pathError(4001, from);
         if (!pst) throw pathError(4001, parentOf(to));
         if (pst.type !== "directory") throw pathError(4004, parentOf(to));
-        await execd.move(from, to, signal);
+        if (from === to) return {};
+        // rename(2)'s rules for an existing target (execd's /files/mv refuses any): a file
+        // replaces a file atomically; a directory replaces an empty directory.
+        if (tst) {
+          const fromDir = st.type === "directory";
+          const toDir = tst.type === "directory";
+          if (!fromDir && toDir) throw pathError(4003, to);
+          if (fromDir && !toDir) throw pathError(4004, to);
+          if (toDir) {
+            if ((await this.children(execd, to, signal)).length) throw pathError(4005, to);
+            await execd.removeDir(to, signal);
+            await execd.move(from, to, signal);
+            return {};
+          }
+        }
+        await this.moveOver(execd, from, to, Boolean(tst), signal);
         return {};
       },
       { p: from, signal },

@@ -80,6 +80,10 @@ export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchd
     `__abx_d=${D}`,
     'mkdir -p -- "$__abx_d" 2>/dev/null',
     "exec 3>&1",
+    // bash reports finished background jobs ("[2]+ Done ...") on its stderr, also when the job
+    // ends before the wrapper reaches its `wait`: the wrapper's stderr goes nowhere, and the
+    // command gets the original one (fd 4) explicitly.
+    "exec 4>&2 2>/dev/null",
     "__abx_f=; __abx_w=",
   ];
   const mark = `printf '\\001abx-pid %s %s\\n' "$BASHPID" "$$" >&3`;
@@ -93,21 +97,20 @@ export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchd
         // sends N+1 only after N returned, so chunk N-1 is safe to remove now.
         'rm -f -- "$__abx_d/c.$((__abx_i-1))" "$__abx_d/r.$((__abx_i-1))"; __abx_i=$((__abx_i+1)); ' +
         'elif [ -e "$__abx_d/eof" ]; then [ -e "$__abx_d/r.$__abx_i" ] || break; ' +
-        "else sleep 0.05 2>/dev/null || sleep 1; fi; done ) </dev/null >/dev/null 2>&1 &",
+        "else sleep 0.05 2>/dev/null || sleep 1; fi; done ) </dev/null >/dev/null 2>&1 4>&- &",
       "__abx_f=$!",
-      `( ${body} ) <"$__abx_d/in" &`,
+      `( ${body} ) <"$__abx_d/in" 2>&4 4>&- &`,
     );
   } else {
     const input = stdin === "file" ? '"$__abx_d/in"' : "/dev/null";
-    lines.push(`( ${body} ) <${input} >"$__abx_d/out" 2>"$__abx_d/err" &`);
+    lines.push(`( ${body} ) <${input} >"$__abx_d/out" 2>"$__abx_d/err" 4>&- &`);
   }
   lines.push("__abx_p=$!");
   if (watchdog != null) {
-    lines.push(`( sleep ${Math.ceil(watchdog)}; kill -s KILL -- -"$__abx_p" ) </dev/null >/dev/null 2>&1 &`, "__abx_w=$!");
+    lines.push(`( sleep ${Math.ceil(watchdog)}; kill -s KILL -- -"$__abx_p" ) </dev/null >/dev/null 2>&1 4>&- &`, "__abx_w=$!");
   }
   lines.push(
-    // Job-control notices ("[1]+ Done ...") must not reach the command's stderr.
-    "exec 2>/dev/null",
+    "exec 4>&-",
     // With job control, wait also returns when the job is merely stopped (a paused sandbox):
     // wait again until it is gone.
     'while :; do wait "$__abx_p"; __abx_r=$?; kill -0 "$__abx_p" 2>/dev/null || break; sleep 0.2 2>/dev/null || sleep 1; done',
@@ -131,6 +134,21 @@ export function killPidScript(pid, signal) {
 // Append an uploaded chunk to a file (files/write at the file's end).
 export function appendScript(chunk, target) {
   return `cat -- ${shq(chunk)} >> ${shq(target)}; __abx_r=$?; rm -f -- ${shq(chunk)}; exit $__abx_r`;
+}
+
+// Rename `src` over the existing non-directory `dest`, atomically (rename(2)): execd's
+// /files/mv refuses an existing destination. `mv -T` keeps a link to a directory from being
+// taken for that directory; where mv has no -T (old BusyBox) a plain mv does, after making
+// sure `dest` is no directory (a link is removed first, not followed).
+export function replaceScript(src, dest) {
+  const S = shq(src);
+  const D = shq(dest);
+  return [
+    `mv -f -T -- ${S} ${D} 2>/dev/null && exit 0`,
+    `if [ -d ${D} ] && [ ! -L ${D} ]; then echo "mv: cannot overwrite: Is a directory" >&2; exit 1; fi`,
+    `if [ -L ${D} ]; then rm -f -- ${D} || exit 1; fi`,
+    `mv -f -- ${S} ${D}`,
+  ].join("\n");
 }
 
 export const SYSTEM_INFO_SCRIPT = [
