@@ -1748,6 +1748,50 @@ mod tests {
     }
 
     #[test]
+    fn storage_errors_are_typed() {
+        // Disk full and quota cannot be provoked without a small file system of our own:
+        // the errno mapping is what decides, so it is checked here.
+        let cases = [
+            (libc::ENOSPC, ErrorCode::DiskFull),
+            (libc::EDQUOT, ErrorCode::QuotaExceeded),
+            (libc::ENAMETOOLONG, ErrorCode::PathTooLong),
+            (libc::EFBIG, ErrorCode::OffsetOutOfRange),
+            (libc::EOVERFLOW, ErrorCode::OffsetOutOfRange),
+        ];
+        for (errno, want) in cases {
+            let e = op_err(&io::Error::from_raw_os_error(errno), "/workspace/f", SB);
+            assert_eq!(e.code, want, "errno {errno}");
+            assert!(e.message.contains("/workspace/f"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn failed_writes_leave_nothing_behind() {
+        let sb = sandbox();
+        let d = &sb.dirs;
+        // Within 2^63-1, beyond the largest file of ext4 or xfs (EFBIG from the kernel).
+        let big = 1u64 << 62;
+        match write(d, SB, "n.txt", "x", None, Some(big), false, None) {
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::OffsetOutOfRange, "{e}");
+                assert!(!ws(&sb, "n.txt").exists(), "the created file is removed");
+                write(d, SB, "o.txt", "keep", None, None, false, None).unwrap();
+                let e = write(d, SB, "o.txt", "x", None, Some(big), false, None).unwrap_err();
+                assert_eq!(e.code, ErrorCode::OffsetOutOfRange, "{e}");
+                assert_eq!(std::fs::read(ws(&sb, "o.txt")).unwrap(), b"keep");
+            }
+            // tmpfs allows files up to 2^63-1: the kernel's refusal is not reached there.
+            Ok(_) => eprintln!("this file system takes a write at 2^62: EFBIG not exercised"),
+        }
+        write(d, SB, "o.txt", "keep", None, None, false, None).unwrap();
+        let e = write(d, SB, "o.txt", "x", None, Some(u64::MAX), false, None).unwrap_err();
+        assert_eq!(e.code, ErrorCode::OffsetOutOfRange, "{e}");
+        // setuid/setgid never applied.
+        write(d, SB, "s", "x", None, None, false, Some(0o6777)).unwrap();
+        assert_eq!(stat(d, SB, "s").unwrap().mode, "0777");
+    }
+
+    #[test]
     fn missing_parent_and_kind_errors() {
         let sb = sandbox();
         let d = &sb.dirs;
