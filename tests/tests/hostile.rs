@@ -124,12 +124,23 @@ impl MemCgroup {
 
 impl Drop for MemCgroup {
     fn drop(&mut self) {
-        // Whatever is left (a daemon still stopping, a command) goes back to the parent.
-        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.split_whitespace() {
-            let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
+        // Whatever is left (a daemon still stopping, a command) goes back to the parent; a
+        // process still exiting keeps the cgroup busy a moment, so retry for a while.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace() {
+                let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            if Instant::now() > deadline {
+                eprintln!("hostile: could not remove {}", self.dir.display());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
