@@ -1,11 +1,21 @@
 //! One client connection: decode, dispatch concurrently, reply through a bounded queue.
 //!
 //! - The reader decodes frames and spawns one task per request (a batch is one task that
-//!   runs its elements concurrently). At most [`MAX_IN_FLIGHT`] requests run per connection;
-//!   past that the reader stops reading, which pushes back on the client alone.
+//!   runs its elements concurrently). At most [`MAX_IN_FLIGHT`] requests run per connection,
+//!   each element of a batch counting as one; past that the reader stops reading, which
+//!   pushes back on the client alone. A batch has at most [`limits::MAX_BATCH`] elements
+//!   (E1005 beyond, counted without being decoded).
+//! - The requests being served hold their frames' bytes against an inbound budget (the
+//!   message size limit): past it the reader waits too.
 //! - Replies and notifications go through the connection's outbound queue, bounded in bytes
 //!   ([`OUTBOUND_BUDGET`]). A client that stops reading fills only its own queue: its own
-//!   handlers wait, nobody else's.
+//!   handlers wait, nobody else's. A request reserves its reply's bytes
+//!   ([`limits::reply_reserve`]) before it runs, so a client that never reads cannot make
+//!   the daemon build replies it has no room for.
+//! - A handler that panics is answered E9001 (and logged with its method); the connection
+//!   and the other requests carry on.
+//! - After a burst of large messages the allocator gives the freed memory back
+//!   ([`note_released`]).
 //! - The writer drains the queue, coalescing whatever is ready into one write.
 //! - Requests that must apply in order (`exec/write`, `exec/resize`, `exec/kill` of one
 //!   exec) run in arrival order on a lane of their own; the rest run concurrently.
@@ -16,14 +26,15 @@ use crate::dispatch::{self, Cx};
 use crate::state::Broker;
 use abx_protocol::api::{methods, CancelParams, PeerInfo};
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::limits;
 use abx_protocol::message::{self, Incoming, Message, Notification, Request};
 use abx_protocol::{AbxError, ErrorCode, Id};
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -39,6 +50,43 @@ pub const OUTBOUND_BUDGET: usize = 16 * 1024 * 1024;
 const MSG_OVERHEAD: usize = 64;
 /// Bodies above this are written straight from their buffer, not copied.
 const DIRECT_WRITE: usize = 64 * 1024;
+/// Largest inbound budget (the semaphore counts in u32).
+const INBOUND_MAX: usize = 1 << 31;
+/// A read buffer grown past this by a large message is replaced once the message is out.
+const READ_BUFFER_KEEP: usize = 1024 * 1024;
+/// Freed bytes of large messages after which the allocator is asked to give memory back.
+const TRIM_AFTER: usize = 32 * 1024 * 1024;
+
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+static TRIMMING: AtomicBool = AtomicBool::new(false);
+
+/// Count `bytes` of a large message as freed; past [`TRIM_AFTER`] (and when `idle`, nothing
+/// more queued) the allocator returns its free pages to the system (`malloc_trim`), so RSS
+/// goes back near idle after a burst instead of staying at its peak.
+pub fn note_released(bytes: usize, idle: bool) {
+    let total = RELEASED.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    if !idle || total < TRIM_AFTER || TRIMMING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    RELEASED.store(0, Ordering::Relaxed);
+    let trim = || {
+        trim_now();
+        TRIMMING.store(false, Ordering::Release);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(trim)),
+        Err(_) => trim(),
+    }
+}
+
+/// Give free heap pages back to the system now.
+pub fn trim_now() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 struct Outbound {
     body: Bytes,
@@ -60,6 +108,49 @@ impl ConnHandle {
     /// Returns false when the connection is gone.
     pub async fn send(&self, body: Vec<u8>) -> bool {
         self.send_or_keep(body).await.is_ok()
+    }
+
+    /// Reserve `bytes` of the outbound budget (at most all of it) for a reply not built yet.
+    /// Waits while the queue is over budget; `None` once the connection is gone.
+    pub async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let cost = (bytes + MSG_OVERHEAD).min(OUTBOUND_BUDGET) as u32;
+        if let Ok(p) = self.budget.clone().try_acquire_many_owned(cost) {
+            return Some(p);
+        }
+        tokio::select! {
+            p = self.budget.clone().acquire_many_owned(cost) => p.ok(),
+            _ = self.closed.cancelled() => None,
+        }
+    }
+
+    /// Queue `body` against a reservation from [`ConnHandle::reserve`]: what it does not
+    /// need goes back at once; when the body is larger, the rest is taken if free, else the
+    /// reservation is given back and the whole cost waited for (a waiter never holds budget
+    /// while it waits, so replies larger than their reservations cannot deadlock).
+    pub async fn send_reserved(&self, body: Vec<u8>, mut permit: OwnedSemaphorePermit) -> bool {
+        let cost = (body.len() + MSG_OVERHEAD).min(OUTBOUND_BUDGET);
+        let have = permit.num_permits();
+        if have > cost {
+            drop(permit.split(have - cost));
+        } else if have < cost {
+            match self
+                .budget
+                .clone()
+                .try_acquire_many_owned((cost - have) as u32)
+            {
+                Ok(more) => permit.merge(more),
+                Err(_) => {
+                    drop(permit);
+                    return self.send(body).await;
+                }
+            }
+        }
+        self.tx
+            .send(Outbound {
+                body: Bytes::from(body),
+                _permit: permit,
+            })
+            .is_ok()
     }
 
     /// [`ConnHandle::send`] that hands the body back when the connection has closed (a
@@ -110,13 +201,22 @@ pub struct Conn {
     pending: Mutex<HashMap<Id, CancellationToken>>,
     shutting_down: AtomicBool,
     in_flight: Arc<Semaphore>,
+    /// Bytes of request frames being served (at most the message size limit).
+    inbound: Arc<Semaphore>,
+    inbound_size: usize,
     /// Who connected, from `initialize`.
     pub client: Mutex<Option<PeerInfo>>,
     /// Ordered lanes: requests with the same key run one after another, in arrival order.
     lanes: Mutex<HashMap<String, mpsc::UnboundedSender<Laned>>>,
 }
 
-type Laned = (Request, CancellationToken, OwnedSemaphorePermit);
+type Laned = (Request, CancellationToken, Held);
+
+/// What a request holds while it is served: its in-flight slot and its frame's bytes.
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    _inbound: Option<OwnedSemaphorePermit>,
+}
 
 /// Requests that must apply in the order they were sent (stdin bytes, then its eof) get a
 /// lane key; everything else runs concurrently.
@@ -154,12 +254,9 @@ async fn lane_worker(
                 }
             }
         };
-        let (req, token, permit) = item;
-        let replied = CancellationToken::new();
-        let body = run_request(&broker, &conn, req, token, replied.clone()).await;
-        conn.handle.send(body).await;
-        replied.cancel();
-        drop(permit);
+        let (req, token, held) = item;
+        serve_one(&broker, &conn, req, token).await;
+        drop(held);
     }
 }
 
@@ -221,6 +318,8 @@ where
         pending: Mutex::new(HashMap::new()),
         shutting_down: AtomicBool::new(false),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        inbound: Arc::new(Semaphore::new(broker.max_message.clamp(1, INBOUND_MAX))),
+        inbound_size: broker.max_message.clamp(1, INBOUND_MAX),
         client: Mutex::new(None),
         lanes: Mutex::new(HashMap::new()),
     });
@@ -278,8 +377,20 @@ where
                         framing.store(framing_tag(f), Ordering::Relaxed);
                     }
                 }
+                let size = bytes.len();
                 if handle_frame(&broker, &conn, bytes).await {
                     break ConnEnd::Exit;
+                }
+                if size >= DIRECT_WRITE {
+                    // A large message grew the read buffer: give it back rather than keep it
+                    // for the connection's whole life.
+                    let buf = frames.read_buffer_mut();
+                    if buf.capacity() > READ_BUFFER_KEEP && buf.len() < READ_BUFFER_KEEP / 2 {
+                        let mut fresh = BytesMut::with_capacity(64 * 1024);
+                        fresh.extend_from_slice(buf);
+                        *buf = fresh;
+                    }
+                    note_released(size, false);
                 }
             }
         }
@@ -305,6 +416,7 @@ where
     // connection is closed.
     let _ = writer_task.await;
     closed.cancel();
+    note_released(0, true);
     end
 }
 
@@ -322,7 +434,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     closed: CancellationToken,
 ) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut released = 0;
     loop {
+        if released > 0 && rx.is_empty() {
+            note_released(std::mem::take(&mut released), true);
+        }
         let first = tokio::select! {
             m = rx.recv() => match m {
                 Some(m) => m,
@@ -353,6 +469,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                     && w.write_all(&m.body).await.is_ok()
                     && (f == Framing::Header || w.write_all(b"\n").await.is_ok());
                 buf.clear();
+                released += m.body.len();
             } else {
                 f.write(&m.body, &mut buf);
             }
@@ -385,18 +502,41 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 
 /// Handle one frame. Returns true when the connection must close (`exit`).
 async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -> bool {
-    match message::decode(&bytes) {
+    let size = bytes.len();
+    let incoming = match message::decode_limited(&bytes, limits::MAX_BATCH) {
+        Ok(i) => i,
+        Err(count) => {
+            drop(bytes);
+            warn!(
+                conn = conn.handle.id,
+                count,
+                "refusing a batch above {} elements",
+                limits::MAX_BATCH
+            );
+            let err = limits::batch_too_large(count);
+            conn.handle
+                .send(message::encode_response(None, Err(&err.to_rpc())))
+                .await;
+            return false;
+        }
+    };
+    drop(bytes);
+    match incoming {
         Incoming::Single(Ok(Message::Request(req))) => {
-            let permit = acquire(conn).await;
+            let slot = acquire(conn).await;
             if let Some(body) = inline(broker, conn, &req) {
                 conn.handle.send(body).await;
-                drop(permit);
+                drop(slot);
                 return false;
             }
+            let held = Held {
+                _slot: slot,
+                _inbound: take_inbound(conn, size).await,
+            };
             let token = register(conn, &req.id);
             if let Some(key) = lane_key(&req) {
                 let mut lanes = conn.lanes.lock().expect("lanes lock");
-                let item = (req, token, permit);
+                let item = (req, token, held);
                 let item = match lanes.get(&key) {
                     Some(tx) => match tx.send(item) {
                         Ok(()) => return false,
@@ -412,11 +552,8 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
             }
             let (broker, conn) = (broker.clone(), conn.clone());
             tokio::spawn(async move {
-                let replied = CancellationToken::new();
-                let body = run_request(&broker, &conn, req, token, replied.clone()).await;
-                conn.handle.send(body).await;
-                replied.cancel();
-                drop(permit);
+                serve_one(&broker, &conn, req, token).await;
+                drop(held);
             });
             false
         }
@@ -434,46 +571,121 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
                 .await;
             false
         }
-        Incoming::Batch(items) => {
-            let permit = acquire(conn).await;
-            let mut exit = false;
-            let mut futs = Vec::new();
-            let replied = CancellationToken::new();
-            let mut bodies: Vec<Option<Vec<u8>>> = Vec::with_capacity(items.len());
-            for item in items {
-                match item {
-                    Ok(Message::Request(req)) => {
-                        let token = register(conn, &req.id);
-                        let idx = bodies.len();
-                        bodies.push(None);
-                        let (broker, conn, replied) =
-                            (broker.clone(), conn.clone(), replied.clone());
-                        futs.push(async move {
-                            (idx, run_request(&broker, &conn, req, token, replied).await)
-                        });
-                    }
-                    Ok(Message::Notification(n)) => exit |= notification(conn, n),
-                    Ok(Message::Response(_)) => {}
-                    Err(inv) => bodies.push(Some(message::encode_response(
-                        inv.id.as_ref(),
-                        Err(&inv.error.to_rpc()),
-                    ))),
+        Incoming::Batch(items) => batch(broker, conn, items, size).await,
+    }
+}
+
+/// A batch: each request takes an in-flight slot (waiting like single requests do), their
+/// replies' reservations are taken together, and the elements whose replies would not fit
+/// in the outbound budget beside the others are answered E1005 instead of being run.
+async fn batch(
+    broker: &Arc<Broker>,
+    conn: &Arc<Conn>,
+    items: Vec<Result<Message, message::Invalid>>,
+    size: usize,
+) -> bool {
+    let mut exit = false;
+    let mut slots = Vec::new();
+    let mut futs = Vec::new();
+    let mut bodies: Vec<Option<Vec<u8>>> = Vec::with_capacity(items.len());
+    let mut reserve = 0usize;
+    let replied = CancellationToken::new();
+    for item in items {
+        match item {
+            Ok(Message::Request(req)) => {
+                let need = limits::reply_reserve(&req.method, req.params.as_deref());
+                if reserve + need > OUTBOUND_BUDGET - MSG_OVERHEAD {
+                    let mut e = AbxError::new(ErrorCode::MessageTooLarge, &[]);
+                    e.message = format!(
+                        "Batch reply too large: with '{}' the replies of this batch could exceed the {} bytes queued per connection.",
+                        req.method, OUTBOUND_BUDGET
+                    );
+                    e.suggestion =
+                        "Send large reads and commands outside a batch (they run concurrently all the same)."
+                            .into();
+                    bodies.push(Some(message::encode_response(
+                        Some(&req.id),
+                        Err(&e.to_rpc()),
+                    )));
+                    continue;
                 }
+                reserve += need;
+                slots.push(acquire(conn).await);
+                let token = register(conn, &req.id);
+                let idx = bodies.len();
+                bodies.push(None);
+                let (broker, conn, replied) = (broker.clone(), conn.clone(), replied.clone());
+                futs.push(
+                    async move { (idx, run_request(&broker, &conn, req, token, replied).await) },
+                );
             }
-            let conn2 = conn.clone();
-            tokio::spawn(async move {
-                for (idx, body) in futures::future::join_all(futs).await {
-                    bodies[idx] = Some(body);
-                }
-                let bodies: Vec<Vec<u8>> = bodies.into_iter().flatten().collect();
-                if !bodies.is_empty() {
-                    conn2.handle.send(message::encode_batch(&bodies)).await;
-                }
-                replied.cancel();
-                drop(permit);
-            });
-            exit
+            Ok(Message::Notification(n)) => exit |= notification(conn, n),
+            Ok(Message::Response(_)) => {}
+            Err(inv) => bodies.push(Some(message::encode_response(
+                inv.id.as_ref(),
+                Err(&inv.error.to_rpc()),
+            ))),
         }
+    }
+    let inbound = take_inbound(conn, size).await;
+    let conn2 = conn.clone();
+    tokio::spawn(async move {
+        let reservation = if futs.is_empty() {
+            None
+        } else {
+            conn2.handle.reserve(reserve).await
+        };
+        if reservation.is_some() || futs.is_empty() {
+            for (idx, body) in futures::future::join_all(futs).await {
+                bodies[idx] = Some(body);
+            }
+        }
+        let bodies: Vec<Vec<u8>> = bodies.into_iter().flatten().collect();
+        if !bodies.is_empty() {
+            let body = message::encode_batch(&bodies);
+            let len = body.len() + bodies.iter().map(Vec::len).sum::<usize>();
+            drop(bodies);
+            match reservation {
+                Some(r) => conn2.handle.send_reserved(body, r).await,
+                None => conn2.handle.send(body).await,
+            };
+            if len >= DIRECT_WRITE {
+                note_released(len, false);
+            }
+        }
+        replied.cancel();
+        drop((slots, inbound));
+    });
+    exit
+}
+
+/// Hold a frame's bytes against the inbound budget (a frame at the limit takes it all).
+async fn take_inbound(conn: &Conn, size: usize) -> Option<OwnedSemaphorePermit> {
+    if size < 4096 {
+        return None;
+    }
+    let n = size.min(INBOUND_MAX) as u32;
+    let n = n.min(conn.inbound_size as u32);
+    conn.inbound.clone().acquire_many_owned(n).await.ok()
+}
+
+/// Run one request and queue its reply: the reply's bytes are reserved before it runs.
+async fn serve_one(broker: &Arc<Broker>, conn: &Arc<Conn>, req: Request, token: CancellationToken) {
+    let need = limits::reply_reserve(&req.method, req.params.as_deref());
+    let reservation = tokio::select! {
+        r = conn.handle.reserve(need) => r,
+        _ = token.cancelled() => None,
+    };
+    let replied = CancellationToken::new();
+    let body = run_request(broker, conn, req, token, replied.clone()).await;
+    let len = body.len();
+    match reservation {
+        Some(r) => conn.handle.send_reserved(body, r).await,
+        None => conn.handle.send(body).await,
+    };
+    replied.cancel();
+    if len >= DIRECT_WRITE {
+        note_released(len, false);
     }
 }
 
@@ -534,8 +746,10 @@ async fn run_request(
             cancel: token.clone(),
             replied,
         };
+        let call = std::panic::AssertUnwindSafe(dispatch::call(&cx, &req.method, req.params))
+            .catch_unwind();
         tokio::select! {
-            r = dispatch::call(&cx, &req.method, req.params.as_deref()) => r,
+            r = call => r.unwrap_or_else(|panic| Err(panicked(&req.method, conn.handle.id, &*panic))),
             _ = token.cancelled() => Err(AbxError::new(ErrorCode::RequestCancelled, &[])),
         }
     };
@@ -544,6 +758,17 @@ async fn run_request(
         conn.shutting_down.store(true, Ordering::Relaxed);
     }
     encode_outcome(&req.id, outcome)
+}
+
+/// The E9001 answer to a handler that panicked; the panic is logged with its method.
+fn panicked(method: &str, conn: u64, panic: &(dyn std::any::Any + Send)) -> AbxError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    tracing::error!(conn, method, panic = %what, "request handler panicked");
+    AbxError::internal(format!("the handler of '{method}' failed ({what})"))
 }
 
 /// Handle a notification. Returns true on `exit`.

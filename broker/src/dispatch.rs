@@ -61,8 +61,16 @@ pub const METHODS: &[&str] = &[
     "provider/test",
 ];
 
-/// Run one request.
-pub async fn call(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
+/// Run one request. The params are taken by value so that a router can free them as soon as
+/// it has parsed them (a 64 MiB `files/write` is then held once, not twice).
+pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
+    if method.starts_with(TEST_PREFIX) {
+        return test_hook(method);
+    }
+    if features::PROVIDER_METHODS.contains(&method) {
+        return route(cx, method, raw).await;
+    }
+    let p = raw.as_deref();
     match method {
         methods::INITIALIZE => initialize(cx, params(method, p)?),
         methods::SHUTDOWN => reply(&()),
@@ -92,7 +100,22 @@ pub async fn call(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
         "provider/setDefault" => {
             manage::set_default(&cx.broker, params(method, p)?).and_then(|v| reply(&v))
         }
-        m if features::PROVIDER_METHODS.contains(&m) => route(cx, m, p).await,
+        _ => Err(AbxError::new(
+            ErrorCode::MethodNotFound,
+            &[("method", method)],
+        )),
+    }
+}
+
+/// Methods for the test suites, served only when the daemon was started with
+/// `ABX_TEST_HOOKS=1` (never in normal use): `$/abx/test/panic` panics in its handler.
+const TEST_PREFIX: &str = "$/abx/test/";
+
+fn test_hook(method: &str) -> Reply {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ENABLED.get_or_init(|| std::env::var("ABX_TEST_HOOKS").is_ok_and(|v| v == "1"));
+    match method {
+        "$/abx/test/panic" if on => panic!("test hook: a handler that panics"),
         _ => Err(AbxError::new(
             ErrorCode::MethodNotFound,
             &[("method", method)],
@@ -231,7 +254,7 @@ fn resolve_sandbox(b: &Broker, s: &str) -> Result<(Arc<dyn Provider>, String), A
 }
 
 /// Route a provider method: resolve, gate, rewrite, call, record.
-async fn route(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
+async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     let b = &cx.broker;
     let mut params: Value = match p {
         Some(raw) => {
@@ -239,6 +262,7 @@ async fn route(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
         }
         None => json!({}),
     };
+    check_bounds(method, &params)?;
     let Some(obj) = params.as_object_mut() else {
         return Err(AbxError::invalid_params(method, "params must be an object"));
     };
@@ -344,6 +368,29 @@ async fn route(cx: &Cx, method: &str, p: Option<&RawValue>) -> Reply {
         _ => {}
     }
     res
+}
+
+/// The upper bounds of the params that size a reply (the same for every provider).
+fn check_bounds(method: &str, params: &Value) -> Result<(), AbxError> {
+    let num = |k: &str| -> Result<Option<u64>, AbxError> {
+        match params.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n)),
+                // A number too large for u64 (1e30) is above the bound too.
+                None if v.as_f64().is_some_and(|f| f > u64::MAX as f64) => Ok(Some(u64::MAX)),
+                None => Err(AbxError::invalid_params(
+                    method,
+                    format!("{k} must be a non-negative integer, not {v}"),
+                )),
+            },
+        }
+    };
+    match method {
+        "files/read" => abx_protocol::limits::check_read_length(num("length")?),
+        "exec/run" => abx_protocol::limits::check_max_output(num("maxOutput")?),
+        _ => Ok(()),
+    }
 }
 
 async fn list_all(cx: &Cx) -> Reply {

@@ -238,6 +238,11 @@ impl Client {
         self.wait_for(&id, Some(on_note)).await
     }
 
+    /// Wait for the reply to a request sent with [`Client::send_request`].
+    pub async fn reply_to(&mut self, id: &Id) -> Result<Value, CallError> {
+        self.wait_for(id, None).await
+    }
+
     async fn wait_for(
         &mut self,
         id: &Id,

@@ -40,6 +40,51 @@ fn decode(v: &Value) -> Vec<u8> {
     }
 }
 
+/// The signals that end the CLI from outside: SIGTERM (a killed agent, `timeout`, `kill`)
+/// and SIGHUP (a closed terminal). Listening replaces their default action (exit at once,
+/// leaving the remote command running), so the CLI can kill what it started first.
+pub struct Ending(Vec<(i32, tokio::signal::unix::Signal)>);
+
+impl Ending {
+    /// Start listening (SIGINT has its own handling: interrupt, then leave).
+    pub fn new() -> Ending {
+        use tokio::signal::unix::{signal, SignalKind};
+        let kinds = [
+            (libc::SIGTERM, SignalKind::terminate()),
+            (libc::SIGHUP, SignalKind::hangup()),
+        ];
+        Ending(
+            kinds
+                .into_iter()
+                .filter_map(|(n, k)| signal(k).ok().map(|s| (n, s)))
+                .collect(),
+        )
+    }
+
+    /// The next of these signals (its number).
+    pub async fn recv(&mut self) -> i32 {
+        if self.0.is_empty() {
+            return std::future::pending().await;
+        }
+        let all = self.0.iter_mut().map(|(n, s)| {
+            let n = *n;
+            Box::pin(async move {
+                s.recv().await;
+                n
+            })
+        });
+        futures::future::select_all(all).await.0
+    }
+}
+
+/// Send `method` and wait (a little) for its reply, so that it has been acted on before the
+/// CLI exits.
+pub async fn call_before_exit(c: &mut Client, method: &str, params: &Value) {
+    if let Ok(id) = c.send_request(method, Some(params)).await {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(&id)).await;
+    }
+}
+
 /// Start `command` in `sandbox`, stream it, return its exit code.
 pub async fn exec(
     c: &mut Client,
@@ -72,8 +117,14 @@ pub async fn exec(
     let mut interrupted = false;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(AbxError::internal)?;
+    // SIGTERM / SIGHUP: the command is killed (its whole tree) before abx exits.
+    let mut ending = Ending::new();
     loop {
         tokio::select! {
+            sig = ending.recv() => {
+                call_before_exit(c, "exec/kill", &json!({"execId": exec_id, "signal": "KILL"})).await;
+                return Ok((128 + sig) as u8);
+            }
             _ = sigint.recv() => {
                 if interrupted {
                     return Ok(130);

@@ -204,6 +204,22 @@ error_codes! {
     LocalFileError = 4009, rpc 4009, exit 1,
         "Local file '{path}': {detail}",
         "Check that the local path exists and is readable (upload) or its directory writable (download).";
+    /// A path (or one of its names) longer than the file system allows.
+    PathTooLong = 4010, rpc 4010, exit 2,
+        "Path '{path}' is too long.",
+        "Keep each name under 256 bytes and the whole path under 4096 bytes.";
+    /// An offset (or offset + length) beyond the largest file the file system allows.
+    OffsetOutOfRange = 4011, rpc 4011, exit 2,
+        "Offset out of range for '{path}': {detail}",
+        "Write at an offset below the largest file size the sandbox's file system allows (2^63-1 bytes at most).";
+    /// No space left on the sandbox's file system.
+    DiskFull = 4012, rpc 4012, exit 1,
+        "No space left to write '{path}'.",
+        "Free space in the sandbox (remove files), then retry.";
+    /// The user's disk quota is exhausted.
+    QuotaExceeded = 4013, rpc 4013, exit 1,
+        "Disk quota exceeded writing '{path}'.",
+        "Free space within the quota (remove files), then retry.";
 
     // E5xxx: ports
     /// Nothing answers on the port.

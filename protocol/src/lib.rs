@@ -6,6 +6,7 @@
 //!   detected per connection from the first byte, with a message size limit.
 //! - [`error`]: one enum of every E-code, each with its message template, default
 //!   suggestion and CLI exit code, and the wire error object built from it.
+//! - [`limits`]: the bounds on what one client can make the daemon hold.
 //! - [`api`]: method names and the parameter/result types shared by broker and clients.
 //!
 //! **Architecture invariant:** nothing here does I/O. The broker and the CLI wrap these
@@ -18,6 +19,7 @@ pub mod epp;
 pub mod error;
 pub mod features;
 pub mod id;
+pub mod limits;
 pub mod manifest;
 pub mod message;
 pub mod openrpc;

@@ -101,18 +101,65 @@ fn invalid(id: Option<Id>, detail: &str) -> Invalid {
 
 /// Decode one frame (a message or a batch).
 pub fn decode(frame: &[u8]) -> Incoming {
+    match decode_limited(frame, usize::MAX) {
+        Ok(incoming) => incoming,
+        Err(_) => unreachable!("no batch is longer than usize::MAX"),
+    }
+}
+
+/// [`decode`] with at most `max_batch` elements in a batch. A longer batch is `Err(count)`:
+/// its elements are counted, never decoded or collected, so the memory it takes is the
+/// frame's own whatever the count.
+pub fn decode_limited(frame: &[u8], max_batch: usize) -> Result<Incoming, usize> {
     match first_byte(frame) {
-        Some(b'[') => match serde_json::from_slice::<Vec<&RawValue>>(frame) {
-            Ok(items) if items.is_empty() => Incoming::Single(Err(invalid(None, "empty batch"))),
-            Ok(items) => Incoming::Batch(
-                items
-                    .into_iter()
-                    .map(|raw| decode_one(raw.get().as_bytes()))
-                    .collect(),
-            ),
-            Err(e) => Incoming::Single(Err(parse_error(&e))),
-        },
-        _ => Incoming::Single(decode_one(frame)),
+        Some(b'[') => {
+            let mut de = serde_json::Deserializer::from_slice(frame);
+            let parsed = serde::Deserializer::deserialize_seq(&mut de, Capped { max: max_batch })
+                .and_then(|r| de.end().map(|()| r));
+            match parsed {
+                Ok(Ok(items)) if items.is_empty() => {
+                    Ok(Incoming::Single(Err(invalid(None, "empty batch"))))
+                }
+                Ok(Ok(items)) => Ok(Incoming::Batch(
+                    items
+                        .into_iter()
+                        .map(|raw| decode_one(raw.get().as_bytes()))
+                        .collect(),
+                )),
+                Ok(Err(count)) => Err(count),
+                Err(e) => Ok(Incoming::Single(Err(parse_error(&e)))),
+            }
+        }
+        _ => Ok(Incoming::Single(decode_one(frame))),
+    }
+}
+
+/// A batch's elements, up to `max`; past it only counted (`Err(count)`).
+struct Capped {
+    max: usize,
+}
+
+impl<'de> serde::de::Visitor<'de> for Capped {
+    type Value = Result<Vec<&'de RawValue>, usize>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON-RPC batch (an array)")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(raw) = seq.next_element::<&RawValue>()? {
+            if items.len() == self.max {
+                let mut count = items.len() + 1;
+                drop(items);
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    count += 1;
+                }
+                return Ok(Err(count));
+            }
+            items.push(raw);
+        }
+        Ok(Ok(items))
     }
 }
 
@@ -377,6 +424,27 @@ mod tests {
                 },
                 ..
             }))
+        ));
+    }
+
+    #[test]
+    fn long_batches_are_counted_not_decoded() {
+        let ping = r#"{"jsonrpc":"2.0","id":1,"method":"broker/ping"}"#;
+        let batch = |n: usize| format!("[{}]", vec![ping; n].join(","));
+        match decode_limited(batch(3).as_bytes(), 3) {
+            Ok(Incoming::Batch(v)) => assert_eq!(v.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(decode_limited(batch(4).as_bytes(), 3).unwrap_err(), 4);
+        assert_eq!(decode_limited(b"[1,2,3,{}, []]", 2).unwrap_err(), 5);
+        // Broken JSON past the limit is still a parse error, not a count.
+        assert!(matches!(
+            decode_limited(b"[1,2,3,", 2),
+            Ok(Incoming::Single(Err(_)))
+        ));
+        assert!(matches!(
+            decode_limited(b"[1] x", 2),
+            Ok(Incoming::Single(Err(_)))
         ));
     }
 

@@ -636,8 +636,10 @@ pub struct ExecRunParams {
     /// Encoding of `stdin`: `utf-8` (default) or `base64`.
     #[serde(default)]
     pub stdin_encoding: Option<String>,
-    /// Bytes kept per captured stream (default 16 MiB); more sets `truncated`.
+    /// Bytes kept per captured stream (default and maximum 16 MiB; above it E1004); more
+    /// output sets `truncated`. Stream larger output with `exec/start`.
     #[serde(default)]
+    #[schemars(range(max = 16_777_216))]
     pub max_output: Option<u64>,
 }
 
@@ -858,8 +860,9 @@ pub struct FilesReadParams {
     /// Where to start.
     #[serde(default)]
     pub offset: Option<u64>,
-    /// Bytes to read (default and maximum 4 MiB).
+    /// Bytes to read (default and maximum 4 MiB; above it E1004: read in chunks).
     #[serde(default)]
+    #[schemars(range(max = 4_194_304))]
     pub length: Option<u64>,
     /// `utf-8` (E4007 if not), `base64`, or absent: utf-8 when valid, else base64.
     #[serde(default)]
@@ -900,7 +903,8 @@ pub struct FilesWriteParams {
     /// Append at the end.
     #[serde(default)]
     pub append: bool,
-    /// Permission bits (e.g. 493 for 0755).
+    /// Permission bits (e.g. 493 for 0755). Only the 0o1777 bits (rwx for user, group,
+    /// other, and sticky) are applied: setuid and setgid are stripped.
     #[serde(default)]
     pub mode: Option<u32>,
 }

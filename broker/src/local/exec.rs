@@ -565,6 +565,8 @@ async fn collect<R: AsyncRead + Unpin>(mut r: R, cap: u64, stop: Arc<Notify>) ->
 
 /// `exec/run`: run to completion and collect the output.
 pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
+    // The output is held until the command ends: bounded (E1004 above 16 MiB per stream).
+    abx_protocol::limits::check_max_output(p.max_output)?;
     let stdin_data = match &p.stdin {
         Some(s) => Some(decode_data(s, p.stdin_encoding.as_deref())?),
         None => None,

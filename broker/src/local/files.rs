@@ -33,8 +33,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The largest chunk `files/read` returns (and its default length).
-pub const MAX_CHUNK: u64 = 4 * 1024 * 1024;
+/// The largest chunk `files/read` returns (and its default length); a larger `length` is E1004.
+pub const MAX_CHUNK: u64 = abx_protocol::limits::MAX_READ_LENGTH;
 
 /// The most entries `files/list` returns; a larger (recursive) listing stops there and
 /// returns what it has (breadth first, then sorted by path), without an error.
@@ -112,10 +112,31 @@ pub(crate) fn op_err(e: &io::Error, view: &str, sandbox: &str) -> AbxError {
         Some(libc::ENOTEMPTY) => ErrorCode::DirectoryNotEmpty,
         Some(libc::EEXIST) => ErrorCode::FileExists,
         Some(libc::EACCES | libc::EPERM) => ErrorCode::FilePermissionDenied,
+        Some(libc::ENAMETOOLONG) => ErrorCode::PathTooLong,
+        Some(libc::ENOSPC) => ErrorCode::DiskFull,
+        Some(libc::EDQUOT) => ErrorCode::QuotaExceeded,
+        Some(libc::EFBIG | libc::EOVERFLOW) => {
+            return offset_err(
+                view,
+                sandbox,
+                "beyond the largest file the file system allows",
+            )
+        }
         _ => return AbxError::internal(format!("{view}: {e}")),
     };
     path_err(code, view, sandbox)
 }
+
+fn offset_err(view: &str, sandbox: &str, detail: &str) -> AbxError {
+    AbxError::new(
+        ErrorCode::OffsetOutOfRange,
+        &[("path", view), ("sandbox", sandbox), ("detail", detail)],
+    )
+}
+
+/// Mode bits `files/write` applies: permissions and sticky; setuid and setgid never (a
+/// sandbox file must not become a way to run something as its owner or group).
+pub const WRITE_MODE_BITS: u32 = 0o1777;
 
 /// The error of resolving (opening) `view` with `openat2`: escapes are E4002; a FIFO
 /// without reader or a socket (ENXIO) is "not a regular file".
@@ -250,7 +271,7 @@ fn unlinkat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
 }
 
 fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
-    cvt(unsafe { libc::fchmod(fd, (mode & 0o7777) as libc::mode_t) })
+    cvt(unsafe { libc::fchmod(fd, (mode & WRITE_MODE_BITS) as libc::mode_t) })
 }
 
 /// Bytes one `copy_file_range` call moves at most (progress is reported between calls).
@@ -555,7 +576,8 @@ fn decode<'a>(data: &'a str, encoding: Option<&str>) -> Result<Cow<'a, [u8]>, Ab
 // ---------------------------------------------------------------------------------------
 // read / write
 
-/// Read at most `length` bytes (default and maximum [`MAX_CHUNK`]) from `offset`.
+/// Read at most `length` bytes (default and maximum [`MAX_CHUNK`]; above it E1004) from
+/// `offset`.
 ///
 /// Memory is bounded by the chunk, whatever the file size. Encoding `None` returns
 /// `"utf-8"` when the chunk is valid UTF-8 and `"base64"` otherwise; `Some("base64")`
@@ -570,12 +592,13 @@ pub fn read(
     length: Option<u64>,
     encoding: Option<&str>,
 ) -> Result<ReadResult, AbxError> {
+    abx_protocol::limits::check_read_length(length)?;
     let enc = parse_encoding(encoding)?;
     let t = Target::new(dirs, path)?;
     let view = t.view();
     let (fd, st) = t.open_read(sandbox)?;
     let size = st.st_size.max(0) as u64;
-    let want = length.unwrap_or(MAX_CHUNK).min(MAX_CHUNK);
+    let want = length.unwrap_or(MAX_CHUNK);
     let n = want.min(size.saturating_sub(offset)) as usize;
     let mut buf = vec![0u8; n];
     let got =
@@ -649,30 +672,69 @@ pub fn write(
     if t.rel.as_os_str().is_empty() {
         return Err(path_err(ErrorCode::IsADirectory, &view, sandbox));
     }
+    if let (false, Some(off)) = (append, offset) {
+        // Refused before anything is created: the end must fit in a file offset.
+        if off
+            .checked_add(bytes.len() as u64)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(offset_err(
+                &view,
+                sandbox,
+                &format!(
+                    "offset {off} + {} bytes is beyond 2^63-1, the largest file offset",
+                    bytes.len()
+                ),
+            ));
+        }
+    }
     if !append && offset.is_none() {
         return replace_file(&t, sandbox, mode, &mut |fd| {
             pwrite_all(fd, &bytes, 0).map_err(|e| op_err(&e, &view, sandbox))
         });
     }
-    drop(t.parent(&t.rel, sandbox)?); // E4001 naming the parent when it is missing
-    let mut flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let (dir, name) = t.parent(&t.rel, sandbox)?; // E4001 naming the parent when missing
+    let mut flags = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
     if append {
         flags |= libc::O_APPEND;
     }
-    let fd = t
-        .open(&t.rel, flags, 0o644)
-        .map_err(|e| resolve_err(&e, &view, sandbox))?;
+    // Create exclusively first, so a failed write knows whether the file is its own to
+    // remove (nothing is left behind) or someone's to restore to its old size.
+    let (fd, created) = match t.open(&t.rel, flags | libc::O_CREAT | libc::O_EXCL, 0o644) {
+        Ok(fd) => (fd, true),
+        // Exists (or is a link, dangling links included: its target is created as before).
+        Err(e) if errno(&e) == libc::EEXIST => (
+            t.open(&t.rel, flags | libc::O_CREAT, 0o644)
+                .map_err(|e| resolve_err(&e, &view, sandbox))?,
+            false,
+        ),
+        Err(e) => return Err(resolve_err(&e, &view, sandbox)),
+    };
     let raw = fd.as_raw_fd();
     let err = |e: io::Error| op_err(&e, &view, sandbox);
-    if !is_reg(&fstat(raw).map_err(err)?) {
+    let st = fstat(raw).map_err(err)?;
+    if !is_reg(&st) {
         return Err(not_regular(&view));
     }
-    if let Some(m) = mode {
-        fchmod(raw, m).map_err(err)?;
-    }
-    match (append, offset) {
-        (false, Some(off)) => pwrite_all(raw, &bytes, off).map_err(err)?,
-        _ => write_all(raw, &bytes).map_err(err)?,
+    let old_size = st.st_size;
+    let written = (|| {
+        if let Some(m) = mode {
+            fchmod(raw, m)?;
+        }
+        match (append, offset) {
+            (false, Some(off)) => pwrite_all(raw, &bytes, off),
+            _ => write_all(raw, &bytes),
+        }
+    })();
+    if let Err(e) = written {
+        if created {
+            // SAFETY: a directory fd we own and a NUL-terminated name.
+            unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
+        } else {
+            // SAFETY: ftruncate of an fd we own.
+            unsafe { libc::ftruncate(raw, old_size) };
+        }
+        return Err(err(e));
     }
     Ok(fstat(raw).map_err(err)?.st_size.max(0) as u64)
 }
@@ -1625,12 +1687,16 @@ mod tests {
         }
         let meta = std::fs::metadata(d.tmp.join("big.bin")).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-        // Read it back: requests above MAX_CHUNK are clamped, so three reads.
+        // Read it back: a length above MAX_CHUNK is refused (E1004), so three reads of it.
+        assert_eq!(
+            code(read(d, SB, "/tmp/big.bin", 0, Some(MAX_CHUNK + 1), None)),
+            ErrorCode::InvalidParams
+        );
         let mut got = Vec::new();
         let mut offset = 0;
         let mut reads = 0;
         loop {
-            let r = read(d, SB, "/tmp/big.bin", offset, Some(100 * MAX_CHUNK), None).unwrap();
+            let r = read(d, SB, "/tmp/big.bin", offset, Some(MAX_CHUNK), None).unwrap();
             reads += 1;
             assert_eq!(r.encoding, "base64");
             assert_eq!(r.size, bytes.len() as u64);
@@ -1679,6 +1745,50 @@ mod tests {
         assert_eq!(std::fs::read_to_string(ws(&sb, "keep")).unwrap(), "old");
         assert!(!ws(&sb, "new").exists());
         assert_eq!(std::fs::read_dir(&d.workspace).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn storage_errors_are_typed() {
+        // Disk full and quota cannot be provoked without a small file system of our own:
+        // the errno mapping is what decides, so it is checked here.
+        let cases = [
+            (libc::ENOSPC, ErrorCode::DiskFull),
+            (libc::EDQUOT, ErrorCode::QuotaExceeded),
+            (libc::ENAMETOOLONG, ErrorCode::PathTooLong),
+            (libc::EFBIG, ErrorCode::OffsetOutOfRange),
+            (libc::EOVERFLOW, ErrorCode::OffsetOutOfRange),
+        ];
+        for (errno, want) in cases {
+            let e = op_err(&io::Error::from_raw_os_error(errno), "/workspace/f", SB);
+            assert_eq!(e.code, want, "errno {errno}");
+            assert!(e.message.contains("/workspace/f"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn failed_writes_leave_nothing_behind() {
+        let sb = sandbox();
+        let d = &sb.dirs;
+        // Within 2^63-1, beyond the largest file of ext4 or xfs (EFBIG from the kernel).
+        let big = 1u64 << 62;
+        match write(d, SB, "n.txt", "x", None, Some(big), false, None) {
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::OffsetOutOfRange, "{e}");
+                assert!(!ws(&sb, "n.txt").exists(), "the created file is removed");
+                write(d, SB, "o.txt", "keep", None, None, false, None).unwrap();
+                let e = write(d, SB, "o.txt", "x", None, Some(big), false, None).unwrap_err();
+                assert_eq!(e.code, ErrorCode::OffsetOutOfRange, "{e}");
+                assert_eq!(std::fs::read(ws(&sb, "o.txt")).unwrap(), b"keep");
+            }
+            // tmpfs allows files up to 2^63-1: the kernel's refusal is not reached there.
+            Ok(_) => eprintln!("this file system takes a write at 2^62: EFBIG not exercised"),
+        }
+        write(d, SB, "o.txt", "keep", None, None, false, None).unwrap();
+        let e = write(d, SB, "o.txt", "x", None, Some(u64::MAX), false, None).unwrap_err();
+        assert_eq!(e.code, ErrorCode::OffsetOutOfRange, "{e}");
+        // setuid/setgid never applied.
+        write(d, SB, "s", "x", None, None, false, Some(0o6777)).unwrap();
+        assert_eq!(stat(d, SB, "s").unwrap().mode, "0777");
     }
 
     #[test]

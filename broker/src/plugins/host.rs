@@ -39,6 +39,8 @@ use tracing::{debug, info, warn};
 
 /// Largest line a plugin may send.
 const MAX_LINE: usize = 64 * 1024 * 1024;
+/// A read buffer grown past this by a large line is replaced once the line is handled.
+const READ_BUFFER_KEEP: usize = 1024 * 1024;
 /// Lines of stderr kept for error details.
 const STDERR_TAIL: usize = 20;
 /// Longest stderr line kept (the rest of a longer line is dropped).
@@ -845,11 +847,43 @@ async fn read_loop(
             }
             Some(Ok(Frame::Message(b))) => b,
         };
-        match epp::classify(&bytes, id, secrets) {
+        let size = bytes.len();
+        let line = epp::classify(&bytes, id, secrets);
+        drop(bytes);
+        if size > READ_BUFFER_KEEP {
+            // A large line grew the read buffer: give it back rather than keep it.
+            let buf = frames.read_buffer_mut();
+            if buf.capacity() > READ_BUFFER_KEEP && buf.len() < READ_BUFFER_KEEP / 2 {
+                let mut fresh = bytes::BytesMut::with_capacity(64 * 1024);
+                fresh.extend_from_slice(buf);
+                *buf = fresh;
+            }
+        }
+        match line {
             PluginLine::Reply { id: n, outcome } => {
                 let Some(p) = pending.lock().expect("pending").remove(&n) else {
                     debug!(provider = %id, n, "late reply ignored");
                     continue;
+                };
+                // Replies are bounded like the builtin provider's (limits::plugin_reply_bound).
+                let bound = abx_protocol::limits::plugin_reply_bound(&p.method);
+                let outcome = if size > bound {
+                    warn!(provider = %id, method = %p.method, size, bound, "plugin reply above its bound");
+                    Err(AbxError::new(
+                        ErrorCode::BadPluginReply,
+                        &[
+                            ("provider", id),
+                            (
+                                "detail",
+                                &format!(
+                                    "its reply to '{}' has {size} bytes, above the {bound} bytes allowed",
+                                    p.method
+                                ),
+                            ),
+                        ],
+                    ))
+                } else {
+                    outcome
                 };
                 if let (Ok(raw), Some(conn)) = (&outcome, &p.conn) {
                     if let Some(key) = epp::stream_key(&p.method, raw) {

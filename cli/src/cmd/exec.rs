@@ -42,11 +42,43 @@ pub async fn exec(
     let mut c = cx.connect().await?;
     let cmd = stream::shell_join(command);
     if cx.json {
-        let r = call(&mut c, "exec/run", run_params(sandbox, &cmd, timeout, cwd)).await?;
-        print_json(&r);
-        return Ok(exit_of(&r));
+        return run_json(&mut c, sandbox, &cmd, timeout, cwd).await;
     }
     stream::exec(&mut c, sandbox, &cmd, timeout, cwd).await
+}
+
+/// `exec/run` with -j. Ctrl-C, SIGTERM or SIGHUP cancel it (`$/cancelRequest`: the broker
+/// kills the command's tree) before abx exits with 128 + the signal.
+async fn run_json(
+    c: &mut crate::client::Client,
+    sandbox: &str,
+    cmd: &str,
+    timeout: Option<f64>,
+    cwd: Option<&str>,
+) -> Result<u8, Failure> {
+    let params = run_params(sandbox, cmd, timeout, cwd);
+    let id = c
+        .send_request("exec/run", Some(&params))
+        .await
+        .map_err(|e| Failure::from(e).in_method("exec/run"))?;
+    let mut ending = stream::Ending::new();
+    let sig = tokio::select! {
+        r = c.reply_to(&id) => {
+            let r = r.map_err(|e| Failure::from(e).in_method("exec/run"))?;
+            print_json(&r);
+            return Ok(exit_of(&r));
+        }
+        _ = tokio::signal::ctrl_c() => libc::SIGINT,
+        sig = ending.recv() => sig,
+    };
+    let cancel =
+        abx_protocol::message::encode_notification("$/cancelRequest", Some(&json!({ "id": id })));
+    let mut line = cancel;
+    line.push(b'\n');
+    if c.send_raw(&line).await.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(&id)).await;
+    }
+    Ok((128 + sig) as u8)
 }
 
 /// `abx run -- CMD`: create a sandbox, run, kill it (also on failure or Ctrl-C).
@@ -63,6 +95,8 @@ pub async fn run(
         params["template"] = json!(t);
     }
     opts.apply(&mut params);
+    // Listening before the sandbox exists: a SIGTERM or SIGHUP from here on still kills it.
+    let mut ending = stream::Ending::new();
     let sb = call(&mut c, "sandbox/create", params).await?;
     let full = super::sandbox::full_id(&sb);
     let cmd = stream::shell_join(command);
@@ -75,14 +109,16 @@ pub async fn run(
                 exit_of(&r)
             }),
             _ = tokio::signal::ctrl_c() => Ok(130),
+            sig = ending.recv() => Ok((128 + sig) as u8),
         }
     } else {
         tokio::select! {
             r = stream::exec(&mut c, &full, &cmd, timeout, None) => r,
             _ = tokio::signal::ctrl_c() => Ok(130),
+            sig = ending.recv() => Ok((128 + sig) as u8),
         }
     };
-    // Always clean up, on success, failure or Ctrl-C, on a fresh connection.
+    // Always clean up, on success, failure, Ctrl-C, SIGTERM or SIGHUP, on a fresh connection.
     if let Ok(mut k) = cx.connect().await {
         let _ = call(&mut k, "sandbox/kill", json!({"sandbox": full})).await;
     }
