@@ -150,8 +150,10 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     await until(() => api.service.state.kind === 'connected' && api.service.sandboxes, 'connected with a sandbox list');
   });
 
-  after(() => {
+  after(async () => {
+    const done = deactivate();
     dispose(ctx);
+    await done;
     home.cleanup();
   });
 
