@@ -7,9 +7,10 @@ import { parseSandboxUri, sandboxUri } from './adapters/fs';
 import { AbxTerminal } from './adapters/terminal';
 import type { BrokerClient } from './client/broker';
 import { AbxError } from './client/errors';
-import { formatPlan, groupFeatures, parseDuration, parsePort, sandboxRef, templateNames } from './client/format';
+import { formatExpiry, formatPlan, formatPlanText, groupFeatures, parseDuration, parsePort, plural, sandboxRef, templateNames } from './client/format';
 import type { InstallParams, InstallPlan, ProviderSummary, Sandbox, TestResult } from './client/types';
-import { SCHEME } from './client/uri';
+import { encodeAuthority, SCHEME } from './client/uri';
+import type { AbxDocuments } from './documents';
 import type { AbxService } from './service';
 import type { ProviderNode, ProvidersProvider, SandboxesProvider, SandboxNode } from './views';
 
@@ -48,7 +49,8 @@ export async function showError(err: unknown, service: AbxService, what?: string
   const text = `${what ? `${what}: ` : ''}${e.headline}${e.suggestion ? ` ${e.suggestion}` : ''}`;
   const actions = e.abx === 'E1007' || e.abx === 'E1008' ? ['Open Settings', 'Show Log', 'Retry'] : ['Show Log'];
   const pick = await vscode.window.showErrorMessage(text, ...actions);
-  if (pick === 'Open Settings') await vscode.commands.executeCommand('workbench.action.openSettings', 'abx.path');
+  // `@id:` shows exactly that setting, in whichever settings tab is open (User, Remote).
+  if (pick === 'Open Settings') await vscode.commands.executeCommand('workbench.action.openSettings', '@id:abx.path');
   else if (pick === 'Show Log') service.output.show(true);
   else if (pick === 'Retry') await vscode.commands.executeCommand('abx.reconnect');
 }
@@ -62,6 +64,7 @@ export class Commands {
     private readonly service: AbxService,
     readonly sandboxes: SandboxesProvider,
     private readonly providers: ProvidersProvider,
+    private readonly documents: AbxDocuments,
   ) {}
 
   register(): vscode.Disposable[] {
@@ -100,8 +103,9 @@ export class Commands {
     ];
   }
 
+  /** The user asked for something: connect now, even while waiting to retry. */
   private client(): Promise<BrokerClient> {
-    return this.service.getClient();
+    return this.service.getClient({ now: true });
   }
 
   // ------------------------------------------------------------ pickers
@@ -123,7 +127,7 @@ export class Commands {
     const items = list.map((s) => ({
       label: sandboxRef(s),
       description: [s.status, s.template].filter(Boolean).join(' · '),
-      detail: s.expiresAt ? `expires ${s.expiresAt}` : undefined,
+      detail: s.expiresAt ? formatExpiry(s.expiresAt) : undefined,
       ref: sandboxRef(s),
     }));
     const picked = await vscode.window.showQuickPick(items, { placeHolder, matchOnDescription: true });
@@ -162,8 +166,9 @@ export class Commands {
   // ------------------------------------------------------------ broker
 
   private async refresh(): Promise<void> {
+    this.service.forgetProviders();
     this.providers.refresh();
-    await this.service.refreshSandboxes();
+    await this.service.refreshSandboxes({ now: true });
   }
 
   private async reconnect(): Promise<void> {
@@ -180,7 +185,7 @@ export class Commands {
         const s = await (await this.client()).status();
         items.push({
           label: `$(vm) abx-broker ${s.version}`,
-          description: `pid ${s.pid} · up ${Math.round(s.uptimeMs / 1000)} s · ${s.connections} connections · ${s.sandboxes} sandboxes`,
+          description: `pid ${s.pid} · up ${Math.round(s.uptimeMs / 1000)} s · ${plural(s.connections, 'connection')} · ${plural(s.sandboxes, 'sandbox', 'sandboxes')}`,
         });
         for (const p of s.providers) {
           items.push({
@@ -225,7 +230,9 @@ export class Commands {
     );
     await this.service.refreshSandboxes();
     const ref = sandboxRef(sb);
-    void vscode.window.showInformationMessage(`Sandbox ${ref} created (${sb.template ?? 'default template'}, expires ${sb.expiresAt ?? 'never'}).`, 'Open Terminal', 'Browse Files').then((pick) => {
+    // Only what the provider can do: a terminal needs `pty`.
+    const offer = provider.features.includes('pty') ? ['Open Terminal', 'Browse Files'] : ['Browse Files'];
+    void vscode.window.showInformationMessage(`Sandbox ${ref} created (${sb.template ?? 'default template'}, ${formatExpiry(sb.expiresAt)}).`, ...offer).then((pick) => {
       if (pick === 'Open Terminal') void vscode.commands.executeCommand('abx.openTerminal', ref);
       if (pick === 'Browse Files') void vscode.commands.executeCommand('abx.browseFiles', ref);
     });
@@ -270,7 +277,41 @@ export class Commands {
     if (ok !== 'Kill') return;
     const r = await (await this.client()).sandboxKill(sb);
     await this.service.refreshSandboxes();
+    await this.closeSandboxViews(sb);
     void vscode.window.showInformationMessage(r.killed ? `Sandbox ${sb} killed.` : `Sandbox ${sb} was already gone.`);
+  }
+
+  /** A sandbox is gone: its editors close and its workspace folder goes. */
+  private async closeSandboxViews(sb: string): Promise<void> {
+    const authority = encodeAuthority(sb);
+    const mine = (u: vscode.Uri | undefined) => u?.scheme === SCHEME && u.authority === authority;
+    try {
+      const tabs = (vscode.window.tabGroups?.all ?? []).flatMap((g) =>
+        g.tabs.filter((t) => {
+          const input = t.input as { uri?: vscode.Uri; original?: vscode.Uri; modified?: vscode.Uri } | undefined;
+          return mine(input?.uri) || mine(input?.original) || mine(input?.modified);
+        }),
+      );
+      // Its files are gone with it.
+      if (tabs.length) await vscode.window.tabGroups.close(tabs, true);
+    } catch (err) {
+      this.service.log(`closing the editors of ${sb}: ${AbxError.from(err).headline}`);
+    }
+    const folders = vscode.workspace.workspaceFolders ?? [];
+    const idx = folders.map((f, i) => (mine(f.uri) ? i : -1)).filter((i) => i >= 0);
+    if (!idx.length) return;
+    if (idx[0] === 0) {
+      // The window's first folder: removing it restarts the extension host; let the user choose.
+      void vscode.window
+        .showInformationMessage(`This window's folder belonged to sandbox ${sb}, which is gone.`, 'Close Folder')
+        .then((pick) => pick && vscode.commands.executeCommand('workbench.action.closeFolder'));
+      return;
+    }
+    // One call (VS Code refuses a second before the first is applied): the run from the first
+    // match, when the sandbox's folders sit together (they do unless added by hand).
+    let n = 1;
+    while (idx[n] === idx[0] + n) n++;
+    vscode.workspace.updateWorkspaceFolders(idx[0], n);
   }
 
   private async pause(arg?: Arg): Promise<void> {
@@ -301,7 +342,7 @@ export class Commands {
     if (!secs) return;
     const s = await (await this.client()).sandboxSetTimeout(sb, secs);
     await this.service.refreshSandboxes();
-    void vscode.window.showInformationMessage(`Sandbox ${sb} now expires at ${s.expiresAt}.`);
+    void vscode.window.showInformationMessage(`Sandbox ${sb} now ${formatExpiry(s.expiresAt)}.`);
   }
 
   private async runCommand(arg?: Arg, command?: unknown): Promise<number | null | undefined> {
@@ -328,6 +369,10 @@ export class Commands {
         // stdin '' : closed at once, so a command that reads it ends instead of waiting.
         const session = await client.execStart({ sandbox: sb, command: cmd, stdin: '' }, { onOutput: (c) => out.append(c.text) });
         const sub = token.onCancellationRequested(() => void session.kill('TERM').catch(() => undefined));
+        // The window goes: the command goes with it.
+        const onShutdown = this.service.onShutdown(async () => {
+          if (!session.done) await session.kill('TERM').catch(() => undefined);
+        });
         try {
           const exit = await session.exited;
           const how = exit.timedOut ? ' (timed out)' : exit.signal ? ` (${exit.signal})` : '';
@@ -338,6 +383,7 @@ export class Commands {
           return exit.exitCode;
         } finally {
           sub.dispose();
+          onShutdown.dispose();
         }
       },
     );
@@ -346,6 +392,7 @@ export class Commands {
   private async openTerminal(arg?: Arg): Promise<vscode.Terminal | undefined> {
     const sb = await this.pickSandbox(arg, 'Open a terminal in which sandbox?', 'running');
     if (!sb) return undefined;
+    await this.requireFeature(sb, 'pty', 'a terminal');
     // From the explorer: start in the folder (or the file's folder) that was clicked.
     let cwd: string | undefined;
     if (arg instanceof vscode.Uri && arg.scheme === SCHEME) {
@@ -357,8 +404,31 @@ export class Commands {
     }
     const pty = new AbxTerminal(() => this.client(), { sandbox: sb, cwd, command: this.service.settings.terminalCommand || undefined });
     const term = vscode.window.createTerminal({ name: `abx: ${sb}`, pty, iconPath: new vscode.ThemeIcon('vm') });
+    // The terminal goes (closed, or lost with the window): its command in the sandbox ends
+    // too, instead of running on with nobody attached.
+    const subs = [
+      this.service.onShutdown(() => pty.hangUp()),
+      vscode.window.onDidCloseTerminal((t) => {
+        if (t === term) void pty.hangUp();
+      }),
+    ];
+    void pty.exited.then(() => subs.forEach((d) => d.dispose()));
     term.show();
     return term;
+  }
+
+  /** Throws E8004 when the sandbox's provider does not declare `feature`. */
+  private async requireFeature(sb: string, feature: string, what: string): Promise<void> {
+    const provider = sb.includes(':') ? sb.slice(0, sb.indexOf(':')) : undefined;
+    let features = provider ? this.service.providerFeatures(provider) : undefined;
+    if (provider && !features) {
+      features = (await (await this.client()).providerList()).find((p) => p.id === provider)?.features;
+    }
+    if (features && !features.includes(feature)) {
+      throw new AbxError('E8004', `Provider '${provider}' does not support '${feature}', which ${what} needs.`, {
+        suggestion: "Use 'Run Command in Sandbox' for commands, or a provider with that feature ('abx provider list').",
+      });
+    }
   }
 
   private async upload(arg?: Arg, localArg?: unknown): Promise<void> {
@@ -386,7 +456,21 @@ export class Commands {
     if (!sb) return;
     let remote: string | undefined = arg instanceof vscode.Uri && arg.scheme === SCHEME ? parseSandboxUri(arg).path : undefined;
     if (!remote || remote === '/') {
-      remote = await vscode.window.showInputBox({ title: `Download from ${sb}`, prompt: 'Path of a file in the sandbox', value: '/workspace/' });
+      // A file picker on the sandbox's files (the abx: file system).
+      const picked = await vscode.window.showOpenDialog({
+        title: `Download from ${sb}`,
+        defaultUri: sandboxUri(sb, remote === '/' ? '/' : '/workspace'),
+        canSelectFiles: true,
+        canSelectFolders: false,
+        canSelectMany: false,
+        openLabel: 'Download',
+      });
+      const u = picked?.[0];
+      if (!u) return;
+      if (u.scheme !== SCHEME || parseSandboxUri(u).sandbox !== sb) {
+        throw new AbxError('E4001', `${u.toString(true)} is not a file of sandbox ${sb}.`, { suggestion: `Pick a file under abx://${encodeAuthority(sb)}/workspace.` });
+      }
+      remote = parseSandboxUri(u).path;
     }
     if (!remote) return;
     let local = localArg instanceof vscode.Uri ? localArg : undefined;
@@ -453,6 +537,26 @@ export class Commands {
     const uri = sandboxUri(sb, '/workspace');
     const folders = vscode.workspace.workspaceFolders ?? [];
     if (!folders.some((f) => f.uri.toString() === uri.toString())) {
+      // Adding a folder to a window that is not a multi-root workspace (no folder, or a single
+      // folder) makes VS Code restart its extensions: terminals and state are lost. Such a
+      // window is only changed when the user says so; a new window is the default.
+      if (!vscode.workspace.workspaceFile) {
+        const pick = await vscode.window.showInformationMessage(
+          `Open the files of ${sb}`,
+          {
+            modal: true,
+            detail:
+              'A new window keeps this one as it is. Adding the folder to this window makes it a multi-root workspace: VS Code restarts its extensions and the terminals of this window are lost.',
+          },
+          'Open in New Window',
+          'Add to This Window',
+        );
+        if (pick === 'Open in New Window') {
+          await vscode.commands.executeCommand('vscode.openFolder', uri, { forceNewWindow: true });
+          return uri;
+        }
+        if (pick !== 'Add to This Window') return undefined;
+      }
       vscode.workspace.updateWorkspaceFolders(folders.length, 0, { uri, name: `abx: ${sb}` });
     }
     await vscode.commands.executeCommand('workbench.view.explorer');
@@ -468,16 +572,14 @@ export class Commands {
       c.sandboxCapabilities(sb).catch((e) => ({ error: AbxError.from(e).headline })),
       c.sandboxSystemInfo(sb).catch((e) => ({ error: AbxError.from(e).headline })),
     ]);
-    const doc = await vscode.workspace.openTextDocument({
-      language: 'json',
-      content: JSON.stringify({ sandbox: info, capabilities: caps, systemInfo: sys }, null, 2),
-    });
-    await vscode.window.showTextDocument(doc, { preview: true });
+    await this.documents.show(`sandbox ${sb}.json`, JSON.stringify({ sandbox: info, capabilities: caps, systemInfo: sys }, null, 2) + '\n');
   }
 
   private async copySandboxId(arg?: Arg): Promise<void> {
     const sb = await this.pickSandbox(arg, 'Copy the id of which sandbox?');
-    if (sb) await vscode.env.clipboard.writeText(sb);
+    if (!sb) return;
+    await vscode.env.clipboard.writeText(sb);
+    vscode.window.setStatusBarMessage(`$(copy) Copied ${sb}`, 3000);
   }
 
   // ------------------------------------------------------------ providers
@@ -536,18 +638,16 @@ export class Commands {
       }
     }
     if (!plan) return undefined;
-    const review = formatPlan(plan);
-    const doc = await vscode.workspace.openTextDocument({ language: 'markdown', content: review });
-    await vscode.window.showTextDocument(doc, { preview: true });
+    // The plan, read-only in an editor (it stays open to read after the question), and
+    // the same plan in the question itself: a modal dialog covers the editor and blocks
+    // scrolling it, so what the user confirms is in the dialog.
+    await this.documents.show(`install ${plan.id} ${plan.version}.md`, formatPlan(plan));
     const unpinned = plan.trust === 'unpinned';
     const choice = await vscode.window.showWarningMessage(
       `Install provider '${plan.id}' ${plan.version} (${plan.trust})?`,
       {
         modal: true,
-        detail:
-          `Review the plan in the editor. It runs ${JSON.stringify((plan.manifest as { runtime?: { command?: unknown } }).runtime?.command ?? '?')} ` +
-          `with network ${JSON.stringify(plan.security?.network ?? '?')}; digest ${plan.digest}.` +
-          (unpinned ? '\n\nThis is a moving ref: the provider is not pinned to a commit.' : ''),
+        detail: formatPlanText(plan) + (unpinned ? '\nThis is a moving ref: the provider is not pinned to a commit.' : ''),
       },
       'Install',
     );
@@ -572,6 +672,7 @@ export class Commands {
       done = await client.providerInstall({ ...install, replace: true });
     }
     this.providers.refresh();
+    this.service.forgetProviders();
     void vscode.window
       .showInformationMessage(`Installed provider '${done.id}' ${done.version} (${done.trust}).`, 'Run Doctor', 'Run Contract Kit')
       .then((pick) => {

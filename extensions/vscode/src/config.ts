@@ -22,7 +22,16 @@ export interface Settings {
   terminalCommand: string;
   /** Connect when VS Code starts (the status bar shows the state from the start). */
   connectOnStartup: boolean;
+  /** Keys of USER_ONLY that a workspace sets; those values are not used. */
+  ignored: string[];
 }
+
+/**
+ * Settings that choose what program runs: taken from User settings (and, in a remote
+ * window, Remote settings) only, never from a workspace's `.vscode/settings.json`.
+ */
+export const USER_ONLY = ['path', 'home', 'connection'] as const;
+
 
 export function expandHome(p: string): string {
   if (p === '~') return os.homedir();
@@ -30,13 +39,27 @@ export function expandHome(p: string): string {
   return p;
 }
 
+/**
+ * The User value of a setting (in a remote window: User and Remote merged, Remote first),
+ * else its default: what a workspace sets is skipped.
+ */
+function userValue<T>(c: vscode.WorkspaceConfiguration, key: string, dflt: T): T {
+  const i = c.inspect<T>(key);
+  if (!i) return c.get<T>(key, dflt);
+  return i.globalValue ?? i.defaultValue ?? dflt;
+}
+
 export function readSettings(): Settings {
   const c = vscode.workspace.getConfiguration('abx');
-  const connection = c.get<string>('connection', 'daemon') === 'stdio' ? 'stdio' : 'daemon';
+  const ignored = USER_ONLY.filter((k) => {
+    const i = c.inspect(k);
+    return i?.workspaceValue !== undefined || i?.workspaceFolderValue !== undefined;
+  });
+  const connection = userValue<string>(c, 'connection', 'daemon') === 'stdio' ? 'stdio' : 'daemon';
   return {
-    path: expandHome((c.get<string>('path', 'abx') || 'abx').trim()),
+    path: expandHome((userValue<string>(c, 'path', 'abx') || 'abx').trim()),
     connection,
-    home: expandHome((c.get<string>('home', '') || '').trim()),
+    home: expandHome((userValue<string>(c, 'home', '') || '').trim()),
     defaultProvider: (c.get<string>('defaultProvider', '') || '').trim(),
     defaultTemplate: (c.get<string>('defaultTemplate', '') || '').trim(),
     defaultTimeout: Math.max(1, Math.floor(Number(c.get<number>('defaultTimeout', 300)) || 300)),
@@ -44,6 +67,7 @@ export function readSettings(): Settings {
     mcpEnabled: c.get<boolean>('mcp.enabled', true) !== false,
     terminalCommand: (c.get<string>('terminal.command', '') || '').trim(),
     connectOnStartup: c.get<boolean>('connectOnStartup', true) !== false,
+    ignored: [...ignored],
   };
 }
 

@@ -4,6 +4,7 @@ import * as vscode from 'vscode';
 import { AbxFileSystemProvider } from './adapters/fs';
 import { Commands, showError } from './commands';
 import { SCHEME } from './client/uri';
+import { AbxDocuments, DOC_SCHEME } from './documents';
 import { createStatusBar } from './statusbar';
 import { registerMcp } from './mcp';
 import { AbxService } from './service';
@@ -15,19 +16,46 @@ export interface AbxExtensionApi {
   fs: AbxFileSystemProvider;
   sandboxes: SandboxesProvider;
   providers: ProvidersProvider;
+  documents: AbxDocuments;
+}
+
+/** The running extension's service: deactivate() shuts it down. */
+let current: AbxService | undefined;
+
+/** Runs `dispose` and swallows what it throws: one failing part must not stop the others. */
+function safely(d: { dispose(): unknown }, log: (l: string) => void): void {
+  try {
+    d.dispose();
+  } catch (err) {
+    log(`dispose: ${(err as Error)?.message ?? err}`);
+  }
 }
 
 export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
   const version = String((context.extension?.packageJSON as { version?: string } | undefined)?.version ?? '0.0.0');
   const output = vscode.window.createOutputChannel('abx');
   const service = new AbxService(output, version);
-  context.subscriptions.push(output, service);
+  current = service;
+  // VS Code disposes context.subscriptions in order; the parts go in the reverse order of
+  // their creation: the UI first, then the connection (which ends what this window started
+  // in sandboxes), the output channel last, so the shutdown can still log.
+  const parts: { dispose(): unknown }[] = [];
+  context.subscriptions.push(
+    new vscode.Disposable(() => {
+      for (const d of parts.splice(0).reverse()) safely(d, (l) => service.log(l));
+      safely(service, () => undefined);
+      safely(output, () => undefined);
+      if (current === service) current = undefined;
+    }),
+  );
 
   const fs = new AbxFileSystemProvider(
     () => service.getClient(),
     (l) => service.log(l),
   );
-  context.subscriptions.push(vscode.workspace.registerFileSystemProvider(SCHEME, fs, { isCaseSensitive: true }));
+  parts.push(vscode.workspace.registerFileSystemProvider(SCHEME, fs, { isCaseSensitive: true }));
+  const documents = new AbxDocuments();
+  parts.push(documents, vscode.workspace.registerTextDocumentContentProvider(DOC_SCHEME, documents));
 
   const sandboxes = new SandboxesProvider(service);
   const sandboxView = vscode.window.createTreeView('abx.sandboxes', { treeDataProvider: sandboxes, showCollapseAll: true });
@@ -35,16 +63,16 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
   const providers = new ProvidersProvider(service);
   const providerView = vscode.window.createTreeView('abx.providers', { treeDataProvider: providers });
   providers.view = providerView;
-  context.subscriptions.push(sandboxView, providerView);
+  parts.push(sandboxView, providerView);
 
-  const commands = new Commands(service, sandboxes, providers);
-  context.subscriptions.push(...commands.register());
-  context.subscriptions.push(createStatusBar(service));
+  const commands = new Commands(service, sandboxes, providers, documents);
+  parts.push(...commands.register());
+  parts.push(createStatusBar(service));
 
   const mcp = registerMcp(service, version);
-  if (mcp) context.subscriptions.push(mcp);
+  if (mcp) parts.push(mcp);
 
-  context.subscriptions.push(
+  parts.push(
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (!e.affectsConfiguration('abx')) return;
       await service.settingsChanged();
@@ -52,7 +80,8 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
     }),
   );
 
-  // A missing or too old abx is said once, with the fix, when the extension starts.
+  // A missing or too old abx is said once, with the fix, when the extension starts; the
+  // service then retries on a backoff schedule and on every settings change.
   if (service.settings.connectOnStartup) {
     service.getClient().then(
       () => service.refreshSandboxes(),
@@ -60,9 +89,14 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
     );
   }
 
-  return { service, commands, fs, sandboxes, providers };
+  return { service, commands, fs, sandboxes, providers, documents };
 }
 
-export function deactivate(): void {
-  // context.subscriptions dispose the connection (and with it `abx rpc`).
+/**
+ * VS Code calls this first on shutdown and waits (a few seconds) for the promise, then
+ * disposes the subscriptions: terminals end their commands in the sandboxes, then the
+ * connection closes and `abx rpc` exits.
+ */
+export function deactivate(): Thenable<void> | undefined {
+  return current?.shutdown();
 }

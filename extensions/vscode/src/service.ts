@@ -12,6 +12,19 @@ export type BrokerState =
   | { kind: 'connected'; version: string }
   | { kind: 'error'; error: AbxError };
 
+/** First wait before connecting again after a failed attempt; doubles up to RETRY_MAX_MS. */
+export const RETRY_BASE_MS = 1000;
+export const RETRY_MAX_MS = 60_000;
+
+export interface GetClientOptions {
+  /**
+   * Connect now even while waiting to retry after a failure: for what the user asked for
+   * (a command). Views, the file system and timers leave it unset, so a missing binary is
+   * tried again on the backoff schedule, not on every repaint.
+   */
+  now?: boolean;
+}
+
 export class AbxService implements vscode.Disposable {
   private client: BrokerClient | undefined;
   private connecting: Promise<BrokerClient> | undefined;
@@ -22,18 +35,27 @@ export class AbxService implements vscode.Disposable {
   /** Fires with the latest sandbox list (undefined: unknown, e.g. disconnected). */
   readonly onDidChangeSandboxes = this.sandboxesEmitter.event;
   private sandboxesValue: Sandbox[] | undefined;
+  /** Features of each provider, loaded with the sandbox list (once per connection). */
+  private featuresValue: Map<string, string[]> | undefined;
   /** Whether a list was asked for on this connection (the view asks once, not in a loop). */
   private listAttempted = false;
   /** Why the last sandbox/list failed, if it did. */
   listError: AbxError | undefined;
   private timer: NodeJS.Timeout | undefined;
   private settingsValue: Settings;
+  /** Failed connection attempts in a row, and what the last one said. */
+  private failures = 0;
+  private lastFailure: AbxError | undefined;
+  private retryAt = 0;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private readonly shutdownHooks = new Set<() => Promise<void>>();
+  private shutdownPromise: Promise<void> | undefined;
 
   constructor(
     readonly output: vscode.OutputChannel,
     private readonly extensionVersion: string,
   ) {
-    this.settingsValue = readSettings();
+    this.settingsValue = this.readSettings();
   }
 
   get settings(): Settings {
@@ -52,26 +74,65 @@ export class AbxService implements vscode.Disposable {
     return this.listAttempted;
   }
 
+  /** The features a provider declares (undefined: not known yet). */
+  providerFeatures(provider: string): string[] | undefined {
+    return this.featuresValue?.get(provider);
+  }
+
+  /** Providers changed (install, default): their features are loaded again. */
+  forgetProviders(): void {
+    this.featuresValue = undefined;
+  }
+
+  /** When the next automatic connection attempt is due (0: none planned). */
+  get nextRetryAt(): number {
+    return this.retryTimer ? this.retryAt : 0;
+  }
+
+  private readSettings(): Settings {
+    const s = readSettings();
+    for (const k of s.ignored) {
+      this.log(`abx.${k} is set in the workspace settings and ignored: it chooses what runs, so only User and Remote settings count.`);
+    }
+    return s;
+  }
+
   private setState(s: BrokerState): void {
     this.stateValue = s;
+    if (this.shutdownPromise) return;
     this.stateEmitter.fire(s);
+    void vscode.commands.executeCommand('setContext', 'abx.connected', s.kind === 'connected');
   }
 
+  /** A line in the abx output channel; never throws (the channel may be gone at shutdown). */
   log(line: string): void {
-    this.output.appendLine(`[${new Date().toISOString()}] ${line}`);
+    try {
+      this.output.appendLine(`[${new Date().toISOString()}] ${line}`);
+    } catch {
+      /* the output channel is disposed */
+    }
   }
 
-  /** The connected client; connects (once, shared) when there is none. */
-  getClient(): Promise<BrokerClient> {
+  /**
+   * The connected client; connects (once, shared) when there is none. After a failed
+   * attempt, callers get that failure until the backoff has passed (unless `now`).
+   */
+  getClient(opts: GetClientOptions = {}): Promise<BrokerClient> {
+    if (this.shutdownPromise) return Promise.reject(new AbxError('E1007', 'The abx extension is shutting down.'));
     if (this.client && !this.client.isClosed) return Promise.resolve(this.client);
-    if (!this.connecting) {
-      this.connecting = this.connect().finally(() => (this.connecting = undefined));
-    }
+    if (this.connecting) return this.connecting;
+    if (!opts.now && this.lastFailure && Date.now() < this.retryAt) return Promise.reject(this.lastFailure);
+    this.connecting = this.connect().finally(() => (this.connecting = undefined));
     return this.connecting;
   }
 
   private async connect(): Promise<BrokerClient> {
+    // getClient() stores this promise first: whoever the state change below wakes (a view
+    // asking for the client) joins this attempt instead of starting another.
+    await Promise.resolve();
     const s = this.settingsValue;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
     this.setState({ kind: 'connecting' });
     this.log(`connecting: ${s.path} ${s.connection === 'stdio' ? 'broker --stdio' : 'rpc'}${s.home ? ` (ABX_HOME=${s.home})` : ''}`);
     try {
@@ -82,14 +143,20 @@ export class AbxService implements vscode.Disposable {
         clientInfo: { name: 'abx-vscode', version: this.extensionVersion },
         log: (l) => this.log(`abx: ${l}`),
       });
+      if (this.shutdownPromise) {
+        client.dispose();
+        throw new AbxError('E1007', 'The abx extension is shutting down.');
+      }
       this.client = client;
+      this.failures = 0;
+      this.lastFailure = undefined;
       client.onDidClose((reason) => {
         if (this.client !== client) return;
         this.client = undefined;
-        this.sandboxesValue = undefined;
-        this.listAttempted = false;
-        this.sandboxesEmitter.fire(undefined);
+        this.lost();
         this.setState({ kind: 'error', error: new AbxError('E1007', `The abx broker connection closed: ${reason}`) });
+        // Views come back by themselves once the broker is there again.
+        this.planRetry(RETRY_BASE_MS);
       });
       this.log(`connected to abx-broker ${client.serverVersion} (abx ${client.binaryVersion})`);
       this.setState({ kind: 'connected', version: client.serverVersion });
@@ -97,27 +164,67 @@ export class AbxService implements vscode.Disposable {
       return client;
     } catch (err) {
       const e = AbxError.from(err);
-      this.log(`connection failed: ${e.describe()}`);
+      this.failures++;
+      const wait = Math.min(RETRY_BASE_MS * 2 ** (this.failures - 1), RETRY_MAX_MS);
+      const same = this.lastFailure?.describe() === e.describe();
+      this.lastFailure = e;
+      this.log(
+        same
+          ? `connection failed again (${this.failures} attempts); next attempt in ${Math.round(wait / 1000)} s`
+          : `connection failed: ${e.describe()}; next attempt in ${Math.round(wait / 1000)} s`,
+      );
+      this.lost();
+      this.planRetry(wait);
       this.setState({ kind: 'error', error: e });
       throw e;
     }
   }
 
-  /** Drops the connection and connects again (settings re-read). */
+  /** The connection is gone: what it showed is no longer known. */
+  private lost(): void {
+    this.featuresValue = undefined;
+    this.listAttempted = false;
+    if (this.sandboxesValue !== undefined) {
+      this.sandboxesValue = undefined;
+      this.sandboxesEmitter.fire(undefined);
+    }
+  }
+
+  /** The next automatic attempt, `ms` from now (a sooner or later one already planned is replaced). */
+  private planRetry(ms: number): void {
+    if (this.shutdownPromise) return;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryAt = Date.now() + ms;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      void this.getClient().then(
+        () => this.refreshSandboxes(),
+        () => undefined,
+      );
+    }, ms);
+    this.retryTimer.unref?.();
+  }
+
+  /** Drops the connection and connects again now (settings re-read, backoff reset). */
   async reconnect(): Promise<BrokerClient> {
-    this.settingsValue = readSettings();
+    this.settingsValue = this.readSettings();
     const old = this.client;
     this.client = undefined;
-    old?.dispose();
-    const c = await this.getClient();
+    this.failures = 0;
+    this.lastFailure = undefined;
+    if (old) {
+      old.dispose();
+      this.lost();
+    }
+    const c = await this.getClient({ now: true });
     await this.refreshSandboxes();
     return c;
   }
 
-  /** Settings changed: apply them (a new abx path, home or mode means a new connection). */
+  /** Settings changed: apply them (a new abx path, home or mode means a new connection, now). */
   async settingsChanged(): Promise<void> {
     const before = this.settingsValue;
-    this.settingsValue = readSettings();
+    this.settingsValue = this.readSettings();
     const s = this.settingsValue;
     if (before.path !== s.path || before.home !== s.home || before.connection !== s.connection) {
       if (this.client || this.stateValue.kind === 'error') await this.reconnect().catch(() => undefined);
@@ -126,18 +233,28 @@ export class AbxService implements vscode.Disposable {
   }
 
   /** Reloads the sandbox list (connecting when needed). */
-  async refreshSandboxes(): Promise<Sandbox[] | undefined> {
+  async refreshSandboxes(opts: GetClientOptions = {}): Promise<Sandbox[] | undefined> {
     this.listAttempted = true;
     try {
-      const client = await this.getClient();
-      this.sandboxesValue = await client.sandboxList();
+      const client = await this.getClient(opts);
+      const [list, features] = await Promise.all([
+        client.sandboxList(),
+        this.featuresValue
+          ? Promise.resolve(this.featuresValue)
+          : client.providerList().then(
+              (ps) => new Map(ps.map((p) => [p.id, p.features])),
+              () => undefined,
+            ),
+      ]);
+      this.sandboxesValue = list;
+      this.featuresValue = features;
       this.listError = undefined;
     } catch (err) {
       this.listError = AbxError.from(err);
-      this.log(`sandbox/list: ${this.listError.headline}`);
+      if (this.stateValue.kind !== 'error') this.log(`sandbox/list: ${this.listError.headline}`);
       this.sandboxesValue = undefined;
     }
-    this.sandboxesEmitter.fire(this.sandboxesValue);
+    if (!this.shutdownPromise) this.sandboxesEmitter.fire(this.sandboxesValue);
     return this.sandboxesValue;
   }
 
@@ -145,18 +262,52 @@ export class AbxService implements vscode.Disposable {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
     const every = this.settingsValue.refreshInterval;
-    if (every > 0) {
+    if (every > 0 && !this.shutdownPromise) {
       this.timer = setInterval(() => {
-        // Only while connected: a missing binary is reported once, not every few seconds.
+        // Only while connected: a missing binary is retried on the backoff schedule.
         if (this.client && !this.client.isClosed) void this.refreshSandboxes();
       }, every * 1000);
     }
   }
 
-  dispose(): void {
+  /**
+   * Runs `hook` when the extension shuts down, before the connection closes (a terminal
+   * ends its command in the sandbox). Dispose to unregister.
+   */
+  onShutdown(hook: () => Promise<void>): vscode.Disposable {
+    this.shutdownHooks.add(hook);
+    return new vscode.Disposable(() => this.shutdownHooks.delete(hook));
+  }
+
+  /**
+   * Ends what this window started in sandboxes (terminals, commands), then closes the
+   * connection and waits for `abx rpc` to exit. Once; never rejects.
+   */
+  shutdown(): Promise<void> {
+    this.shutdownPromise ??= this.doShutdown();
+    return this.shutdownPromise;
+  }
+
+  private async doShutdown(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
-    this.client?.dispose();
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.timer = this.retryTimer = undefined;
+    const hooks = [...this.shutdownHooks];
+    this.shutdownHooks.clear();
+    if (hooks.length) {
+      await Promise.race([
+        Promise.allSettled(hooks.map((h) => Promise.resolve().then(h))),
+        new Promise((r) => setTimeout(r, 3000).unref()),
+      ]);
+    }
+    const c = this.client;
     this.client = undefined;
+    // A connection still being made closes itself when it is done (connect() checks).
+    await c?.close().catch(() => undefined);
+  }
+
+  dispose(): void {
+    void this.shutdown();
     this.stateEmitter.dispose();
     this.sandboxesEmitter.dispose();
   }

@@ -54,7 +54,7 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode> {
     const left = s.expiresAt ? formatRemaining(Date.parse(s.expiresAt) - Date.now()) : undefined;
     item.description = [s.template, s.status, left ? `expires in ${left}` : undefined].filter(Boolean).join(' · ');
     item.iconPath = sandboxIcon(s.status);
-    item.contextValue = `sandbox-${s.status}`;
+    item.contextValue = sandboxContext(s, this.service.providerFeatures(s.provider));
     const md = new vscode.MarkdownString();
     md.appendMarkdown(`**${sandboxRef(s)}**\n\n`);
     for (const [k, v] of [
@@ -84,9 +84,19 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode> {
     const st = this.service.state;
     const err = st.kind === 'error' ? st.error : list ? undefined : this.service.listError;
     if (this.view) this.view.message = err ? `${err.headline}${err.suggestion ? ` ${err.suggestion}` : ''}` : undefined;
-    if (!list) return [];
+    // Offline: no stale list with actions that cannot work.
+    if (!list || st.kind === 'error') return [];
     return groupByProvider(list).map(([provider, sandboxes]) => ({ kind: 'group', provider, sandboxes }));
   }
+}
+
+/**
+ * A sandbox row's `contextValue`: `sandbox-<status>`, then `:<feature>` for the features of
+ * its provider that menus depend on (`sandbox-running:pty`). package.json's menus match it.
+ */
+export function sandboxContext(s: Sandbox, features: string[] | undefined): string {
+  const tags = ['pty'].filter((f) => features?.includes(f));
+  return [`sandbox-${s.status}`, ...tags].join(':');
 }
 
 // ---------------------------------------------------------------- providers
@@ -95,7 +105,7 @@ export type ProviderNode =
   | { kind: 'provider'; provider: ProviderSummary }
   | { kind: 'features'; provider: ProviderSummary }
   | { kind: 'doctor'; provider: ProviderSummary }
-  | { kind: 'line'; label: string; description?: string; icon?: string; color?: string; tooltip?: string };
+  | { kind: 'line'; label: string; description?: string; icon?: string; color?: string; tooltip?: string; a11y?: string };
 
 const TRUST: Record<string, { icon: string; note: string }> = {
   builtin: { icon: 'verified', note: 'Part of the broker.' },
@@ -170,6 +180,10 @@ export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> 
         item.description = node.description;
         if (node.icon) item.iconPath = new vscode.ThemeIcon(node.icon, node.color ? new vscode.ThemeColor(node.color) : undefined);
         item.tooltip = node.tooltip;
+        // Screen readers read this, not the tooltip (which may be empty).
+        item.accessibilityInformation = {
+          label: node.a11y ?? [node.label, node.description].filter((x) => x !== undefined && x !== null && x !== '').join(': '),
+        };
         return item;
       }
     }
@@ -179,6 +193,8 @@ export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> 
     if (!node) {
       if (!this.providers) {
         try {
+          // Not `now`: after a failed attempt this waits for the backoff instead of
+          // connecting again on each repaint (every failure repaints this view).
           this.providers = await (await this.service.getClient()).providerList();
           if (this.view) this.view.message = undefined;
         } catch (err) {
@@ -216,16 +232,21 @@ export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> 
           setTimeout(() => this.emitter.fire(node), 0);
         }
         if (r instanceof AbxError) {
-          return [{ kind: 'line', label: r.headline, icon: 'error', color: 'charts.red', tooltip: r.describe() }];
+          return [{ kind: 'line', label: r.headline, icon: 'error', color: 'charts.red', tooltip: r.describe(), a11y: `Doctor failed: ${r.describe()}` }];
         }
-        return r.checks.map((c) => ({
-          kind: 'line',
-          label: c.name,
-          description: c.detail ?? undefined,
-          icon: c.ok ? 'pass' : 'error',
-          color: c.ok ? 'charts.green' : 'charts.red',
-          tooltip: c.detail ?? undefined,
-        }));
+        return r.checks.map((c) => {
+          const detail = typeof c.detail === 'string' && c.detail ? c.detail : undefined;
+          const verdict = c.ok ? 'passed' : 'failed';
+          return {
+            kind: 'line',
+            label: c.name,
+            description: detail,
+            icon: c.ok ? 'pass' : 'error',
+            color: c.ok ? 'charts.green' : 'charts.red',
+            tooltip: detail ? `${verdict}: ${detail}` : verdict,
+            a11y: `${c.name} check ${verdict}${detail ? `: ${detail}` : ''}`,
+          };
+        });
       }
       default:
         return [];

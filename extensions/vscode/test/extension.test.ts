@@ -8,10 +8,12 @@ import * as path from 'node:path';
 import * as readline from 'node:readline';
 import { after, before, describe, test } from 'node:test';
 import * as vscode from 'vscode';
-import { parseSandboxUri } from '../src/adapters/fs';
+import { parseSandboxUri, sandboxUri } from '../src/adapters/fs';
 import { COMMANDS } from '../src/commands';
-import { activate, AbxExtensionApi } from '../src/extension';
+import { readSettings } from '../src/config';
+import { activate, AbxExtensionApi, deactivate } from '../src/extension';
 import { MCP_PROVIDER_ID, registerMcp } from '../src/mcp';
+import { RETRY_BASE_MS } from '../src/service';
 import type { ProviderNode, SandboxNode } from '../src/views';
 import { ABX_BIN, EXT_DIR, freshHome, Home, REPO_ROOT, until } from './helpers';
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -23,8 +25,44 @@ function context() {
   return { subscriptions: [] as { dispose(): unknown }[], extension: { packageJSON: manifest } };
 }
 
-function dispose(ctx: ReturnType<typeof context>) {
-  for (const d of ctx.subscriptions.reverse()) d.dispose();
+/** As VS Code does: each subscription in order, an error does not stop the rest. */
+function dispose(ctx: ReturnType<typeof context>): unknown[] {
+  const errors: unknown[] = [];
+  for (const d of ctx.subscriptions.splice(0)) {
+    try {
+      d.dispose();
+    } catch (err) {
+      errors.push(err);
+    }
+  }
+  return errors;
+}
+
+/** The part of VS Code's when-clause language package.json uses: `a == b`, `a =~ /re/`, `!a`, `a`, `&&`. */
+function whenMatches(when: string, ctx: Record<string, string | boolean | undefined>): boolean {
+  return when.split('&&').every((term) => {
+    const t = term.trim();
+    let m = /^(\S+) == (\S+)$/.exec(t);
+    if (m) return ctx[m[1]] === m[2];
+    m = /^(\S+) =~ \/(.*)\/$/.exec(t);
+    if (m) return new RegExp(m[2]).test(String(ctx[m[1]] ?? ''));
+    m = /^!(\S+)$/.exec(t);
+    if (m) return !ctx[m[1]];
+    if (/^\S+$/.test(t)) return !!ctx[t];
+    throw new Error(`when clause not understood: ${t}`);
+  });
+}
+
+/** Whether `command` is in the Sandboxes view's context menu (any group) of a row. */
+function inSandboxMenu(command: string, contextValue: string, group?: RegExp): boolean {
+  return (manifest.contributes.menus['view/item/context'] as { command: string; when: string; group: string }[]).some(
+    (m) => m.command === command && (!group || group.test(m.group)) && whenMatches(m.when, { view: 'abx.sandboxes', viewItem: contextValue }),
+  );
+}
+
+function lastContext(key: string): unknown {
+  const set = fake.recorded.executed.filter((e) => e.command === 'setContext' && e.args[0] === key);
+  return set.at(-1)?.args[1];
 }
 
 describe('the manifest', () => {
@@ -53,12 +91,46 @@ describe('the manifest', () => {
     assert.ok(Number(engine.split('.')[1]) < 101);
   });
 
-  test('abx.path and abx.home cannot come from a workspace (they choose what runs)', () => {
+  test('abx.path, abx.home, abx.connection: User settings apply in remote windows too; a workspace value is ignored', () => {
     const props = manifest.contributes.configuration.properties;
     for (const k of ['abx.path', 'abx.home', 'abx.connection']) {
-      assert.equal(props[k].scope, 'machine', k);
+      // VS Code drops machine(-overridable) values of the local User settings in a remote
+      // window; window scope keeps them (Remote settings win), and the code skips workspace values.
+      assert.equal(props[k].scope, 'window', k);
       assert.ok(manifest.capabilities.untrustedWorkspaces.restrictedConfigurations.includes(k));
     }
+    fake.configuration.set('abx.path', '/usr/local/bin/abx');
+    fake.workspaceConfiguration.set('abx.path', '/repo/evil-abx');
+    fake.workspaceConfiguration.set('abx.home', '/repo/home');
+    try {
+      const s = readSettings();
+      assert.equal(s.path, '/usr/local/bin/abx');
+      assert.equal(s.home, '');
+      assert.deepEqual(s.ignored, ['path', 'home']);
+    } finally {
+      fake.workspaceConfiguration.clear();
+    }
+  });
+
+  test('the welcome views offer Reconnect only while not connected', () => {
+    const welcome = manifest.contributes.viewsWelcome as { view: string; when?: string; contents: string }[];
+    for (const connected of [true, false]) {
+      const shown = welcome.filter((w) => w.view === 'abx.sandboxes' && whenMatches(w.when ?? 'true', { 'abx.connected': connected, true: true }));
+      assert.equal(shown.length, 1, `connected=${connected}`);
+      assert.equal(/command:abx\.reconnect/.test(shown[0].contents), !connected, shown[0].contents);
+      assert.equal(/command:abx\.create/.test(shown[0].contents), connected, shown[0].contents);
+    }
+  });
+
+  test('the terminal is offered only on running sandboxes whose provider has pty', () => {
+    assert.ok(inSandboxMenu('abx.openTerminal', 'sandbox-running:pty', /^inline/));
+    assert.ok(inSandboxMenu('abx.openTerminal', 'sandbox-running:pty'));
+    assert.ok(!inSandboxMenu('abx.openTerminal', 'sandbox-running'));
+    assert.ok(!inSandboxMenu('abx.openTerminal', 'sandbox-paused:pty'));
+    assert.ok(inSandboxMenu('abx.runCommand', 'sandbox-running'));
+    assert.ok(inSandboxMenu('abx.pause', 'sandbox-running:pty'));
+    assert.ok(inSandboxMenu('abx.resume', 'sandbox-paused:pty'));
+    assert.ok(!inSandboxMenu('abx.resume', 'sandbox-running:pty'));
   });
 });
 
@@ -78,8 +150,10 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     await until(() => api.service.state.kind === 'connected' && api.service.sandboxes, 'connected with a sandbox list');
   });
 
-  after(() => {
+  after(async () => {
+    const done = deactivate();
     dispose(ctx);
+    await done;
     home.cleanup();
   });
 
@@ -108,10 +182,47 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     const node = kids.find((k) => k.kind === 'sandbox' && k.sandbox.id === created.id) as SandboxNode & { kind: 'sandbox' };
     assert.ok(node);
     const item = api.sandboxes.getTreeItem(node);
-    assert.equal(item.contextValue, 'sandbox-running');
+    // local declares pty: the row carries it, and its menu has the terminal.
+    assert.equal(item.contextValue, 'sandbox-running:pty');
+    assert.ok(inSandboxMenu('abx.openTerminal', item.contextValue));
     assert.equal((item.iconPath as vscode.ThemeIcon).id, 'vm-running');
     assert.match(String(item.description), /base · running · expires in \d/);
     assert.equal(fake.recorded.statusBar.at(-1).text, '$(vm) abx: 1');
+    // The toast says the time left as the tree does, not a UTC timestamp.
+    const toast = fake.recorded.messages.find((m) => m.text.startsWith(`Sandbox ${sb} created`))!;
+    assert.match(toast.text, /expires in \d+m( \d+s)?\)/);
+    assert.doesNotMatch(toast.text, /\d{4}-\d\d-\d\dT/);
+    assert.deepEqual(toast.items, ['Open Terminal', 'Browse Files']);
+  });
+
+  test('connected: the welcome view context says so', () => {
+    assert.equal(lastContext('abx.connected'), true);
+  });
+
+  test('broker status: counts in words (1 sandbox, not 1 sandboxes)', async () => {
+    const s = await (await api.service.getClient()).status();
+    assert.equal(s.sandboxes, 1);
+    fake.recorded.answers.push(() => undefined);
+    await vscode.commands.executeCommand('abx.showBrokerStatus');
+    const head = fake.recorded.quickPicks.at(-1)![0];
+    assert.match(head.description, /· 1 sandbox$/);
+    assert.match(head.description, new RegExp(`· ${s.connections} connection${s.connections === 1 ? '' : 's'} ·`));
+  });
+
+  test('copy ID: to the clipboard, and the status bar says so', async () => {
+    await vscode.commands.executeCommand('abx.copySandboxId', sb);
+    assert.equal(fake.recorded.clipboard, sb);
+    assert.match(fake.recorded.statusMessages.at(-1) ?? '', new RegExp(`Copied ${sb}`));
+  });
+
+  test('show sandbox info: a read-only virtual document, not a dirty untitled one', async () => {
+    await vscode.commands.executeCommand('abx.sandboxInfo', sb);
+    const doc = fake.recorded.documents.at(-1)!;
+    assert.equal(doc.uri?.scheme, 'abx-doc');
+    assert.match(doc.uri!.path, /\.json$/);
+    assert.equal((doc as { isDirty?: boolean }).isDirty, false);
+    const info = JSON.parse(doc.content!);
+    assert.equal(`${info.sandbox.provider}:${info.sandbox.id}`, sb);
   });
 
   test('pause and resume from the view change the status icon', async () => {
@@ -119,10 +230,11 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     await vscode.commands.executeCommand('abx.pause', node);
     const paused = (await sandboxNode(sb))!;
     const item = api.sandboxes.getTreeItem(paused);
-    assert.equal(item.contextValue, 'sandbox-paused');
+    assert.equal(item.contextValue, 'sandbox-paused:pty');
+    assert.ok(!inSandboxMenu('abx.openTerminal', item.contextValue!));
     assert.equal((item.iconPath as vscode.ThemeIcon).id, 'debug-pause');
     await vscode.commands.executeCommand('abx.resume', paused);
-    assert.equal(api.sandboxes.getTreeItem((await sandboxNode(sb))!).contextValue, 'sandbox-running');
+    assert.equal(api.sandboxes.getTreeItem((await sandboxNode(sb))!).contextValue, 'sandbox-running:pty');
   });
 
   test('extend timeout takes a duration', async () => {
@@ -130,6 +242,8 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     await vscode.commands.executeCommand('abx.extendTimeout', sb);
     const s = api.service.sandboxes!.find((x) => `${x.provider}:${x.id}` === sb)!;
     assert.equal(s.timeout, 7200);
+    const m = fake.recorded.messages.at(-1)!;
+    assert.match(m.text, new RegExp(`^Sandbox ${sb} now expires in (1h 59m|2h)\\.$`));
   });
 
   test('run command streams into the output channel and returns the exit code', async () => {
@@ -181,12 +295,53 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     assert.match(out, /20 90/);
   });
 
-  test('upload and download through the commands, browse files adds an abx: folder', async () => {
+  test('closing a terminal ends its command in the sandbox', async () => {
+    await vscode.commands.executeCommand('abx.openTerminal', sb);
+    const t = fake.recorded.terminals.at(-1)!;
+    t.pty.open({ columns: 80, rows: 24 });
+    t.pty.handleInput('sleep 4243\r');
+    const client = await api.service.getClient();
+    await until(async () => (await client.processList(sb)).some((p) => p.command.includes('sleep 4243')), 'sleep running');
+    // The terminal goes without its Pseudoterminal being closed (as when VS Code drops it).
+    fake.fireCloseTerminal(t.terminal);
+    await until(async () => !(await client.processList(sb)).some((p) => p.command.includes('sleep 4243')), 'sleep gone', 15_000);
+  });
+
+  test('browse files in a single-folder window asks first and opens a new window: the window is not reloaded', async () => {
+    const before = [{ uri: vscode.Uri.file('/home/u/proj'), name: 'proj', index: 0 }];
+    fake.workspace.workspaceFolders = before;
+    fake.workspace.workspaceFile = undefined;
+    try {
+      const n = fake.recorded.messages.length;
+      fake.recorded.answers.push('Open in New Window');
+      const folder = await vscode.commands.executeCommand<vscode.Uri>('abx.browseFiles', sb);
+      assert.ok(folder);
+      assert.equal(fake.workspace.workspaceFolders, before, 'the workspace folders were not touched');
+      const asked = fake.recorded.messages.slice(n)[0];
+      assert.deepEqual(asked.items, ['Open in New Window', 'Add to This Window']);
+      assert.equal(fake.recorded.messageOptions[n]?.modal, true);
+      const open = fake.recorded.executed.at(-1)!;
+      assert.equal(open.command, 'vscode.openFolder');
+      assert.equal(open.args[0].toString(), folder.toString());
+      assert.deepEqual(open.args[1], { forceNewWindow: true });
+      // Declining changes nothing either.
+      fake.recorded.answers.push(undefined);
+      assert.equal(await vscode.commands.executeCommand('abx.browseFiles', sb), undefined);
+      assert.equal(fake.workspace.workspaceFolders, before);
+    } finally {
+      fake.workspace.workspaceFolders = undefined;
+    }
+  });
+
+  test('upload and download through the commands, browse files adds an abx: folder to a multi-root workspace', async () => {
     const local = path.join(home.dir, 'local.txt');
     fs.writeFileSync(local, 'uploaded bytes\n');
     fake.recorded.answers.push('/workspace/remote.txt');
     await vscode.commands.executeCommand('abx.upload', sb, vscode.Uri.file(local));
+    fake.workspace.workspaceFile = vscode.Uri.file('/home/u/work.code-workspace');
+    const n = fake.recorded.messages.length;
     const folder = await vscode.commands.executeCommand<vscode.Uri>('abx.browseFiles', sb);
+    assert.equal(fake.recorded.messages.length, n, 'a multi-root workspace takes the folder without a question');
     assert.ok(folder);
     assert.equal(folder.scheme, 'abx');
     assert.deepEqual(parseSandboxUri(folder), { sandbox: sb, path: '/workspace' });
@@ -197,6 +352,20 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     const back = path.join(home.dir, 'back.txt');
     await vscode.commands.executeCommand('abx.download', file, vscode.Uri.file(back));
     assert.equal(fs.readFileSync(back, 'utf8'), 'uploaded bytes\n');
+  });
+
+  test('download from the Sandboxes view: a file picker on the sandbox, then a save dialog', async () => {
+    const node = (await sandboxNode(sb))!;
+    const picked = path.join(home.dir, 'picked.txt');
+    fake.recorded.answers.push([sandboxUri(sb, '/workspace/remote.txt')] as never, vscode.Uri.file(picked) as never);
+    const d = fake.recorded.dialogs.length;
+    await vscode.commands.executeCommand('abx.download', node);
+    const [open, save] = fake.recorded.dialogs.slice(d);
+    assert.equal(open.kind, 'open');
+    assert.deepEqual(parseSandboxUri(open.opts.defaultUri), { sandbox: sb, path: '/workspace' });
+    assert.equal(open.opts.canSelectFiles, true);
+    assert.equal(save.kind, 'save');
+    assert.equal(fs.readFileSync(picked, 'utf8'), 'uploaded bytes\n');
   });
 
   test('open port URL opens the broker’s ports/url', async () => {
@@ -223,6 +392,12 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     assert.ok(checks.length > 0);
     assert.ok(checks.every((c) => c.icon === 'pass'), JSON.stringify(checks));
     assert.match(String(api.providers.getTreeItem(doctor).description), /all checks passed/);
+    // Screen readers get the check and its verdict, never "null".
+    for (const c of checks) {
+      const label = api.providers.getTreeItem(c).accessibilityInformation?.label ?? '';
+      assert.match(label, new RegExp(`^${c.label} check passed`));
+      assert.doesNotMatch(label, /null|undefined/);
+    }
   });
 
   test('contract kit: streamed per test into its output channel, summary at the end', async () => {
@@ -241,10 +416,22 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
       return;
     }
     fake.recorded.answers.push(undefined); // the confirmation: dismissed
+    const m = fake.recorded.messages.length;
     const declined = await vscode.commands.executeCommand('abx.installProvider', fixture);
     assert.equal(declined, undefined);
     const review = fake.recorded.documents.at(-1)!;
-    assert.equal(review.language, 'markdown');
+    // Read-only, not an untitled document that asks to be saved.
+    assert.equal(review.uri?.scheme, 'abx-doc');
+    assert.match(review.uri!.path, /\.md$/);
+    // The modal question carries the plan itself: the editor behind it cannot be scrolled.
+    const q = fake.recorded.messages.slice(m).findIndex((x) => /^Install provider 'node-local'/.test(x.text));
+    assert.ok(q >= 0);
+    const detail = String(fake.recorded.messageOptions[m + q]?.detail);
+    assert.match(detail, /Network: none/);
+    assert.match(detail, /Filesystem: data_dir, tmp/);
+    assert.match(detail, /Spawns processes: yes/);
+    assert.match(detail, /Digest: sha256:[0-9a-f]{64}/);
+    assert.match(detail, /token \(optional, secret\)/);
     assert.match(review.content!, /# Install provider 'node-local' 0\.1\.0/);
     assert.match(review.content!, /\*\*Trust:\*\* local/);
     assert.match(review.content!, /\*\*Digest:\*\* sha256:[0-9a-f]{64}/);
@@ -262,14 +449,71 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     assert.equal(listed?.trust, 'local');
   });
 
-  test('kill asks first; the sandbox is gone after', async () => {
+  test('a provider without pty: no terminal in its menu or its create toast, and the command says why', async (t) => {
+    const client = await api.service.getClient();
+    if (!(await client.providerList()).some((p) => p.id === 'node-local')) {
+      t.skip('node-local is not installed (the install test was skipped)');
+      return;
+    }
+    fake.recorded.answers.push(''); // template: the provider's default
+    const created = await vscode.commands.executeCommand<{ id: string; provider: string }>('abx.create', 'node-local');
+    assert.ok(created);
+    const ref = `${created.provider}:${created.id}`;
+    try {
+      const toast = fake.recorded.messages.find((x) => x.text.startsWith(`Sandbox ${ref} created`))!;
+      assert.deepEqual(toast.items, ['Browse Files']);
+      const item = api.sandboxes.getTreeItem((await sandboxNode(ref))!);
+      assert.equal(item.contextValue, 'sandbox-running');
+      assert.ok(!inSandboxMenu('abx.openTerminal', item.contextValue!));
+      assert.ok(inSandboxMenu('abx.runCommand', item.contextValue!));
+      const n = fake.recorded.messages.length;
+      const terms = fake.recorded.terminals.length;
+      await vscode.commands.executeCommand('abx.openTerminal', ref);
+      assert.equal(fake.recorded.terminals.length, terms);
+      assert.match(fake.recorded.messages.slice(n).find((x) => x.level === 'error')!.text, /\[E8004\] Provider 'node-local' does not support 'pty'/);
+    } finally {
+      await client.sandboxKill(ref);
+    }
+  });
+
+  test('offline: the sandbox list and its actions go; back online they come back', async () => {
+    assert.ok(await sandboxNode(sb));
+    fake.configuration.set('abx.path', '/nonexistent/abx');
+    try {
+      await api.service.settingsChanged();
+      assert.equal(api.service.state.kind, 'error');
+      assert.equal(api.service.sandboxes, undefined);
+      assert.deepEqual(await api.sandboxes.getChildren(), []);
+      assert.equal(fake.recorded.statusBar.at(-1).text, '$(vm-outline) abx: offline');
+      assert.equal(lastContext('abx.connected'), false);
+    } finally {
+      fake.configuration.set('abx.path', ABX_BIN);
+      await api.service.settingsChanged();
+    }
+    assert.equal(api.service.state.kind, 'connected');
+    assert.ok(await sandboxNode(sb));
+  });
+
+  test('kill asks first; the sandbox is gone after, and its folder and editors close', async () => {
     fake.recorded.answers.push(undefined);
     await vscode.commands.executeCommand('abx.kill', sb);
     assert.ok(await sandboxNode(sb), 'still there after declining');
-    fake.recorded.answers.push('Kill');
-    await vscode.commands.executeCommand('abx.kill', sb);
-    assert.equal(await sandboxNode(sb), undefined);
-    assert.equal(fake.recorded.statusBar.at(-1).text, '$(vm) abx: 0');
+    const proj = { uri: vscode.Uri.file('/home/u/proj'), name: 'proj', index: 0 };
+    fake.workspace.workspaceFolders = [proj, { uri: sandboxUri(sb), name: `abx: ${sb}`, index: 1 }];
+    const mine = { label: 'remote.txt', input: new fake.TabInputText(sandboxUri(sb, '/workspace/remote.txt')) };
+    const other = { label: 'x.txt', input: new fake.TabInputText(vscode.Uri.file('/home/u/proj/x.txt')) };
+    fake.window.tabGroups.all = [{ tabs: [mine, other] }];
+    try {
+      fake.recorded.answers.push('Kill');
+      await vscode.commands.executeCommand('abx.kill', sb);
+      assert.equal(await sandboxNode(sb), undefined);
+      assert.equal(fake.recorded.statusBar.at(-1).text, '$(vm) abx: 0');
+      assert.deepEqual(fake.recorded.closedTabs, [mine]);
+      assert.deepEqual(fake.workspace.workspaceFolders, [proj]);
+    } finally {
+      fake.workspace.workspaceFolders = undefined;
+      fake.window.tabGroups.all = [];
+    }
   });
 
   test('errors from commands are shown with their E-code and suggestion', async () => {
@@ -333,12 +577,13 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
   }
 });
 
-describe('extension without a usable abx', { timeout: 60_000 }, () => {
+describe('extension without a usable abx', { timeout: 120_000 }, () => {
   test('a missing binary: an error with the fix, the status bar says offline, views say why', async () => {
     fake.configuration.set('abx.path', '/nonexistent/abx');
     fake.configuration.set('abx.home', '');
     const n = fake.recorded.messages.length;
     const ctx = context();
+    fake.recorded.answers.push('Open Settings');
     try {
       const api = activate(ctx as unknown as vscode.ExtensionContext);
       await until(() => api.service.state.kind === 'error', 'error state');
@@ -346,12 +591,114 @@ describe('extension without a usable abx', { timeout: 60_000 }, () => {
       assert.match(m.text, /\[E1007\] The abx binary '\/nonexistent\/abx' could not be run: not found/);
       assert.match(m.text, /abx\.path/);
       assert.deepEqual(m.items, ['Open Settings', 'Show Log', 'Retry']);
+      // The setting itself, in whichever settings tab (User, Remote) is open.
+      const open = await until(() => fake.recorded.executed.find((e) => e.command === 'workbench.action.openSettings'), 'settings opened');
+      assert.deepEqual(open.args, ['@id:abx.path']);
       const bar = fake.recorded.statusBar.at(-1);
       assert.equal(bar.text, '$(vm-outline) abx: offline');
       assert.deepEqual(await api.sandboxes.getChildren(), []);
       assert.match(String(fake.recorded.treeViews.get('abx.sandboxes').message), /E1007/);
     } finally {
       dispose(ctx);
+    }
+  });
+
+  test('a missing binary with the Providers view open: attempts follow the backoff, one error message; a settings change connects at once', async () => {
+    fake.configuration.set('abx.path', '/nonexistent/abx');
+    fake.configuration.set('abx.home', '');
+    const n = fake.recorded.messages.length;
+    const ctx = context();
+    const home = freshHome();
+    try {
+      const api = activate(ctx as unknown as vscode.ExtensionContext);
+      const out = () => fake.recorded.output.get('abx')!.join('');
+      const attempts = () => [...out().matchAll(/^\[([^\]]+)\] connecting: (\S+)/gm)].map((m) => ({ at: Date.parse(m[1]), path: m[2] }));
+      // The Providers view (visible in the fake, as in VS Code) repaints after every failure
+      // and asks for the connection again: that must not be a new attempt each time.
+      await until(() => attempts().length >= 3, 'the first attempt and two retries', 30_000);
+      const [a, b, c] = attempts();
+      assert.ok(b.at - a.at >= RETRY_BASE_MS - 20, `second attempt ${b.at - a.at} ms after the first`);
+      assert.ok(c.at - b.at >= 2 * RETRY_BASE_MS - 20, `third attempt ${c.at - b.at} ms after the second`);
+      assert.match(String(fake.recorded.treeViews.get('abx.providers').message), /E1007/);
+      assert.equal(fake.recorded.messages.slice(n).filter((x) => x.level === 'error').length, 1, 'the failure is reported once');
+      // A settings change connects now, not at the next retry.
+      const due = api.service.nextRetryAt;
+      assert.ok(due > Date.now());
+      fake.configuration.set('abx.path', ABX_BIN);
+      fake.configuration.set('abx.home', home.dir);
+      fake.fireConfigurationChange('abx.path', 'abx.home');
+      const next = await until(() => attempts().find((x) => x.path === ABX_BIN), 'an attempt with the new path');
+      assert.ok(next.at < due, 'attempted before the planned retry');
+      await until(() => api.service.state.kind === 'connected', 'connected');
+    } finally {
+      dispose(ctx);
+      fake.configuration.set('abx.path', '/nonexistent/abx');
+      home.cleanup();
+    }
+  });
+});
+
+/** Pids of this process's children that run `abx rpc` (from /proc). */
+function abxRpcChildren(): number[] {
+  const found: number[] = [];
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      const argv = fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0');
+      if (ppid === process.pid && argv[1] === 'rpc') found.push(Number(d));
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return found;
+}
+
+describe('extension host shutdown', { timeout: 120_000 }, () => {
+  test("VS Code's order (deactivate, then the subscriptions in order): nothing throws, the terminal's command ends in the sandbox, abx rpc exits", async () => {
+    const home = freshHome();
+    fake.configuration.set('abx.path', ABX_BIN);
+    fake.configuration.set('abx.home', home.dir);
+    fake.configuration.set('abx.refreshInterval', 0);
+    const ctx = context();
+    const earlier = abxRpcChildren();
+    try {
+      const api = activate(ctx as unknown as vscode.ExtensionContext);
+      await until(() => api.service.state.kind === 'connected', 'connected');
+      // The extension's `abx rpc`: the one child that came with the activation.
+      const rpcs = abxRpcChildren().filter((p) => !earlier.includes(p));
+      assert.equal(rpcs.length, 1, JSON.stringify(rpcs));
+      const rpc = rpcs[0];
+      const observer = await home.connect();
+      const s = await observer.sandboxCreate({ timeout: 600 });
+      const sb = `${s.provider}:${s.id}`;
+      await vscode.commands.executeCommand('abx.openTerminal', sb);
+      const t = fake.recorded.terminals.at(-1)!;
+      t.pty.open({ columns: 80, rows: 24 });
+      t.pty.handleInput('sleep 4244\r');
+      const running = async () => (await observer.processList(sb)).some((p) => p.command.includes('sleep 4244'));
+      await until(running, 'sleep running in the terminal');
+
+      const done = deactivate();
+      const errors = dispose(ctx);
+      await done;
+      assert.deepEqual(errors.map(String), []);
+      assert.ok(done, 'deactivate gives VS Code something to wait for');
+      await until(async () => !(await running()), "the terminal's command ended", 15_000);
+      const alive = () => {
+        try {
+          process.kill(rpc, 0);
+          return true;
+        } catch {
+          return false;
+        }
+      };
+      await until(() => !alive(), 'abx rpc exited', 15_000);
+      assert.doesNotMatch(fake.recorded.output.get('abx')!.join(''), /Channel has been closed/);
+    } finally {
+      dispose(ctx);
+      home.cleanup();
     }
   });
 });

@@ -154,6 +154,7 @@ export class TreeItem {
   tooltip?: any;
   iconPath?: any;
   contextValue?: string;
+  accessibilityInformation?: { label: string; role?: string };
   command?: any;
   resourceUri?: Uri;
   constructor(
@@ -225,7 +226,7 @@ export class CancellationTokenSource {
 export const recorded = {
   messages: [] as { level: string; text: string; items: string[] }[],
   output: new Map<string, string[]>(),
-  terminals: [] as { name: string; pty: any }[],
+  terminals: [] as { name: string; pty: any; terminal: any }[],
   statusBar: [] as any[],
   treeViews: new Map<string, any>(),
   fsProviders: new Map<string, any>(),
@@ -234,7 +235,13 @@ export const recorded = {
   opened: [] as string[],
   clipboard: '',
   mcpProviders: new Map<string, any>(),
-  documents: [] as { language?: string; content?: string }[],
+  documents: [] as { uri?: Uri; language?: string; content?: string }[],
+  /** The last options of each message (modal, detail), in order with `messages`. */
+  messageOptions: [] as (any | undefined)[],
+  quickPicks: [] as any[][],
+  dialogs: [] as { kind: 'open' | 'save'; opts: any }[],
+  statusMessages: [] as string[],
+  closedTabs: [] as any[],
   /** Answers for prompts, taken in order: quick picks match by label, input boxes take the string. */
   answers: [] as (string | undefined | ((items: any[]) => any))[],
 };
@@ -247,8 +254,22 @@ function answer(items?: any[]): any {
   return a;
 }
 
+/** User settings (VS Code's "global" level). */
 const settings = new Map<string, any>();
 export const configuration = settings;
+/** Workspace settings (`.vscode/settings.json`): they win over User settings in `get`. */
+export const workspaceConfiguration = new Map<string, any>();
+const configurationChanged = new EventEmitter<any>();
+/** What VS Code does after a settings edit. */
+export function fireConfigurationChange(...sections: string[]): void {
+  configurationChanged.fire({ affectsConfiguration: (s: string) => sections.some((x) => x === s || x.startsWith(`${s}.`)) });
+}
+const contentProviders = new Map<string, any>();
+const closeTerminal = new EventEmitter<any>();
+/** What VS Code fires when a terminal goes. */
+export function fireCloseTerminal(t: any): void {
+  closeTerminal.fire(t);
+}
 
 export const workspace = {
   getConfiguration(section?: string) {
@@ -256,14 +277,24 @@ export const workspace = {
     return {
       get<T>(key: string, dflt?: T): T | undefined {
         const k = prefix + key;
+        if (workspaceConfiguration.has(k)) return workspaceConfiguration.get(k);
         return settings.has(k) ? settings.get(k) : dflt;
+      },
+      inspect<T>(key: string): any {
+        const k = prefix + key;
+        return { key: k, globalValue: settings.get(k) as T | undefined, workspaceValue: workspaceConfiguration.get(k) as T | undefined };
       },
       async update(key: string, value: any) {
         settings.set(prefix + key, value);
       },
     };
   },
-  onDidChangeConfiguration: new EventEmitter<any>().event,
+  onDidChangeConfiguration: configurationChanged.event,
+  registerTextDocumentContentProvider(scheme: string, provider: any) {
+    contentProviders.set(scheme, provider);
+    return new Disposable(() => contentProviders.delete(scheme));
+  },
+  workspaceFile: undefined as Uri | undefined,
   registerFileSystemProvider(scheme: string, provider: any) {
     recorded.fsProviders.set(scheme, provider);
     return new Disposable(() => recorded.fsProviders.delete(scheme));
@@ -272,9 +303,19 @@ export const workspace = {
     workspace.workspaceFolders = [...(workspace.workspaceFolders ?? []).slice(0, start), ...folders];
     return true;
   },
-  openTextDocument: async (opts: { language?: string; content?: string }) => {
-    recorded.documents.push(opts);
-    return { ...opts, uri: Uri.from({ scheme: 'untitled', path: `/doc${recorded.documents.length}` }) };
+  openTextDocument: async (arg: Uri | { language?: string; content?: string }) => {
+    if (arg instanceof Uri) {
+      // A virtual document: its content comes from the scheme's content provider (read-only).
+      const p = contentProviders.get(arg.scheme);
+      if (!p) throw new Error(`no content provider for ${arg.scheme}:`);
+      const doc = { uri: arg, content: String(await p.provideTextDocumentContent(arg)), isDirty: false, isUntitled: false };
+      recorded.documents.push(doc);
+      return doc;
+    }
+    // An untitled document: dirty, asks to be saved on close.
+    const doc = { ...arg, uri: Uri.from({ scheme: 'untitled', path: `/doc${recorded.documents.length + 1}` }), isDirty: true, isUntitled: true };
+    recorded.documents.push(doc);
+    return doc;
   },
   workspaceFolders: undefined as any,
   fs: {},
@@ -283,14 +324,21 @@ export const workspace = {
 function outputChannel(name: string) {
   const lines: string[] = [];
   recorded.output.set(name, lines);
+  let disposed = false;
+  // Like VS Code's: a disposed channel throws on use.
+  const live = () => {
+    if (disposed) throw new Error('Channel has been closed');
+  };
   return {
     name,
-    append: (s: string) => lines.push(s),
-    appendLine: (s: string) => lines.push(`${s}\n`),
-    clear: () => lines.splice(0),
-    show: () => undefined,
-    hide: () => undefined,
-    dispose: () => undefined,
+    append: (s: string) => (live(), lines.push(s)),
+    appendLine: (s: string) => (live(), lines.push(`${s}\n`)),
+    clear: () => (live(), lines.splice(0)),
+    show: () => live(),
+    hide: () => live(),
+    dispose: () => {
+      disposed = true;
+    },
   };
 }
 
@@ -302,8 +350,22 @@ export const window = {
     return item;
   },
   createTreeView: (id: string, opts: any) => {
-    const view = { ...opts, visible: true, onDidChangeVisibility: new EventEmitter<any>().event, dispose: () => undefined, reveal: async () => undefined };
+    // Like VS Code for a visible view: the root is asked for when the view is created and
+    // again after every onDidChangeTreeData (a little later: VS Code's UI is another process).
+    const provider = opts.treeDataProvider;
+    const load = () => {
+      if (view.visible) void Promise.resolve(provider.getChildren(undefined)).catch(() => undefined);
+    };
+    const sub = provider.onDidChangeTreeData?.(() => setImmediate(load));
+    const view: any = {
+      ...opts,
+      visible: true,
+      onDidChangeVisibility: new EventEmitter<any>().event,
+      dispose: () => sub?.dispose(),
+      reveal: async () => undefined,
+    };
     recorded.treeViews.set(id, view);
+    setImmediate(load);
     return view;
   },
   registerTreeDataProvider: (id: string, provider: any) => {
@@ -311,27 +373,56 @@ export const window = {
     return new Disposable(() => undefined);
   },
   createTerminal: (opts: any) => {
-    recorded.terminals.push(opts);
-    return { name: opts.name, show: () => undefined, dispose: () => undefined };
+    const terminal = { name: opts.name, show: () => undefined, dispose: () => undefined };
+    recorded.terminals.push({ ...opts, terminal });
+    return terminal;
   },
   showInformationMessage: async (text: string, ...items: any[]) => msg('info', text, items),
   showWarningMessage: async (text: string, ...items: any[]) => msg('warning', text, items),
   showErrorMessage: async (text: string, ...items: any[]) => msg('error', text, items),
-  showQuickPick: async (items: any, _opts?: any) => answer(await items),
+  showQuickPick: async (items: any, _opts?: any) => {
+    const list = await items;
+    recorded.quickPicks.push(list);
+    return answer(list);
+  },
   showInputBox: async (_opts?: any) => answer(),
-  showOpenDialog: async (_opts?: any) => answer(),
-  showSaveDialog: async (_opts?: any) => answer(),
+  showOpenDialog: async (opts?: any) => {
+    recorded.dialogs.push({ kind: 'open', opts });
+    return answer();
+  },
+  showSaveDialog: async (opts?: any) => {
+    recorded.dialogs.push({ kind: 'save', opts });
+    return answer();
+  },
   showTextDocument: async () => undefined,
+  setStatusBarMessage: (text: string, _hide?: number) => {
+    recorded.statusMessages.push(text);
+    return new Disposable(() => undefined);
+  },
+  tabGroups: {
+    all: [] as { tabs: { label: string; input: any }[] }[],
+    close: async (tabs: any[]) => {
+      recorded.closedTabs.push(...tabs);
+      for (const g of window.tabGroups.all) g.tabs = g.tabs.filter((t) => !tabs.includes(t));
+      return true;
+    },
+  },
   withProgress: async (_opts: any, task: (p: any, t: any) => any) => {
     const cts = new CancellationTokenSource();
     return task({ report: () => undefined }, cts.token);
   },
-  onDidCloseTerminal: new EventEmitter<any>().event,
+  onDidCloseTerminal: closeTerminal.event,
 };
+
+export class TabInputText {
+  constructor(readonly uri: Uri) {}
+}
 
 function msg(level: string, text: string, items: any[]): any {
   const plain = items.filter((i) => typeof i === 'string' || (i && typeof i.title === 'string'));
+  const opts = items.find((i) => i && typeof i === 'object' && typeof i.title !== 'string');
   recorded.messages.push({ level, text, items: plain.map((i) => (typeof i === 'string' ? i : i.title)) });
+  recorded.messageOptions.push(opts);
   return answer(plain.length ? plain : undefined);
 }
 

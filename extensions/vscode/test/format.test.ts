@@ -2,7 +2,7 @@
 import * as assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { AbxError } from '../src/client/errors';
-import { formatRemaining, groupByProvider, groupFeatures, parseDuration, parsePort, sandboxRef, templateNames } from '../src/client/format';
+import { formatExpiry, formatPlanText, formatRemaining, groupByProvider, groupFeatures, parseDuration, parsePort, plural, sandboxRef, templateNames } from '../src/client/format';
 import { compareVersions, parseVersion } from '../src/client/version';
 
 describe('format helpers', () => {
@@ -43,6 +43,42 @@ describe('format helpers', () => {
     assert.equal(formatRemaining(7_500_000), '2h 5m');
     assert.equal(formatRemaining(3 * 86_400_000 + 3_600_000 + 5000), '3d 1h');
     assert.equal(formatRemaining(3_600_000), '1h');
+  });
+
+  test('expiry as the Sandboxes view says it, never a raw timestamp', () => {
+    const now = Date.parse('2026-01-01T12:00:00Z');
+    assert.equal(formatExpiry('2026-01-01T12:04:58Z', now), 'expires in 4m 58s');
+    assert.equal(formatExpiry('2026-01-01T14:00:00Z', now), 'expires in 2h');
+    assert.equal(formatExpiry('2026-01-01T11:00:00Z', now), 'expired');
+    assert.equal(formatExpiry(null, now), 'does not expire');
+    assert.equal(formatExpiry(undefined, now), 'does not expire');
+  });
+
+  test('counts in words', () => {
+    assert.equal(plural(1, 'connection'), '1 connection');
+    assert.equal(plural(2, 'connection'), '2 connections');
+    assert.equal(plural(0, 'sandbox', 'sandboxes'), '0 sandboxes');
+    assert.equal(plural(1, 'sandbox', 'sandboxes'), '1 sandbox');
+  });
+
+  test('the install plan as plain text for a dialog: no Markdown marks', () => {
+    const text = formatPlanText({
+      id: 'p',
+      name: 'P',
+      version: '1.0.0',
+      trust: 'pinned',
+      source: { url: 'https://example.invalid/p.git', commit: 'abc' },
+      digest: 'sha256:00',
+      manifest: { runtime: { command: ['node', 'p.mjs'] } },
+      security: { network: ['api.example.invalid'], filesystem: [], spawnsProcesses: false },
+      installed: false,
+    });
+    assert.doesNotMatch(text, /\*\*|`|^#/m);
+    assert.match(text, /^Install provider 'p' 1\.0\.0$/m);
+    assert.match(text, /^- Runs: node p\.mjs$/m);
+    assert.match(text, /^- Network: api\.example\.invalid$/m);
+    assert.match(text, /^- Filesystem: none$/m);
+    assert.match(text, /^- Spawns processes: no$/m);
   });
 
   test('sandbox references and grouping by provider', () => {

@@ -150,4 +150,19 @@ describe('abx: file system provider (real broker)', { timeout: 120_000 }, () => 
     w.dispose();
     sub.dispose();
   });
+
+  test("watching a path that does not exist (VS Code's .vscode/settings.json) logs nothing; other watch failures are logged", async () => {
+    const lines: string[] = [];
+    const quiet = new AbxFileSystemProvider(async () => client, (l) => lines.push(l));
+    const a = quiet.watch(uri('/workspace/.vscode/settings.json'), { recursive: false, excludes: [] });
+    const b = quiet.watch(uri('/workspace/.vscode'), { recursive: true, excludes: [] });
+    await quiet.watchesSettled();
+    assert.deepEqual(lines, []);
+    // A sandbox that is gone is worth a line.
+    const c = quiet.watch(sandboxUri('local:sb-gone', '/workspace'), { recursive: true, excludes: [] });
+    await quiet.watchesSettled();
+    assert.equal(lines.length, 1);
+    assert.match(lines[0], /\[E2009\]/);
+    for (const w of [a, b, c]) w.dispose();
+  });
 });

@@ -65,6 +65,8 @@ const CHANGE: Record<string, vscode.FileChangeType> = {
 export class AbxFileSystemProvider implements vscode.FileSystemProvider {
   private readonly emitter = new vscode.EventEmitter<vscode.FileChangeEvent[]>();
   readonly onDidChangeFile: vscode.Event<vscode.FileChangeEvent[]> = this.emitter.event;
+  /** Watches being set up. */
+  private readonly settingUp = new Set<Promise<void>>();
 
   constructor(
     private readonly client: () => Promise<BrokerClient>,
@@ -107,7 +109,7 @@ export class AbxFileSystemProvider implements vscode.FileSystemProvider {
       const type = CHANGE[c.kind] ?? vscode.FileChangeType.Changed;
       this.emitter.fire(c.kind === 'modified' ? [{ uri: changed, type }] : [{ uri: changed, type }, parent]);
     };
-    void (async () => {
+    const setup = (async () => {
       for (const p of paths) {
         try {
           const w = await (await this.client()).filesWatch(sandbox, p, options.recursive, onChange);
@@ -115,15 +117,25 @@ export class AbxFileSystemProvider implements vscode.FileSystemProvider {
           else subs.push(w);
         } catch (err) {
           // No watch (a provider without files.watch, a gone sandbox): the explorer still
-          // refreshes on its own writes and on demand.
-          this.log(`watch ${uri.toString(true)}: ${AbxError.from(err).headline}`);
+          // refreshes on its own writes and on demand. A path that does not exist (VS Code
+          // watches `.vscode/settings.json` and the like in every folder) is not worth a
+          // log line: its creation shows in the watch of the folder above it.
+          const e = AbxError.from(err);
+          if (e.abx !== 'E4001') this.log(`watch ${uri.toString(true)}: ${e.headline}`);
         }
       }
     })();
+    this.settingUp.add(setup);
+    void setup.finally(() => this.settingUp.delete(setup));
     return new vscode.Disposable(() => {
       disposed = true;
       for (const s of subs) s.dispose();
     });
+  }
+
+  /** Resolves once the watches asked for so far are set up (or have failed). */
+  async watchesSettled(): Promise<void> {
+    while (this.settingUp.size) await Promise.allSettled([...this.settingUp]);
   }
 
   async stat(uri: vscode.Uri): Promise<vscode.FileStat> {

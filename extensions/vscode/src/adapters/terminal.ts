@@ -156,8 +156,27 @@ export class AbxTerminal implements vscode.Pseudoterminal {
 
   /** The user closed the terminal: hang the session up (SIGHUP to its tree, like `abx shell`). */
   close(): void {
-    this.closed = true;
-    if (this.session && !this.exit) void this.session.kill('HUP').catch(() => undefined);
+    void this.hangUp();
     this.resolveExited(this.exit?.exitCode ?? undefined);
+  }
+
+  /**
+   * Ends the command in the sandbox: SIGHUP to its tree (`exec/kill`), and SIGKILL when it
+   * has not exited within `graceMs`. For a terminal that goes away (closed, or lost with
+   * the extension host). Never rejects.
+   */
+  async hangUp(graceMs = 1000): Promise<void> {
+    this.closed = true;
+    const s = this.session;
+    if (!s || s.done || this.exit) return;
+    await s.kill('HUP').catch(() => undefined);
+    const ended = await Promise.race([
+      s.exited.then(
+        () => true,
+        () => true,
+      ),
+      new Promise<boolean>((r) => setTimeout(() => r(false), graceMs).unref()),
+    ]);
+    if (!ended) await s.kill('KILL').catch(() => undefined);
   }
 }

@@ -106,7 +106,16 @@ export class BrokerClient implements Disposable {
     this.mode = opts.mode ?? 'daemon';
     this.env = env;
     this.child = child;
-    this.log = opts.log ?? (() => undefined);
+    const log = opts.log;
+    // Logging must never break the connection's bookkeeping (a log sink that is already
+    // disposed throws, e.g. an output channel during an extension host shutdown).
+    this.log = (line) => {
+      try {
+        log?.(line);
+      } catch {
+        /* the log is gone */
+      }
+    };
     this.conn = createMessageConnection(
       new StreamMessageReader(child.stdout!),
       new StreamMessageWriter(child.stdin!),
@@ -203,6 +212,16 @@ export class BrokerClient implements Disposable {
     return this.closed;
   }
 
+  /** Process id of `abx rpc` (or `abx broker --stdio`). */
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  /** Whether the abx process has exited. */
+  get processExited(): boolean {
+    return this.child.exitCode !== null || this.child.signalCode !== null;
+  }
+
   get serverVersion(): string {
     return this.server?.serverInfo.version ?? '';
   }
@@ -214,7 +233,13 @@ export class BrokerClient implements Disposable {
     this.log(`broker connection closed: ${reason}`);
     this.markClosedResolve();
     const err = brokerGone(undefined, reason);
-    for (const s of this.execs.values()) s.connectionLost(err);
+    for (const s of this.execs.values()) {
+      try {
+        s.connectionLost(err);
+      } catch {
+        /* a listener failed: the others still hear of it */
+      }
+    }
     this.execs.clear();
     // Pending requests are rejected by the dispose (PendingResponseRejected -> E1007).
     try {
@@ -222,7 +247,11 @@ export class BrokerClient implements Disposable {
     } catch {
       /* already disposed */
     }
-    this.closeEmitter.fire(reason);
+    try {
+      this.closeEmitter.fire(reason);
+    } catch (e) {
+      this.log(`a close listener failed: ${(e as Error)?.message ?? e}`);
+    }
   }
 
   /** Any broker method. Errors are AbxError with the E-code and suggestion. */
@@ -286,6 +315,7 @@ export class BrokerClient implements Disposable {
     this.notifyEmitter.fire({ method, params });
   }
 
+  /** Closes the connection; never throws. `abx rpc` is ended (SIGTERM) if it stays. */
   dispose(): void {
     if (!this.closed) {
       this.closeReason = 'closed by the client';
@@ -297,13 +327,46 @@ export class BrokerClient implements Disposable {
     }
     this.markClosed(this.closeReason);
     // `abx rpc` waits for open exec streams after stdin closes: do not leave it behind.
-    if (this.child.exitCode === null && this.child.signalCode === null) {
-      const t = setTimeout(() => this.child.kill('SIGTERM'), 1000);
-      t.unref();
-      this.child.once('exit', () => clearTimeout(t));
+    if (!this.processExited) {
+      const term = setTimeout(() => this.terminate('SIGTERM'), 1000);
+      const kill = setTimeout(() => this.terminate('SIGKILL'), 3000);
+      term.unref();
+      kill.unref();
+      this.child.once('exit', () => {
+        clearTimeout(term);
+        clearTimeout(kill);
+      });
     }
     this.closeEmitter.dispose();
     this.notifyEmitter.dispose();
+  }
+
+  /**
+   * Closes the connection and waits for the abx process to end: it gets `graceMs` after its
+   * stdin closes, then SIGTERM, then SIGKILL. For shutdowns, where an unref'd timer may
+   * never fire.
+   */
+  async close(graceMs = 1500): Promise<void> {
+    const exited = new Promise<void>((resolve) => {
+      if (this.processExited) resolve();
+      else this.child.once('exit', () => resolve());
+    });
+    const within = (ms: number) =>
+      Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), ms).unref())]);
+    this.dispose();
+    if (await within(graceMs)) return;
+    this.terminate('SIGTERM');
+    if (await within(1000)) return;
+    this.terminate('SIGKILL');
+    await within(1000);
+  }
+
+  private terminate(signal: NodeJS.Signals): void {
+    try {
+      if (!this.processExited) this.child.kill(signal);
+    } catch {
+      /* gone */
+    }
   }
 
   // ---- broker ----

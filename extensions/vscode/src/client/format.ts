@@ -46,6 +46,23 @@ export function formatRemaining(ms: number): string {
     .join(' ');
 }
 
+/**
+ * When a sandbox ends, as the Sandboxes view says it: `expires in 4m 58s`, `expired`,
+ * `does not expire` (no `expiresAt`).
+ */
+export function formatExpiry(expiresAt: string | null | undefined, now = Date.now()): string {
+  if (!expiresAt) return 'does not expire';
+  const at = Date.parse(expiresAt);
+  if (Number.isNaN(at)) return `expires ${expiresAt}`;
+  const left = formatRemaining(at - now);
+  return left === 'expired' ? 'expired' : `expires in ${left}`;
+}
+
+/** `1 connection`, `2 connections`, `0 sandboxes`. */
+export function plural(n: number, one: string, many = `${one}s`): string {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
 /** `provider:id`: the reference that routes without the broker's index. */
 export function sandboxRef(s: Pick<Sandbox, 'id' | 'provider'>): string {
   return s.id.includes(':') ? s.id : `${s.provider}:${s.id}`;
@@ -118,6 +135,15 @@ export function formatPlan(plan: import('./types').InstallPlan): string {
     lines.push('', `Replaces the installed version ${plan.previous.version ?? '?'} (${plan.previous.digest ?? ''}).`);
   }
   return lines.join('\n') + '\n';
+}
+
+/** The install plan as plain text (formatPlan without the Markdown), for a dialog. */
+export function formatPlanText(plan: import('./types').InstallPlan): string {
+  return formatPlan(plan)
+    .replace(/^#+ /gm, '')
+    .replace(/\*\*/g, '')
+    .replace(/`/g, '')
+    .replace(/\n{3,}/g, '\n\n');
 }
 
 /** Template names from a provider-defined `templates/list` result. */
