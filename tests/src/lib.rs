@@ -83,7 +83,11 @@ impl Home {
         }
         mode(&self.socket(), 0o777);
         let ping = self.path.join("sockping");
-        std::fs::copy(bin_dir().join("sockping"), &ping).unwrap();
+        // A hard link where it can be: a copy is written through a descriptor that a child
+        // forked by another test thread may still hold when the probe is run (ETXTBSY).
+        if std::fs::hard_link(bin_dir().join("sockping"), &ping).is_err() {
+            std::fs::copy(bin_dir().join("sockping"), &ping).unwrap();
+        }
         mode(&ping, 0o755);
         ping
     }

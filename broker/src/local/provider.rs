@@ -181,7 +181,9 @@ impl Sandbox {
             Some(c) => {
                 c.kill().await;
                 if let Some(cg) = cg {
-                    cg.remove().await;
+                    // The kernel frees an emptied cgroup a little later: remove it in the
+                    // background instead of making the caller wait.
+                    tokio::spawn(async move { cg.remove().await });
                 }
             }
             None => {

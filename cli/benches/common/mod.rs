@@ -1,0 +1,129 @@
+//! What the CLI benches share: finding `abx`, timing commands (optionally pinned to CPU 0),
+//! percentiles, and a throwaway `ABX_HOME` whose daemon is stopped on drop.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn find_abx() -> Option<PathBuf> {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_abx") {
+        if Path::new(p).exists() {
+            return Some(p.into());
+        }
+    }
+    let mut roots = vec![];
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/deps/list-xxxx -> target
+        if let Some(t) = exe.parent().and_then(Path::parent).and_then(Path::parent) {
+            roots.push(t.to_path_buf());
+        }
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        roots.push(t.into());
+    }
+    roots.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    for r in roots {
+        for profile in ["release", "debug"] {
+            let p = r.join(profile).join("abx");
+            if p.exists() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// A command, optionally pinned to CPU 0.
+pub fn cmd(pinned: bool, argv: &[&str]) -> Command {
+    let mut c = if pinned {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).args(argv);
+        c
+    } else {
+        let mut c = Command::new(argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+pub fn time_one(mut c: Command) -> Duration {
+    let t = Instant::now();
+    let st = c.status().expect("spawn");
+    let d = t.elapsed();
+    assert!(st.success(), "{c:?} failed: {st}");
+    d
+}
+
+pub struct Stats {
+    pub p50: Duration,
+    pub p90: Duration,
+    pub mean: Duration,
+    pub min: Duration,
+    pub n: usize,
+}
+
+pub fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    let n = v.len();
+    Stats {
+        p50: v[n / 2],
+        p90: v[(n * 9 / 10).min(n - 1)],
+        mean: v.iter().sum::<Duration>() / n as u32,
+        min: v[0],
+        n,
+    }
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+pub fn show(name: &str, s: &Stats) {
+    println!(
+        "  {name:<28} p50 {:>10}  p90 {:>10}  mean {:>10}  min {:>10}  (n={})",
+        ms(s.p50),
+        ms(s.p90),
+        ms(s.mean),
+        ms(s.min),
+        s.n
+    );
+}
+
+pub struct Home {
+    dir: tempfile::TempDir,
+    abx: PathBuf,
+}
+
+impl Home {
+    pub fn new(abx: &Path) -> Home {
+        Home {
+            dir: tempfile::Builder::new()
+                .prefix("abx-bench")
+                .tempdir()
+                .expect("tempdir"),
+            abx: abx.to_path_buf(),
+        }
+    }
+
+    pub fn abx(&self, pinned: bool, args: &[&str]) -> Command {
+        let abx = self.abx.to_str().expect("utf-8 path");
+        let mut argv = vec![abx];
+        argv.extend_from_slice(args);
+        let mut c = cmd(pinned, &argv);
+        c.env("ABX_HOME", self.dir.path())
+            .env_remove("ABX_PROVIDER")
+            .env("ABX_NO_REPLACE", "1");
+        c
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        let _ = self.abx(false, &["broker", "stop"]).status();
+    }
+}
