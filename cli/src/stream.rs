@@ -100,6 +100,9 @@ pub async fn exec(
     if let Some(d) = cwd {
         params["cwd"] = json!(d);
     }
+    // SIGTERM / SIGHUP: the command is killed (its whole tree) before abx exits. Listening
+    // before exec/start goes, so a signal while it starts is handled, never fatal.
+    let mut ending = Ending::new();
     let started = c
         .call("exec/start", Some(&params))
         .await
@@ -117,8 +120,6 @@ pub async fn exec(
     let mut interrupted = false;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(AbxError::internal)?;
-    // SIGTERM / SIGHUP: the command is killed (its whole tree) before abx exits.
-    let mut ending = Ending::new();
     loop {
         tokio::select! {
             sig = ending.recv() => {

@@ -661,3 +661,60 @@ fn pause_stops_a_busy_loop_and_resume_continues_it() {
     });
     c.call("sandbox/kill", json!({"sandbox": id}));
 }
+
+/// Host uid of a pid (the real uid in /proc/<pid>/status).
+fn host_uid(pid: i32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn a_root_daemons_sandboxes_are_not_host_root() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: the daemon is not root here (its sandboxes run as the user)");
+        return;
+    }
+    let (home, mut c, id) = setup_with(json!({}));
+    let m = marker("who");
+    // Files the daemon writes stay the sandbox's to change.
+    c.call(
+        "files/write",
+        json!({"sandbox": id, "path": "given.txt", "data": "from the API\n"}),
+    );
+    c.call(
+        "files/mkdir",
+        json!({"sandbox": id, "path": "made/deeper", "parents": true}),
+    );
+    let r = c.sh(
+        &id,
+        "id -u; echo more >> given.txt && echo appended; touch made/deeper/x && echo created; echo mine > own.txt",
+    );
+    assert_eq!(r["stdout"], "0\nappended\ncreated\n", "{r}");
+    // Inside it is root; on the host it is nobody in particular.
+    c.call(
+        "exec/start",
+        json!({"sandbox": id, "argv": ["bash", "-c", format!("exec -a {m} sleep 60")]}),
+    );
+    let mut pid = None;
+    wait_until("the process is there", Duration::from_secs(10), || {
+        pid = host_pids_with(&m).first().copied();
+        pid.is_some()
+    });
+    let uid = host_uid(pid.unwrap()).unwrap();
+    assert_ne!(uid, 0, "a sandbox process is host root");
+    // Its files belong to that uid on the host.
+    use std::os::unix::fs::MetadataExt;
+    let ws = home
+        .path
+        .join(format!("data/local/sandboxes/{id}/workspace"));
+    for f in ["own.txt", "given.txt", "made/deeper/x"] {
+        let meta = std::fs::metadata(ws.join(f)).unwrap();
+        assert_eq!(meta.uid(), uid, "{f}");
+    }
+}

@@ -592,12 +592,39 @@ pub const ETC_ENTRIES: &[&str] = &[
     "vim",
 ];
 
+/// The host uid and gid a root daemon's sandboxes run as (root inside the sandbox, no
+/// capabilities): an id no account has, so a sandbox process is nobody on the host.
+pub const ROOT_SANDBOX_ID: u32 = 100_000_000;
+
 /// The uid and gid a sandbox's processes have inside and the host ids they map to: the
-/// daemon's own user, mapped to itself (as the user sees its files).
+/// daemon's own user mapped to itself (as the user sees its files); for a root daemon, root
+/// inside mapped to the unprivileged [`ROOT_SANDBOX_ID`].
 pub fn id_maps() -> (u32, u32, String, String) {
     // SAFETY: getters without arguments.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if uid == 0 {
+        let x = ROOT_SANDBOX_ID;
+        return (0, 0, format!("0 {x} 1"), format!("0 {x} 1"));
+    }
     (uid, gid, format!("{uid} {uid} 1"), format!("{gid} {gid} 1"))
+}
+
+/// The host owner the daemon gives what it creates in a sandbox (a root daemon's sandboxes
+/// run as [`ROOT_SANDBOX_ID`]); None when that is the daemon's own user.
+pub fn sandbox_owner() -> Option<(u32, u32)> {
+    // SAFETY: a getter without arguments.
+    let root = unsafe { libc::geteuid() } == 0;
+    (root && super::isolate::model() == super::isolate::Model::Namespaces)
+        .then_some((ROOT_SANDBOX_ID, ROOT_SANDBOX_ID))
+}
+
+/// Give the sandbox's owner its two directories (they must be writable inside).
+pub fn own_dirs(dirs: &super::SandboxDirs) {
+    if let Some((u, g)) = sandbox_owner() {
+        for d in [&dirs.workspace, &dirs.tmp] {
+            let _ = std::os::unix::fs::lchown(d, Some(u), Some(g));
+        }
+    }
 }
 
 /// The config of a sandbox's init.

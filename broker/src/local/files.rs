@@ -266,6 +266,23 @@ pub(crate) fn is_lnk(st: &libc::stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFLNK
 }
 
+/// Give what the daemon created in a sandbox to the sandbox's owner (a root daemon's
+/// sandboxes run as an unprivileged host uid and must be able to change their files).
+fn own_fd(fd: RawFd) {
+    if let Some((u, g)) = super::container::sandbox_owner() {
+        // SAFETY: fchown on a descriptor we hold.
+        unsafe { libc::fchown(fd, u, g) };
+    }
+}
+
+/// [`own_fd`] for a directory entry (not following a link).
+fn own_at(dir: RawFd, name: &CStr) {
+    if let Some((u, g)) = super::container::sandbox_owner() {
+        // SAFETY: fchownat with a C string we hold.
+        unsafe { libc::fchownat(dir, name.as_ptr(), u, g, libc::AT_SYMLINK_NOFOLLOW) };
+    }
+}
+
 fn unlinkat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
     cvt(unsafe { libc::unlinkat(dir, name.as_ptr(), flags) })
 }
@@ -701,7 +718,10 @@ pub fn write(
     // Create exclusively first, so a failed write knows whether the file is its own to
     // remove (nothing is left behind) or someone's to restore to its old size.
     let (fd, created) = match t.open(&t.rel, flags | libc::O_CREAT | libc::O_EXCL, 0o644) {
-        Ok(fd) => (fd, true),
+        Ok(fd) => {
+            own_fd(fd.as_raw_fd());
+            (fd, true)
+        }
         // Exists (or is a link, dangling links included: its target is created as before).
         Err(e) if errno(&e) == libc::EEXIST => (
             t.open(&t.rel, flags | libc::O_CREAT, 0o644)
@@ -796,12 +816,13 @@ impl TempFile {
         };
         match tmpfile {
             Ok(fd) => {
+                own_fd(fd.as_raw_fd());
                 return Ok(TempFile {
                     dir,
                     fd,
                     name: None,
                     created,
-                })
+                });
             }
             Err(e) if matches!(errno(&e), libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL) => {}
             Err(e) => return Err(e),
@@ -816,12 +837,13 @@ impl TempFile {
                 RESOLVE_NOLINKS,
             ) {
                 Ok(fd) => {
+                    own_fd(fd.as_raw_fd());
                     return Ok(TempFile {
                         dir,
                         fd,
                         name: Some(name),
                         created,
-                    })
+                    });
                 }
                 Err(e) if errno(&e) == libc::EEXIST => continue,
                 Err(e) => return Err(e),
@@ -1087,8 +1109,11 @@ pub fn list(
 pub fn mkdir(dirs: &SandboxDirs, sandbox: &str, path: &str, parents: bool) -> Result<(), AbxError> {
     let t = Target::new(dirs, path)?;
     let view = t.view();
-    let mkdirat =
-        |dir: RawFd, name: &CStr| cvt(unsafe { libc::mkdirat(dir, name.as_ptr(), 0o755) });
+    let mkdirat = |dir: RawFd, name: &CStr| {
+        cvt(unsafe { libc::mkdirat(dir, name.as_ptr(), 0o755) })?;
+        own_at(dir, name);
+        Ok::<(), io::Error>(())
+    };
     if t.rel.as_os_str().is_empty() {
         return if parents {
             Ok(())

@@ -390,8 +390,8 @@ fn map_helper(cfg: &Config) -> Result<(i32, OwnedFd), String> {
         let mut b = [0u8; 1];
         // SAFETY: reading one byte into a local buffer.
         let n = unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        // setgroups stays allowed: the sandbox's init drops its supplementary groups.
         let ok = n == 1
-            && std::fs::write(format!("/proc/{parent}/setgroups"), b"deny").is_ok()
             && std::fs::write(format!("/proc/{parent}/uid_map"), cfg.uid_map.as_bytes()).is_ok()
             && std::fs::write(format!("/proc/{parent}/gid_map"), cfg.gid_map.as_bytes()).is_ok();
         // SAFETY: leaving the helper without running the parent's exit handlers.
@@ -405,9 +405,37 @@ fn map_helper(cfg: &Config) -> Result<(i32, OwnedFd), String> {
 fn inner(cfg: &Config) -> ! {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-    if let Err(e) = become_inner_user(cfg)
+    // The sandbox's directories are opened with the creator's host credentials (a root
+    // daemon's data dir is under /root, which the sandbox's unprivileged host uid cannot
+    // walk), then the process becomes the sandbox's user and binds them through the fds.
+    let mut cfg = cfg.clone();
+    let mut keep = Vec::new();
+    for p in [&mut cfg.workspace, &mut cfg.tmp] {
+        match std::fs::File::open(&*p) {
+            Ok(f) => {
+                *p = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+                keep.push(f);
+            }
+            Err(e) => {
+                emit(
+                    &Event::SetupFailed {
+                        error: format!("opening {}: {e}", p.display()),
+                    },
+                    &[],
+                );
+                // SAFETY: leaving the process.
+                unsafe { libc::_exit(125) };
+            }
+        }
+    }
+    let cfg = &cfg;
+    if let Err(e) = prepare_root(cfg)
+        .and_then(|_| become_inner_user(cfg))
         .and_then(|_| build_root(cfg))
-        .and_then(|_| lock_down(cfg))
+        .and_then(|_| {
+            drop(std::mem::take(&mut keep));
+            lock_down(cfg)
+        })
     {
         emit(&Event::SetupFailed { error: e }, &[]);
         // SAFETY: leaving the process.
@@ -420,6 +448,11 @@ fn inner(cfg: &Config) -> ! {
 fn become_inner_user(cfg: &Config) -> Result<(), String> {
     // SAFETY: credential calls with integer arguments.
     unsafe {
+        // A root daemon's supplementary groups (root's) must not follow into the sandbox. Only
+        // possible where setgroups is allowed (maps written by the privileged helper).
+        if libc::geteuid() != cfg.inner_uid && libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(os_err("dropping supplementary groups"));
+        }
         if libc::getegid() != cfg.inner_gid {
             check(
                 libc::setresgid(cfg.inner_gid, cfg.inner_gid, cfg.inner_gid) as _,
@@ -569,23 +602,40 @@ fn carry(host: &Path, dst: &Path, set: u64) -> Result<(), String> {
 
 const RO: u64 = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
 
-fn build_root(cfg: &Config) -> Result<(), String> {
-    let r = &cfg.new_root;
-    let rc = cstr(r);
+/// With the creator's credentials: a private mount tree, the root tmpfs (owned by the
+/// sandbox's user) on `new_root`, and the working directory in it. The rest of the root is
+/// built relative to it, so nothing above `new_root` (a root daemon's data dir is under
+/// `/root`) needs to be walked as the sandbox's user.
+fn prepare_root(cfg: &Config) -> Result<(), String> {
     check(
         mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None),
         "making the mount tree private",
     )?;
+    let opts = CString::new(format!(
+        "mode=0755,size=1m,uid={},gid={}",
+        cfg.inner_uid, cfg.inner_gid
+    ))
+    .unwrap_or_default();
     check(
         mount(
             Some(c"tmpfs"),
-            &rc,
+            &cstr(&cfg.new_root),
             Some(c"tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
-            Some(c"mode=0755,size=1m"),
+            Some(&opts),
         ),
         "mounting the root tmpfs",
     )?;
+    // SAFETY: chdir with a C string we hold.
+    check(
+        unsafe { libc::chdir(cstr(&cfg.new_root).as_ptr()) } as _,
+        "entering the root tmpfs",
+    )
+}
+
+fn build_root(cfg: &Config) -> Result<(), String> {
+    let r = Path::new(".");
+    let rc = cstr(r);
     for name in &cfg.system {
         carry(&Path::new("/").join(name), &r.join(name), RO)?;
     }

@@ -136,6 +136,7 @@ impl Sandbox {
             Some(c) if c.enforced.contains(&"pids") => None,
             _ => lim.pids,
         };
+        container::own_dirs(&self.dirs);
         let procs = cg.as_ref().map(|c| c.open_procs()).unwrap_or_default();
         let fds = procs.iter().map(|f| f.as_raw_fd()).collect();
         let c = Container::start(container::config(&self.dirs, &id, &network, nproc), fds).await?;

@@ -57,11 +57,12 @@ async fn run_json(
     cwd: Option<&str>,
 ) -> Result<u8, Failure> {
     let params = run_params(sandbox, cmd, timeout, cwd);
+    // Listening before the request goes: a signal from here on is handled, never fatal.
+    let mut ending = stream::Ending::new();
     let id = c
         .send_request("exec/run", Some(&params))
         .await
         .map_err(|e| Failure::from(e).in_method("exec/run"))?;
-    let mut ending = stream::Ending::new();
     let sig = tokio::select! {
         r = c.reply_to(&id) => {
             let r = r.map_err(|e| Failure::from(e).in_method("exec/run"))?;
