@@ -453,3 +453,25 @@ fn bare_ids_of_sandboxes_made_on_the_providers_server_resolve() {
         json!({"sandbox": format!("opensandbox:{id2}")}),
     );
 }
+
+#[test]
+fn a_provider_whose_server_is_down_beside_local_hides_nothing() {
+    let server = StandIn::start();
+    let (home, mut c) = started(&[]);
+    let _repo = install_opensandbox(&home, &mut c, "opensandbox", &server);
+    let local = c.create(json!({"provider": "local"}));
+    let remote = server.create_directly();
+    let r = c.call("sandbox/list", json!({}));
+    assert!(ids(&r).contains(&format!("opensandbox:{remote}")), "{r}");
+    assert!(r.get("errors").is_none(), "{r}");
+    drop(server); // the OpenSandbox server goes down
+    let r = c.call("sandbox/list", json!({}));
+    assert!(ids(&r).contains(&format!("local:{local}")), "{r}");
+    assert_eq!(r["errors"][0]["provider"], "opensandbox", "{r}");
+    assert_eq!(r["errors"][0]["code"], "E8006", "{r}");
+    let o = home.run(&["list"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("local:{local}")));
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .starts_with("Warning: provider 'opensandbox' could not list its sandboxes: [E8006]"));
+}
