@@ -235,8 +235,10 @@ fn provider_info(cx: &Cx, p: IdParam) -> Reply {
 }
 
 /// Resolve a `sandbox` argument: `provider:id`, or a bare id (a provider that knows it, then
-/// the index). Returns the provider and its own id.
-fn resolve_sandbox(b: &Broker, s: &str) -> Result<(Arc<dyn Provider>, String), AbxError> {
+/// the index, then the providers asked, see [`crate::provider::probe_owners`]). Returns the
+/// provider and its own id. A bare id two providers hold is ambiguous (E1004 naming them).
+async fn resolve_sandbox(cx: &Cx, s: &str) -> Result<(Arc<dyn Provider>, String), AbxError> {
+    let b = &cx.broker;
     if let Some((prov, id)) = s.split_once(':') {
         if let Ok(p) = b.registry.get(prov) {
             return Ok((p, id.to_owned()));
@@ -250,7 +252,38 @@ fn resolve_sandbox(b: &Broker, s: &str) -> Result<(Arc<dyn Provider>, String), A
             return Ok((p, s.to_owned()));
         }
     }
-    Err(AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", s)]))
+    let ccx = CallCx {
+        conn: cx.conn.handle.clone(),
+        cancel: cx.cancel.clone(),
+        replied: cx.replied.clone(),
+    };
+    let mut found = crate::provider::probe_owners(&b.registry, &ccx, s).await;
+    match found.len() {
+        0 => Err(AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", s)])),
+        1 => {
+            let p = found.remove(0);
+            b.index.insert(s, &p.summary().id);
+            Ok((p, s.to_owned()))
+        }
+        _ => {
+            let names: Vec<String> = found
+                .iter()
+                .map(|p| format!("{}:{s}", p.summary().id))
+                .collect();
+            Err(AbxError::invalid_params(
+                "sandbox",
+                format!(
+                    "sandbox id '{s}' is ambiguous: it names {}",
+                    names.join(" and ")
+                ),
+            )
+            .with_suggestion(format!(
+                "Name one of them as provider:id, e.g. '{}'.",
+                names[0]
+            ))
+            .with_data("candidates", names))
+        }
+    }
 }
 
 /// Route a provider method: resolve, gate, rewrite, call, record.
@@ -280,7 +313,7 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         let s = sb
             .as_str()
             .ok_or_else(|| AbxError::invalid_params(method, "sandbox must be a string"))?;
-        let (prov, id) = match resolve_sandbox(b, s) {
+        let (prov, id) = match resolve_sandbox(cx, s).await {
             Ok(r) => r,
             // Killing is idempotent: a sandbox that is gone is killed already.
             Err(e) if method == "sandbox/kill" && e.code == ErrorCode::SandboxNotFound => {
@@ -393,27 +426,60 @@ fn check_bounds(method: &str, params: &Value) -> Result<(), AbxError> {
     }
 }
 
+/// `sandbox/list` across providers: every healthy provider's sandboxes, and one entry in
+/// `errors` per provider that could not answer (tampered, failing its handshake, its server
+/// down, ...), so one bad provider never hides the others. The providers are asked at once.
 async fn list_all(cx: &Cx) -> Reply {
-    let mut all = Vec::new();
     let ccx = CallCx {
         conn: cx.conn.handle.clone(),
         cancel: cx.cancel.clone(),
         replied: cx.replied.clone(),
     };
-    for p in cx.broker.registry.all() {
-        if !p
-            .summary()
-            .features
-            .iter()
-            .any(|f| f == "sandbox.lifecycle")
-        {
-            continue;
+    let providers: Vec<Arc<dyn Provider>> = cx
+        .broker
+        .registry
+        .all()
+        .into_iter()
+        .filter(|p| {
+            p.summary()
+                .features
+                .iter()
+                .any(|f| f == "sandbox.lifecycle")
+        })
+        .collect();
+    let replies = futures::future::join_all(providers.iter().map(|p| {
+        let ccx = &ccx;
+        async move {
+            let raw = p.call(ccx, "sandbox/list", json!({})).await?;
+            serde_json::from_str::<Value>(raw.get()).map_err(AbxError::internal)
         }
-        let raw = p.call(&ccx, "sandbox/list", json!({})).await?;
-        let v: Value = serde_json::from_str(raw.get()).map_err(AbxError::internal)?;
-        if let Some(list) = v["sandboxes"].as_array() {
-            all.extend(list.iter().cloned());
+    }))
+    .await;
+    let mut all = Vec::new();
+    let mut errors = Vec::new();
+    for (p, r) in providers.iter().zip(replies) {
+        match r {
+            Ok(v) => {
+                if let Some(list) = v["sandboxes"].as_array() {
+                    all.extend(list.iter().cloned());
+                }
+            }
+            // The caller gave up: that is the whole call's answer, not one provider's.
+            Err(e) if e.code == ErrorCode::RequestCancelled => return Err(e),
+            Err(e) => {
+                tracing::warn!(provider = %p.summary().id, error = %e, "sandbox/list: provider failed");
+                errors.push(json!({
+                    "provider": p.summary().id,
+                    "code": e.code.abx(),
+                    "message": e.message,
+                    "suggestion": e.suggestion,
+                }));
+            }
         }
     }
-    reply(&json!({ "sandboxes": all }))
+    if errors.is_empty() {
+        reply(&json!({ "sandboxes": all }))
+    } else {
+        reply(&json!({ "sandboxes": all, "errors": errors }))
+    }
 }

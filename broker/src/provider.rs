@@ -163,6 +163,37 @@ impl Registry {
     }
 }
 
+/// How long each provider may take to say whether it holds a bare sandbox id.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The providers that hold a bare sandbox id none of them claimed and the index does not
+/// know (made directly on a provider's server, or by another broker): each provider with
+/// `sandbox.lifecycle` is asked `sandbox/info` at once, each for at most [`PROBE_TIMEOUT`];
+/// an error or no answer in time counts as "not mine".
+pub async fn probe_owners(reg: &Registry, cx: &CallCx, sandbox: &str) -> Vec<Arc<dyn Provider>> {
+    let candidates: Vec<Arc<dyn Provider>> = reg
+        .all()
+        .into_iter()
+        .filter(|p| {
+            p.summary()
+                .features
+                .iter()
+                .any(|f| f == "sandbox.lifecycle")
+        })
+        .collect();
+    let answers = futures::future::join_all(candidates.iter().map(|p| async move {
+        let params = serde_json::json!({ "sandbox": sandbox });
+        let asked = tokio::time::timeout(PROBE_TIMEOUT, p.call(cx, "sandbox/info", params));
+        matches!(asked.await, Ok(Ok(_)))
+    }))
+    .await;
+    candidates
+        .into_iter()
+        .zip(answers)
+        .filter_map(|(p, yes)| yes.then_some(p))
+        .collect()
+}
+
 /// E8004 for a provider and feature.
 pub fn unsupported(provider: &str, feature: &str) -> AbxError {
     AbxError::new(

@@ -194,3 +194,14 @@ pub fn text(v: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+/// The warning line of a provider that failed its part of a listing.
+pub fn provider_warning(e: &Value) -> String {
+    format!(
+        "Warning: provider '{}' could not list its sandboxes: [{}] {}\n  Suggestion: {}\n",
+        text(&e["provider"]),
+        text(&e["code"]),
+        text(&e["message"]),
+        text(&e["suggestion"]),
+    )
+}

@@ -167,7 +167,7 @@ fn catalogue() -> Vec<Method> {
             "Reattach to a sandbox by id without touching its lifetime.",
             SandboxParams => "Sandbox": Sandbox, [SandboxNotFound]),
         m!("sandbox/list", "sandboxes",
-            "List sandboxes (every provider's, unless provider is given).",
+            "List sandboxes (every provider's, unless provider is given). Across providers, a provider that fails is reported in errors and the others are listed anyway.",
             SandboxListParams => "SandboxList": SandboxList, []),
         m!("sandbox/kill", "sandboxes",
             "Kill a sandbox and everything in it; idempotent (killed: false when gone).",

@@ -539,6 +539,23 @@ pub struct SandboxListParams {
 pub struct SandboxList {
     /// The sandboxes, oldest first per provider.
     pub sandboxes: Vec<Sandbox>,
+    /// Without `provider`: one entry per provider that could not list its sandboxes
+    /// (absent when every provider answered); the others' sandboxes are listed anyway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ProviderFailure>,
+}
+
+/// A provider that failed its part of a call across providers.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ProviderFailure {
+    /// The provider's id.
+    pub provider: String,
+    /// Its error's code, e.g. `E8011`.
+    pub code: String,
+    /// Its error's message.
+    pub message: String,
+    /// What to do about it.
+    pub suggestion: String,
 }
 
 /// `sandbox/kill` result.

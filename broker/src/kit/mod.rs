@@ -554,7 +554,7 @@ pub async fn run(cx: &Cx, params: Value) -> Result<Value, AbxError> {
     let broker = cx.broker.clone();
     let prov = broker.registry.get(&p.id)?;
     if let Some(e) = as_exec(&prov) {
-        e.verify()?;
+        e.verify().await?;
     }
     let picked = selected(p.filter.as_deref())?;
     let summary = prov.summary().clone();

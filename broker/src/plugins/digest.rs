@@ -2,8 +2,8 @@
 //!
 //! The digest is `sha256:` + hex(sha256(listing)), where the listing has one line per
 //! regular file, `"{hex sha256 of the file} {x|-} {relative/path}\n"`, sorted by the
-//! path's bytes; `x` means some execute bit is set. The top-level `.git` is excluded (the
-//! installer never copies it). Directories only contribute through their files. Anything
+//! path's bytes; `x` means some execute bit is set. A source's top-level `.git` is excluded
+//! (the installer never copies it); in an installed tree a `.git` is an integrity failure. Directories only contribute through their files. Anything
 //! that is not a regular file or a directory (symlink, fifo, socket, device) anywhere in
 //! the tree is an error: [`TreeError`] says which and where, and callers map it to a
 //! refusal (installing, E8012) or to an integrity failure (verifying, E8011).
@@ -121,6 +121,12 @@ pub(crate) struct Entry {
 /// Walk `root` (not following anything), returning its regular files sorted by path
 /// bytes; the top-level `.git` is skipped. Any other file type is an error.
 pub(crate) fn walk(root: &Path) -> Result<Vec<Entry>, TreeError> {
+    walk_tree(root, true)
+}
+
+/// [`walk`], with the top-level `.git` skipped (a source) or walked like any directory
+/// (an installed tree, which never holds one).
+fn walk_tree(root: &Path, skip_git: bool) -> Result<Vec<Entry>, TreeError> {
     let meta = fs::symlink_metadata(root).map_err(|error| TreeError::Io {
         path: String::new(),
         error,
@@ -152,7 +158,7 @@ pub(crate) fn walk(root: &Path) -> Result<Vec<Entry>, TreeError> {
             })?;
             let name = ent.file_name();
             let name = name.as_bytes();
-            if prefix.is_empty() && name == b".git" {
+            if skip_git && prefix.is_empty() && name == b".git" {
                 continue;
             }
             let mut rel = prefix.clone();
@@ -253,9 +259,12 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The digest of a tree, with the reason when it cannot be computed.
 pub fn dirhash_tree(root: &Path) -> Result<String, TreeError> {
-    let entries = walk(root)?;
+    listing_digest(&walk(root)?)
+}
+
+fn listing_digest(entries: &[Entry]) -> Result<String, TreeError> {
     let mut listing = Sha256::new();
-    for e in &entries {
+    for e in entries {
         let f = open_regular(&e.abs, &e.rel)?;
         let sum = hash_reader(f).map_err(|error| TreeError::Io {
             path: show(&e.rel),
@@ -269,6 +278,31 @@ pub fn dirhash_tree(root: &Path) -> Result<String, TreeError> {
     Ok(format!("sha256:{}", hex(&listing.finalize())))
 }
 
+/// Why an installed tree's files cannot be what was installed, before hashing any: more
+/// files, a bigger file or more bytes than an install accepts ([`super::install::MAX_FILES`],
+/// [`super::install::MAX_FILE`], [`super::install::MAX_TREE`]).
+fn past_caps(entries: &[Entry]) -> Option<String> {
+    use super::install::{MAX_FILE, MAX_FILES, MAX_TREE};
+    if entries.len() > MAX_FILES {
+        return Some(format!(
+            "{} files, more than an install accepts",
+            entries.len()
+        ));
+    }
+    let mut total = 0u64;
+    for e in entries {
+        if e.size > MAX_FILE {
+            return Some(format!(
+                "'{}' is {} bytes, more than an install accepts",
+                show(&e.rel),
+                e.size
+            ));
+        }
+        total = total.saturating_add(e.size);
+    }
+    (total > MAX_TREE).then(|| format!("{total} bytes in all, more than an install accepts"))
+}
+
 /// The digest of a tree: `sha256:<64 hex>`. A symlink or special file anywhere is refused
 /// as when installing (E8012); use [`verify`] to check an installed tree (E8011).
 pub fn dirhash(root: &Path) -> Result<String, AbxError> {
@@ -278,12 +312,24 @@ pub fn dirhash(root: &Path) -> Result<String, AbxError> {
 /// Check an installed tree against its recorded digest: any difference (a file edited,
 /// added, removed, renamed, made executable or not, replaced by a symlink; the manifest
 /// edited; the tree gone) is E8011 `Provider 'X': files changed since install.`
+///
+/// An installed tree never holds a `.git` (the installer does not copy a source's top-level
+/// `.git` and refuses nested ones): one that appears is E8011 too, and files under it are
+/// hashed like any others. A tree past the install caps is E8011 without hashing a byte.
+/// This blocks: async callers run it on the blocking pool.
 pub fn verify(root: &Path, expected: &str, provider_id: &str) -> Result<(), AbxError> {
     let fail = |why: String| {
         tracing::warn!(provider = provider_id, root = %root.display(), "integrity check failed: {why}");
         AbxError::new(ErrorCode::IntegrityFailed, &[("provider", provider_id)])
     };
-    match dirhash_tree(root) {
+    if fs::symlink_metadata(root.join(".git")).is_ok() {
+        return Err(fail("a .git appeared in the installed tree".into()));
+    }
+    let entries = walk_tree(root, false).map_err(|e| fail(e.to_string()))?;
+    if let Some(why) = past_caps(&entries) {
+        return Err(fail(why));
+    }
+    match listing_digest(&entries) {
         Ok(actual) if actual == expected => Ok(()),
         Ok(actual) => Err(fail(format!("digest {actual}, expected {expected}"))),
         Err(e) => Err(fail(e.to_string())),
@@ -375,6 +421,42 @@ mod tests {
             e.suggestion,
             "Reinstall or run 'abx provider update opensandbox'."
         );
+    }
+
+    #[test]
+    fn a_git_dir_appearing_in_an_installed_tree_is_e8011() {
+        tampered(|r| {
+            fs::create_dir_all(r.join(".git/hooks")).unwrap();
+            fs::write(r.join(".git/hooks/post-checkout"), "#!/bin/sh\n").unwrap();
+        });
+        // Even an empty one: an installed tree never holds a .git.
+        tampered(|r| fs::create_dir(r.join(".git")).unwrap());
+        tampered(|r| fs::write(r.join(".git"), "gitdir: /elsewhere\n").unwrap());
+        tampered(|r| {
+            fs::create_dir(r.join("lib/.git")).unwrap();
+            fs::write(r.join("lib/.git/config"), "x").unwrap();
+        });
+    }
+
+    #[test]
+    fn a_tree_past_the_install_caps_is_e8011_without_hashing() {
+        // 1 TiB sparse: hashing it would take hours; the check answers at once.
+        let start = std::time::Instant::now();
+        tampered(|r| {
+            fs::File::create(r.join("huge.bin"))
+                .unwrap()
+                .set_len(1 << 40)
+                .unwrap()
+        });
+        tampered(|r| {
+            for i in 0..5 {
+                fs::File::create(r.join(format!("big{i}.bin")))
+                    .unwrap()
+                    .set_len(60 << 20)
+                    .unwrap();
+            }
+        });
+        assert!(start.elapsed() < std::time::Duration::from_secs(60));
     }
 
     #[test]

@@ -148,12 +148,13 @@ pub async fn update(b: &Arc<Broker>, p: UpdateParams) -> Result<Value, AbxError>
     };
     let mut out = Vec::new();
     for rec in targets {
-        let tampered = b
-            .registry
-            .get(&rec.id)
-            .ok()
-            .and_then(|p| as_exec(&p).map(|e| e.verify().is_err()))
-            .unwrap_or(false);
+        let tampered = match b.registry.get(&rec.id).ok() {
+            Some(p) => match as_exec(&p) {
+                Some(e) => e.verify().await.is_err(),
+                None => false,
+            },
+            None => false,
+        };
         let git_ref = p.git_ref.clone().or_else(|| rec.source.git_ref.clone());
         let req = Request {
             source: rec.source.url.clone(),
@@ -223,7 +224,7 @@ pub async fn doctor(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
         checks.push(json!({"name": "handshake", "ok": true, "detail": "builtin"}));
         return Ok(json!({"checks": checks, "ok": true}));
     };
-    let integrity = e.verify();
+    let integrity = e.verify().await;
     checks.push(match &integrity {
         Ok(()) => json!({"name": "integrity", "ok": true, "detail": super::digest::short(&e.record().digest)}),
         Err(err) => json!({"name": "integrity", "ok": false, "detail": err.message, "code": err.code.abx()}),

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Chunk size of broker-side upload/download for plugins without `files.transfer`.
@@ -32,12 +32,19 @@ struct Stamp {
     mode: u32,
 }
 
+/// The stat stamps of every entry of a tree; an error (and so E8011) when the tree holds
+/// more entries than an install may (a tree that grew past the caps is never walked whole).
 fn stamps(root: &Path) -> std::io::Result<Vec<Stamp>> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir)? {
             let e = e?;
+            if out.len() > 2 * super::install::MAX_FILES {
+                return Err(std::io::Error::other(
+                    "more entries than an install may hold",
+                ));
+            }
             let m = std::fs::symlink_metadata(e.path())?;
             out.push(Stamp {
                 path: e.path(),
@@ -61,7 +68,9 @@ pub struct ExecProvider {
     summary: ProviderSummary,
     record: Installed,
     host: Arc<Host>,
-    verified: Mutex<Option<Vec<Stamp>>>,
+    /// The stamps of the tree when it was last checked, and whether it passed. An async
+    /// lock: checks of one provider run one at a time, and a waiting call holds no worker.
+    verified: tokio::sync::Mutex<Option<(Vec<Stamp>, bool)>>,
     paths: Paths,
 }
 
@@ -81,7 +90,7 @@ impl ExecProvider {
             },
             host: Host::new(spec),
             record,
-            verified: Mutex::new(None),
+            verified: tokio::sync::Mutex::new(None),
             paths: paths.clone(),
         })
     }
@@ -96,17 +105,37 @@ impl ExecProvider {
         &self.host
     }
 
-    /// Verify the installed tree against its recorded digest.
-    pub fn verify(&self) -> Result<(), AbxError> {
-        let root = &self.record.path;
-        let now = stamps(root).map_err(|_| integrity(&self.record.id))?;
-        let mut v = self.verified.lock().expect("verified");
-        if v.as_ref() == Some(&now) {
-            return Ok(());
-        }
-        digest::verify(root, &self.record.digest, &self.record.id)?;
-        *v = Some(now);
-        Ok(())
+    /// Verify the installed tree against its recorded digest (E8011 when it differs).
+    ///
+    /// The walk and the hashing run on the blocking pool, never on the async workers, one
+    /// check at a time per provider. Unchanged stat stamps since the last check give the
+    /// last answer without hashing; a tree past the install caps is E8011 without hashing
+    /// ([`digest::verify`]).
+    pub async fn verify(&self) -> Result<(), AbxError> {
+        let mut last = self.verified.lock().await;
+        let root = self.record.path.clone();
+        let expected = self.record.digest.clone();
+        let id = self.record.id.clone();
+        let prev = last.take();
+        let (res, state) = tokio::task::spawn_blocking(move || {
+            let Ok(now) = stamps(&root) else {
+                tracing::warn!(provider = %id, root = %root.display(), "integrity check failed: the tree cannot be walked or is past the install caps");
+                return (Err(integrity(&id)), None);
+            };
+            if let Some((seen, ok)) = prev {
+                if seen == now {
+                    let r = if ok { Ok(()) } else { Err(integrity(&id)) };
+                    return (r, Some((seen, ok)));
+                }
+            }
+            let r = digest::verify(&root, &expected, &id);
+            let ok = r.is_ok();
+            (r, Some((now, ok)))
+        })
+        .await
+        .map_err(AbxError::internal)?;
+        *last = state;
+        res
     }
 
     /// Re-read the stored configuration (after `provider/configure`).
@@ -365,7 +394,7 @@ impl Provider for ExecProvider {
 
     fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
         Box::pin(async move {
-            self.verify()?;
+            self.verify().await?;
             let has = |f: &str| self.summary.features.iter().any(|x| x == f);
             let mut v = match method {
                 "sandbox/capabilities" => json!({

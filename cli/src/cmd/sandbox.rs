@@ -3,7 +3,7 @@
 
 use super::{call, call1, Ctx};
 use crate::args::CreateArgs;
-use crate::output::{out, print_fields, print_json, text, Failure};
+use crate::output::{out, print_fields, print_json, provider_warning, text, Failure};
 use crate::table::Table;
 use crate::term;
 use serde_json::{json, Map, Value};
@@ -126,25 +126,36 @@ pub async fn info(cx: &Ctx, sandbox: &str) -> Result<u8, Failure> {
 pub async fn list(cx: &Ctx) -> Result<u8, Failure> {
     let r = call1(cx, "sandbox/list", cx.with_provider(json!({}))).await?;
     let list = r["sandboxes"].as_array().cloned().unwrap_or_default();
+    // Providers that could not answer: the others are listed anyway, each failure is a
+    // warning line on stderr and the exit code is 1.
+    let errors = r["errors"].as_array().cloned().unwrap_or_default();
+    let code = u8::from(!errors.is_empty());
     if cx.json {
-        print_json(&json!({"sandboxes": list.iter().map(sandbox_json).collect::<Vec<_>>()}));
-        return Ok(0);
+        let mut v = json!({"sandboxes": list.iter().map(sandbox_json).collect::<Vec<_>>()});
+        if !errors.is_empty() {
+            v["errors"] = Value::Array(errors);
+        }
+        print_json(&v);
+        return Ok(code);
     }
     if list.is_empty() {
         out("No sandboxes found.\n");
-        return Ok(0);
+    } else {
+        let mut t = Table::new(["ID", "Template", "Status", "Region"]);
+        for sb in &list {
+            t.row([
+                full_id(sb),
+                text(&sb["template"]),
+                text(&sb["status"]),
+                text(&sb["region"]),
+            ]);
+        }
+        out(&t.render(term::table_width()));
     }
-    let mut t = Table::new(["ID", "Template", "Status", "Region"]);
-    for sb in &list {
-        t.row([
-            full_id(sb),
-            text(&sb["template"]),
-            text(&sb["status"]),
-            text(&sb["region"]),
-        ]);
+    for e in &errors {
+        eprint!("{}", provider_warning(e));
     }
-    out(&t.render(term::table_width()));
-    Ok(0)
+    Ok(code)
 }
 
 /// `abx kill`: `--yes`, or a `[y/N]` prompt on a terminal; refused (E1009, exit 2)

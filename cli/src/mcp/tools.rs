@@ -67,7 +67,7 @@ const TOOLS: &[Def] = &[
     Def {
         name: "sandbox_list",
         title: "List sandboxes",
-        description: "List the running sandboxes (of one provider, or of all).",
+        description: "List the running sandboxes (of one provider, or of all). A provider that fails is named in errors; the others are listed anyway.",
         input: || {
             object(
                 json!({"provider": {"type": "string", "description": "Only this provider's sandboxes."}}),
@@ -76,7 +76,22 @@ const TOOLS: &[Def] = &[
         },
         output: Some(|| {
             object(
-                json!({"sandboxes": {"type": "array", "items": sandbox_schema()}}),
+                json!({
+                    "sandboxes": {"type": "array", "items": sandbox_schema()},
+                    "errors": {
+                        "type": "array",
+                        "description": "Providers that could not list their sandboxes (the others are listed anyway).",
+                        "items": object(
+                            json!({
+                                "provider": {"type": "string"},
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "suggestion": {"type": "string"},
+                            }),
+                            &["provider", "code", "message"],
+                        ),
+                    },
+                }),
                 &["sandboxes"],
             )
         }),
@@ -533,7 +548,13 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
             let mut p = json!({});
             put(&mut p, "provider", a.provider);
             let r = call("sandbox/list", p).await?;
-            ok(cx, pretty(&r), r)
+            // A provider that failed is named under the list; the others are listed anyway.
+            let mut text = pretty(&r);
+            for e in r["errors"].as_array().into_iter().flatten() {
+                text.push('\n');
+                text.push_str(crate::output::provider_warning(e).trim_end());
+            }
+            ok(cx, text, r)
         }
         "sandbox_info" => {
             let a: SandboxArg = args(name, a)?;

@@ -1,0 +1,477 @@
+//! Issue 19, plugin trust without holes (part of it), against the real daemon and real
+//! plugin processes: one bad provider never hides the others (`sandbox/list`, `abx list`,
+//! MCP `sandbox_list`), the integrity check never stalls the daemon and refuses a tree past
+//! the install caps at once, a `.git` appearing in an installed tree is E8011, and bare ids
+//! of sandboxes made directly on a provider's server (the OpenSandbox stand-in) resolve.
+
+use abx_tests::fixtures::{copy_dir, git, install_pinned, started};
+use abx_tests::{abx_code, Client, Home, READ_TIMEOUT};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The installed tree of a provider, made writable (as an attacker with the user's rights).
+fn installed_root(c: &mut Client, id: &str) -> PathBuf {
+    let info = c.call("provider/info", json!({"id": id}));
+    let root = PathBuf::from(info["path"].as_str().expect("path"));
+    let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
+    root
+}
+
+fn tamper_py_local(c: &mut Client) {
+    let root = installed_root(c, "py-local");
+    let f = root.join("provider.py");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&f, "# tampered\n").unwrap();
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .map(|s| {
+            format!(
+                "{}:{}",
+                s["provider"].as_str().unwrap_or(""),
+                s["id"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// `abx mcp` over raw JSON lines (the 2025-11-25 handshake): one `tools/call`.
+fn mcp_tool(home: &Home, tool: &str, args: Value) -> Value {
+    let mut child: Child = home
+        .abx()
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn abx mcp");
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut send = move |v: Value| {
+        writeln!(stdin, "{v}").unwrap();
+        stdin.flush().unwrap();
+    };
+    let recv_id = |id: i64| loop {
+        let line = rx
+            .recv_timeout(READ_TIMEOUT)
+            .expect("abx mcp answered in time");
+        let v: Value = serde_json::from_str(&line).expect("JSON line");
+        if v["id"] == id {
+            return v;
+        }
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "trust-test", "version": "0"}}}),
+    );
+    let init = recv_id(1);
+    assert!(init.get("result").is_some(), "{init}");
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": args}}));
+    let r = recv_id(2);
+    drop(send); // closes stdin: abx mcp exits
+    let _ = child.wait();
+    r["result"].clone()
+}
+
+#[test]
+fn a_tampered_provider_beside_local_hides_nothing() {
+    let (home, mut c) = started(&[]);
+    let local = c.create(json!({"provider": "local"}));
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (plugin_sb, _) = abx_tests::fixtures::plugin_sandbox(&mut c, "py-local");
+    tamper_py_local(&mut c);
+
+    // The broker: local's sandboxes, and the broken provider named with its error.
+    let r = c.call("sandbox/list", json!({}));
+    assert!(ids(&r).contains(&format!("local:{local}")), "{r}");
+    assert!(
+        !ids(&r).iter().any(|i| i.ends_with(&plugin_sb)),
+        "the tampered plugin was not asked: {r}"
+    );
+    let errors = r["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no errors: {r}"));
+    assert_eq!(errors.len(), 1, "{r}");
+    assert_eq!(errors[0]["provider"], "py-local");
+    assert_eq!(errors[0]["code"], "E8011");
+    assert_eq!(
+        errors[0]["message"],
+        "Provider 'py-local': files changed since install."
+    );
+    assert_eq!(
+        errors[0]["suggestion"],
+        "Reinstall or run 'abx provider update py-local'."
+    );
+    // Asked alone, the provider still fails with its own error.
+    let e = c.call_err("sandbox/list", json!({"provider": "py-local"}));
+    assert_eq!(abx_code(&e), "E8011", "{e}");
+    // Local alone: no errors key.
+    let r = c.call("sandbox/list", json!({"provider": "local"}));
+    assert!(r.get("errors").is_none(), "{r}");
+
+    // The CLI: the table, a warning line naming the provider, exit 1.
+    let o = home.run(&["list"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert_eq!(o.status.code(), Some(1), "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("ID"), "{out}");
+    assert!(out.contains(&format!("local:{local}")), "{out}");
+    assert_eq!(
+        err,
+        "Warning: provider 'py-local' could not list its sandboxes: [E8011] Provider 'py-local': files changed since install.\n  Suggestion: Reinstall or run 'abx provider update py-local'.\n"
+    );
+    // -j carries both.
+    let o = home.run(&["-j", "list"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(ids(&v).contains(&format!("local:{local}")), "{v}");
+    assert_eq!(v["errors"][0]["provider"], "py-local", "{v}");
+    assert_eq!(v["errors"][0]["code"], "E8011", "{v}");
+
+    // MCP: a result (not an error) with the sandboxes, naming the broken provider.
+    let r = mcp_tool(&home, "sandbox_list", json!({}));
+    assert_eq!(r["isError"], false, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains(&local), "{text}");
+    assert!(
+        text.contains("Warning: provider 'py-local' could not list its sandboxes: [E8011]"),
+        "{text}"
+    );
+    assert_eq!(
+        r["structuredContent"]["errors"][0]["provider"], "py-local",
+        "{r}"
+    );
+}
+
+#[test]
+fn a_plugin_failing_its_handshake_beside_local_hides_nothing() {
+    let (home, mut c) = started(&[("ABX_PLUGIN_HANDSHAKE_SECS", "1")]);
+    let local = c.create(json!({"provider": "local"}));
+    let (_repo, _) = install_pinned(&mut c, "bad-handshake");
+    let r = c.call("sandbox/list", json!({}));
+    assert!(ids(&r).contains(&format!("local:{local}")), "{r}");
+    let errors = r["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no errors: {r}"));
+    assert_eq!(errors.len(), 1, "{r}");
+    assert_eq!(errors[0]["provider"], "bad-handshake");
+    assert_eq!(errors[0]["code"], "E8002", "{r}");
+    let o = home.run(&["list"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("local:{local}")));
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .starts_with("Warning: provider 'bad-handshake' could not list its sandboxes: [E8002]"));
+}
+
+/// Round-trip time of one `broker/ping`.
+fn ping(c: &mut Client) -> Duration {
+    let t = Instant::now();
+    c.call("broker/ping", json!({}));
+    t.elapsed()
+}
+
+#[test]
+fn a_huge_file_after_install_is_e8011_at_once_and_ping_stays_fast() {
+    let (home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let root = installed_root(&mut c, "py-local");
+    // 64 GiB, sparse: costs no disk, but hashing it would take tens of seconds per call.
+    std::fs::File::create(root.join("huge.bin"))
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+
+    let baseline = (0..20).map(|_| ping(&mut c)).max().unwrap();
+
+    // Hashing 64 GiB takes minutes; refusing it without hashing takes milliseconds. Asked
+    // from another connection so that a daemon that hashes fails here, not hangs.
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut other = home.connect();
+    std::thread::spawn(move || {
+        let e = other.request("sandbox/list", json!({"provider": "py-local"}));
+        let _ = tx.send(e);
+    });
+    let e = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("E8011 within 10 s (the tree must not be hashed)");
+    assert_eq!(abx_code(&e["error"]), "E8011", "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+    // Three doctors at once (each in its own connection) while pings are timed.
+    let doctors: Vec<_> = (0..3)
+        .map(|_| {
+            let mut d = home.connect();
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    let r = d.call("provider/doctor", json!({"id": "py-local"}));
+                    let integ = r["checks"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|x| x["name"] == "integrity")
+                        .cloned()
+                        .unwrap();
+                    assert_eq!(integ["ok"], false, "{r}");
+                    assert_eq!(integ["code"], "E8011", "{r}");
+                }
+            })
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    let mut pings = 0;
+    while !doctors.iter().all(|d| d.is_finished()) || pings < 20 {
+        worst = worst.max(ping(&mut c));
+        pings += 1;
+    }
+    for d in doctors {
+        d.join().expect("doctor thread");
+    }
+    // Generous: a ping may be many times slower on a loaded machine, never seconds slower.
+    let bound = (baseline * 50).max(Duration::from_secs(2));
+    assert!(
+        worst < bound,
+        "broker/ping took {worst:?} while doctor ran (baseline {baseline:?}, bound {bound:?})"
+    );
+}
+
+#[test]
+fn a_git_dir_appearing_in_an_installed_tree_is_e8011() {
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    c.call("sandbox/list", json!({"provider": "py-local"}));
+    let root = installed_root(&mut c, "py-local");
+    std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+    std::fs::write(
+        root.join(".git/hooks/post-checkout"),
+        "#!/bin/sh\necho evil\n",
+    )
+    .unwrap();
+    let e = c.call_err("sandbox/list", json!({"provider": "py-local"}));
+    assert_eq!(abx_code(&e), "E8011", "{e}");
+    let doc = c.call("provider/doctor", json!({"id": "py-local"}));
+    assert_eq!(doc["ok"], false, "{doc}");
+    // Removing it restores the tree as installed.
+    std::fs::remove_dir_all(root.join(".git")).unwrap();
+    c.call("sandbox/list", json!({"provider": "py-local"}));
+    // Even an empty .git is refused: an installed tree never holds one.
+    std::fs::create_dir(root.join(".git")).unwrap();
+    let e = c.call_err("sandbox/list", json!({"provider": "py-local"}));
+    assert_eq!(abx_code(&e), "E8011", "{e}");
+}
+
+/// The OpenSandbox stand-in on loopback, stopped on drop.
+struct StandIn {
+    child: Child,
+    url: String,
+    key: String,
+}
+
+impl StandIn {
+    fn start() -> StandIn {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("opensandbox/server.mjs");
+        let key = format!("osb-trust-{}", std::process::id());
+        let mut child = Command::new("node")
+            .arg(&here)
+            .args(["--port", "0", "--host", "127.0.0.1"])
+            .env("OSB_STANDIN_API_KEY", &key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node server.mjs");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("stand-in output");
+        let url = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("stand-in said {line:?}"))
+            .to_owned();
+        StandIn { child, url, key }
+    }
+
+    /// Create a sandbox directly on the server (not through abx); returns its id.
+    fn create_directly(&self) -> String {
+        let script = r#"
+const [url, key] = process.argv.slice(1);
+const r = await fetch(url + "/v1/sandboxes", {method: "POST",
+  headers: {"OPEN-SANDBOX-API-KEY": key, "content-type": "application/json"},
+  body: JSON.stringify({image: {uri: "ubuntu:22.04"}, entrypoint: ["tail", "-f", "/dev/null"],
+    timeout: 600, resourceLimits: {cpu: "1", memory: "1Gi"}})});
+const b = await r.json();
+if (!b.id) { console.error(JSON.stringify(b)); process.exit(1); }
+process.stdout.write(b.id);
+"#;
+        let o = Command::new("node")
+            .args(["--input-type=module", "-e", script, &self.url, &self.key])
+            .output()
+            .expect("node");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Install the OpenSandbox plugin of this repository under `id`, pointed at `server`.
+fn install_opensandbox(
+    home: &Home,
+    c: &mut Client,
+    id: &str,
+    server: &StandIn,
+) -> tempfile::TempDir {
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../extensions/providers/opensandbox");
+    let repo = tempfile::tempdir().unwrap();
+    let dir = repo.path().join("p");
+    copy_dir(&plugin, &dir);
+    let m = std::fs::read_to_string(dir.join("abx-provider.toml")).unwrap();
+    std::fs::write(
+        dir.join("abx-provider.toml"),
+        m.replacen("id = \"opensandbox\"", &format!("id = \"{id}\""), 1),
+    )
+    .unwrap();
+    // The id it says at the handshake, too.
+    let lib = dir.join("lib/provider.mjs");
+    let code = std::fs::read_to_string(&lib).unwrap();
+    std::fs::write(
+        &lib,
+        code.replacen("id: \"opensandbox\"", &format!("id: \"{id}\""), 1),
+    )
+    .unwrap();
+    git(repo.path(), &["init", "-q", "-b", "main"]);
+    git(repo.path(), &["add", "-A"]);
+    git(repo.path(), &["commit", "-q", "-m", "osb"]);
+    let commit = git(repo.path(), &["rev-parse", "HEAD"]);
+    let url = format!("file://{}", repo.path().display());
+    let r = c.request(
+        "provider/install",
+        json!({"source": url, "subdir": "p", "ref": commit, "allowInsecureTransport": true, "confirm": true}),
+    );
+    assert!(r.get("error").is_none(), "install {id}: {r}");
+    c.call(
+        "provider/configure",
+        json!({"id": id, "values": {"base_url": server.url, "api_key": server.key}}),
+    );
+    let _ = home;
+    repo
+}
+
+#[test]
+fn bare_ids_of_sandboxes_made_on_the_providers_server_resolve() {
+    let server = StandIn::start();
+    let (home, mut c) = started(&[]);
+    let _repo = install_opensandbox(&home, &mut c, "opensandbox", &server);
+    let id = server.create_directly();
+
+    // Listed by abx, but this broker never saw it made.
+    let list = c.call("sandbox/list", json!({}));
+    assert!(ids(&list).contains(&format!("opensandbox:{id}")), "{list}");
+    // The bare id resolves through the providers: the broker and the CLI.
+    let sb = c.call("sandbox/info", json!({"sandbox": id}));
+    assert_eq!(sb["id"], id.as_str(), "{sb}");
+    assert_eq!(sb["provider"], "opensandbox", "{sb}");
+    let o = home.run(&["-j", "info", &id]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["provider"], "opensandbox", "{v}");
+    // An id nobody holds is still E2009, in bounded time.
+    let t = Instant::now();
+    let e = c.call_err("sandbox/info", json!({"sandbox": "no-such-sandbox"}));
+    assert_eq!(abx_code(&e), "E2009", "{e}");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+
+    // A second provider on the same server holds the same id: ambiguous, both named.
+    let id2 = server.create_directly();
+    let _repo2 = install_opensandbox(&home, &mut c, "osb-two", &server);
+    let e = c.call_err("sandbox/info", json!({"sandbox": id2}));
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("opensandbox:{id2}")) && msg.contains(&format!("osb-two:{id2}")),
+        "{msg}"
+    );
+    let mut cands: Vec<String> = e["data"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_owned())
+        .collect();
+    cands.sort();
+    assert_eq!(
+        cands,
+        vec![format!("opensandbox:{id2}"), format!("osb-two:{id2}")]
+    );
+    // provider:id is explicit; the CLI exits 2 on the ambiguous bare id.
+    let sb = c.call("sandbox/info", json!({"sandbox": format!("osb-two:{id2}")}));
+    assert_eq!(sb["provider"], "osb-two", "{sb}");
+    let o = home.run(&["info", &id2]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("[E1004]"));
+    // The one the broker resolved before is in its index now: no longer ambiguous for it.
+    let sb = c.call("sandbox/info", json!({"sandbox": id}));
+    assert_eq!(sb["provider"], "opensandbox", "{sb}");
+    c.call(
+        "sandbox/kill",
+        json!({"sandbox": format!("opensandbox:{id}")}),
+    );
+    c.call(
+        "sandbox/kill",
+        json!({"sandbox": format!("opensandbox:{id2}")}),
+    );
+}
+
+#[test]
+fn a_provider_whose_server_is_down_beside_local_hides_nothing() {
+    let server = StandIn::start();
+    let (home, mut c) = started(&[]);
+    let _repo = install_opensandbox(&home, &mut c, "opensandbox", &server);
+    let local = c.create(json!({"provider": "local"}));
+    let remote = server.create_directly();
+    let r = c.call("sandbox/list", json!({}));
+    assert!(ids(&r).contains(&format!("opensandbox:{remote}")), "{r}");
+    assert!(r.get("errors").is_none(), "{r}");
+    drop(server); // the OpenSandbox server goes down
+    let r = c.call("sandbox/list", json!({}));
+    assert!(ids(&r).contains(&format!("local:{local}")), "{r}");
+    assert_eq!(r["errors"][0]["provider"], "opensandbox", "{r}");
+    assert_eq!(r["errors"][0]["code"], "E8006", "{r}");
+    let o = home.run(&["list"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("local:{local}")));
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .starts_with("Warning: provider 'opensandbox' could not list its sandboxes: [E8006]"));
+}
