@@ -770,11 +770,16 @@ impl Inner {
                     exec_id: String,
                     #[serde(default)]
                     signal: Option<String>,
+                    #[serde(default)]
+                    escalate: Option<bool>,
                 }
                 let p: P = parse(method, params)?;
                 let sig = signal(p.signal.as_deref())?;
                 let s = self.stream(cx, &p.exec_id, true)?;
                 procs::kill_tree(s.pid, sig);
+                if p.escalate != Some(false) {
+                    exec::escalate(s, sig);
+                }
                 Ok(json!({}))
             }
             "exec/attach" => {
