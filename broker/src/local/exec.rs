@@ -1016,6 +1016,8 @@ async fn pump(
             send_raw(&s, name, &carry).await;
         }
     }
+    // The read buffers (2 x 256 KiB) are not kept while the exit waits for an attach.
+    drop((buf_o, buf_e, out, err));
     let status = match status {
         Some(st) => st,
         None => sp.child.wait().await.ok(),
