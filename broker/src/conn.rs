@@ -16,7 +16,10 @@
 //!   and the other requests carry on.
 //! - After a burst of large messages the allocator gives the freed memory back
 //!   ([`note_released`]).
-//! - The writer drains the queue, coalescing whatever is ready into one write.
+//! - The writer drains the queue, coalescing whatever is ready into one write. A client that
+//!   died is found out by a failed write: tracked messages (stream notifications) that were
+//!   not written go back to their senders ([`ConnHandle::send_tracked`]), so an exec keeps
+//!   them, its exit included, for the next `exec/attach`.
 //! - Requests that must apply in order (`exec/write`, `exec/resize`, `exec/kill` of one
 //!   exec) run in arrival order on a lane of their own; the rest run concurrently.
 //! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once.
@@ -227,10 +230,9 @@ impl ConnHandle {
             .map_err(|e| {
                 let mut m = e.0;
                 // Not queued: the caller keeps the body (its report is not called).
-                if let Some(a) = m.ack.as_mut() {
+                if let Some(mut a) = m.ack.take() {
                     a.report = None;
                 }
-                drop(m.ack.take());
                 Vec::from(m.body)
             })
     }
