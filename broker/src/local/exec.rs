@@ -693,6 +693,8 @@ struct Sink {
     dropped: u64,
     /// Sequence number of the next notification.
     next: u64,
+    /// Sequence number of the `exec/exit`, once sent.
+    exit: Option<u64>,
 }
 
 impl Sink {
@@ -778,24 +780,30 @@ impl Stream {
 
     /// Send notifications to `conn` from now on, replaying what was buffered.
     pub async fn attach(&self, conn: ConnHandle) -> Value {
-        let (buffered, dropped) = {
+        let (buffered, dropped, exit_replayed) = {
             let mut s = self.sink.lock().expect("sink");
             s.conn = Some(conn.clone());
+            let exit = s.exit;
+            let exit_replayed = s.buffer.iter().any(|(n, _)| Some(*n) == exit);
             let b: Vec<Vec<u8>> = s.buffer.drain(..).map(|(_, b)| b).collect();
             s.buffered = 0;
-            (b, std::mem::take(&mut s.dropped))
+            (b, std::mem::take(&mut s.dropped), exit_replayed)
         };
         let replayed = buffered.len();
         for body in buffered {
             conn.send(body).await;
         }
         self.attached.notify_waiters();
-        json!({"execId": self.id, "running": !*self.ended.borrow(), "replayed": replayed, "droppedBytes": dropped})
+        // Not running: its exit was delivered before, or is among what was just replayed
+        // (clients take `running: false` without an exit as an exit lost on the way).
+        let running = !(exit_replayed || self.done.load(std::sync::atomic::Ordering::Relaxed));
+        json!({"execId": self.id, "running": running, "replayed": replayed, "droppedBytes": dropped})
     }
 
     /// Send a notification to the attached connection, or keep it for a later attach. One
     /// that was queued but never reached the client (it died before the write) comes back
-    /// and is kept too, in order. `delivered`, if given, hears whether it reached the client.
+    /// and is kept too, in order. `delivered`, given for the `exec/exit`, hears whether it
+    /// reached the client.
     async fn emit_tracked(
         self: &Arc<Self>,
         body: Vec<u8>,
@@ -804,6 +812,9 @@ impl Stream {
         let (conn, seq) = {
             let mut s = self.sink.lock().expect("sink");
             s.next += 1;
+            if delivered.is_some() {
+                s.exit = Some(s.next - 1);
+            }
             (s.conn.clone(), s.next - 1)
         };
         let body = match conn {
@@ -920,6 +931,7 @@ pub async fn start(
             buffered: 0,
             dropped: 0,
             next: 0,
+            exit: None,
         }),
         stdin: tokio::sync::Mutex::new(sp.stdin.take()),
         pty: sp.pty.clone(),
