@@ -778,6 +778,14 @@ impl Stream {
         }
     }
 
+    /// True once its `exec/exit` went out to a client (queued or written; not kept for an
+    /// attach): the exec is gone for every method from then on, as its exit says.
+    pub fn exit_out(&self) -> bool {
+        let s = self.sink.lock().expect("sink");
+        s.exit
+            .is_some_and(|e| !s.buffer.iter().any(|(n, _)| *n == e))
+    }
+
     /// Send notifications to `conn` from now on, replaying what was buffered.
     pub async fn attach(&self, conn: ConnHandle) -> Value {
         let (buffered, dropped, exit_replayed) = {

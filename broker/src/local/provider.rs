@@ -604,6 +604,7 @@ impl Inner {
             .lock()
             .expect("streams")
             .get(exec_id)
+            .filter(|s| !s.exit_out())
             .cloned()
             .ok_or_else(|| AbxError::new(ErrorCode::ExecNotFound, &[("exec", exec_id)]))?;
         if must_own && s.owner() != Some(cx.conn.id) {
