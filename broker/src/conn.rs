@@ -16,7 +16,10 @@
 //!   and the other requests carry on.
 //! - After a burst of large messages the allocator gives the freed memory back
 //!   ([`note_released`]).
-//! - The writer drains the queue, coalescing whatever is ready into one write.
+//! - The writer drains the queue, coalescing whatever is ready into one write. A client that
+//!   died is found out by a failed write: tracked messages (stream notifications) that were
+//!   not written go back to their senders ([`ConnHandle::send_tracked`]), so an exec keeps
+//!   them, its exit included, for the next `exec/attach`.
 //! - Requests that must apply in order (`exec/write`, `exec/resize`, `exec/kill` of one
 //!   exec) run in arrival order on a lane of their own; the rest run concurrently.
 //! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once.
@@ -91,6 +94,35 @@ pub fn trim_now() {
 struct Outbound {
     body: Bytes,
     _permit: OwnedSemaphorePermit,
+    /// Told whether the body reached the client (see [`ConnHandle::send_tracked`]).
+    ack: Option<Ack>,
+}
+
+/// What a tracked message's sender hears: `Ok` once it was written and flushed, `Err(body)`
+/// when it could not be (the client is gone), so the sender can keep it for later.
+pub type Delivery = Box<dyn FnOnce(Result<(), Vec<u8>>) + Send>;
+
+/// A tracked message's delivery report; dropped unreported (the connection went away
+/// with the message still queued), it reports the body as undelivered.
+struct Ack {
+    body: Bytes,
+    report: Option<Delivery>,
+}
+
+impl Ack {
+    fn delivered(mut self) {
+        if let Some(r) = self.report.take() {
+            r(Ok(()));
+        }
+    }
+}
+
+impl Drop for Ack {
+    fn drop(&mut self) {
+        if let Some(r) = self.report.take() {
+            r(Err(Vec::from(std::mem::take(&mut self.body))));
+        }
+    }
 }
 
 /// A cheap, cloneable way to send to one connection (replies, stream notifications).
@@ -149,6 +181,7 @@ impl ConnHandle {
             .send(Outbound {
                 body: Bytes::from(body),
                 _permit: permit,
+                ack: None,
             })
             .is_ok()
     }
@@ -156,6 +189,20 @@ impl ConnHandle {
     /// [`ConnHandle::send`] that hands the body back when the connection has closed (a
     /// stream keeps it for a later attach without copying every body up front).
     pub async fn send_or_keep(&self, body: Vec<u8>) -> Result<(), Vec<u8>> {
+        self.queue(body, None).await
+    }
+
+    /// [`ConnHandle::send_or_keep`] that also reports whether the body reached the client:
+    /// `report(Ok(()))` once it was written and flushed, `report(Err(body))` when the
+    /// client turned out to be gone (a write failed, or the connection closed with the body
+    /// still queued). `Err(body)` here: not queued at all, `report` is not called.
+    /// A stream uses it so that nothing written to a dead client is lost for a later
+    /// `exec/attach`.
+    pub async fn send_tracked(&self, body: Vec<u8>, report: Delivery) -> Result<(), Vec<u8>> {
+        self.queue(body, Some(report)).await
+    }
+
+    async fn queue(&self, body: Vec<u8>, report: Option<Delivery>) -> Result<(), Vec<u8>> {
         let cost = (body.len() + MSG_OVERHEAD).min(OUTBOUND_BUDGET) as u32;
         // Fast path: budget available (no cancellation bookkeeping per message).
         let permit = match self.budget.clone().try_acquire_many_owned(cost) {
@@ -169,12 +216,25 @@ impl ConnHandle {
                 _ = self.closed.cancelled() => return Err(body),
             },
         };
+        let body = Bytes::from(body);
+        let ack = report.map(|r| Ack {
+            body: body.clone(),
+            report: Some(r),
+        });
         self.tx
             .send(Outbound {
-                body: Bytes::from(body),
+                body,
                 _permit: permit,
+                ack,
             })
-            .map_err(|e| Vec::from(e.0.body))
+            .map_err(|e| {
+                let mut m = e.0;
+                // Not queued: the caller keeps the body (its report is not called).
+                if let Some(mut a) = m.ack.take() {
+                    a.report = None;
+                }
+                Vec::from(m.body)
+            })
     }
 
     /// Queue a notification.
@@ -455,7 +515,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         };
         let mut batch = Some(first);
         let mut ok = true;
-        while let Some(m) = batch.take() {
+        // Tracked messages of this write: told once it is flushed (or dropped: not
+        // delivered).
+        let mut acks: Vec<Ack> = Vec::new();
+        while let Some(mut m) = batch.take() {
+            if let Some(a) = m.ack.take() {
+                acks.push(a);
+            }
             if m.body.len() >= DIRECT_WRITE {
                 // Large body: write what is buffered, then header and body without copying.
                 let mut head = BytesMut::new();
@@ -491,7 +557,18 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         if !ok {
             debug!("client gone; closing its connection");
             closed.cancel();
+            // What was not written goes back to its senders (streams keep it for a later
+            // attach): this write's tracked messages first, then everything still queued,
+            // in order.
+            drop(acks);
+            rx.close();
+            while let Ok(m) = rx.try_recv() {
+                drop(m);
+            }
             break;
+        }
+        for a in acks {
+            a.delivered();
         }
         if buf.capacity() > 4 * 1024 * 1024 {
             buf = BytesMut::with_capacity(64 * 1024);
@@ -709,6 +786,10 @@ fn register(conn: &Conn, id: &Id) -> CancellationToken {
 /// Methods answered without a task: cheap and never blocking.
 fn inline(broker: &Arc<Broker>, conn: &Conn, req: &Request) -> Option<Vec<u8>> {
     if conn.shutting_down.load(Ordering::Relaxed) {
+        return None;
+    }
+    // By-position params other than [] get their E1004 from the dispatcher.
+    if req.params.as_deref().and_then(dispatch::array_params) == Some(false) {
         return None;
     }
     let result = match req.method.as_str() {

@@ -43,6 +43,33 @@ pub fn params<T: DeserializeOwned>(method: &str, p: Option<&RawValue>) -> Result
         .map_err(|e| AbxError::invalid_params(method, e))
 }
 
+/// By-name params only: JSON-RPC also allows by-position params (an array); an empty one
+/// (what `vim.lsp.rpc` sends for an empty Lua table) means no params, any other array is
+/// E1004 naming by-name params.
+pub fn by_name(method: &str, p: Option<Box<RawValue>>) -> Result<Option<Box<RawValue>>, AbxError> {
+    let Some(raw) = p else { return Ok(None) };
+    match array_params(&raw) {
+        None => return Ok(Some(raw)),
+        Some(true) => return Ok(None),
+        Some(false) => {}
+    }
+    let mut e = AbxError::invalid_params(
+        method,
+        "by-position params (an array) are not supported; send by-name params (an object)",
+    );
+    e.suggestion = format!(
+        "Send \"params\" as an object with named members (see docs/broker-api.md for '{method}'), or [] / {{}} / nothing for no params."
+    );
+    Err(e)
+}
+
+/// `Some(empty)` when params are by-position (an array), `None` for an object.
+pub fn array_params(p: &RawValue) -> Option<bool> {
+    let text = p.get().trim_start();
+    let rest = text.strip_prefix('[')?;
+    Some(rest.trim() == "]")
+}
+
 /// Every method the broker answers (for `initialize` capabilities and docs).
 pub const METHODS: &[&str] = &[
     methods::INITIALIZE,
@@ -64,6 +91,7 @@ pub const METHODS: &[&str] = &[
 /// Run one request. The params are taken by value so that a router can free them as soon as
 /// it has parsed them (a 64 MiB `files/write` is then held once, not twice).
 pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
+    let raw = by_name(method, raw)?;
     if method.starts_with(TEST_PREFIX) {
         return test_hook(method);
     }

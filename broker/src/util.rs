@@ -40,6 +40,22 @@ pub fn rfc3339(secs: i64) -> String {
     )
 }
 
+/// RFC 3339 UTC with the fraction of a second the clock had (nanoseconds, trailing zeros
+/// left out; none when `nanos` is 0): `2026-12-01T14:38:20.123456789Z`.
+pub fn rfc3339_nanos(secs: i64, nanos: i64) -> String {
+    let nanos = nanos.clamp(0, 999_999_999);
+    let whole = rfc3339(secs);
+    if nanos == 0 {
+        return whole;
+    }
+    let frac = format!("{nanos:09}");
+    format!(
+        "{}.{}Z",
+        whole.trim_end_matches('Z'),
+        frac.trim_end_matches('0')
+    )
+}
+
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     // Howard Hinnant's algorithm.
     let z = z + 719_468;
@@ -63,5 +79,19 @@ mod tests {
         assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(super::rfc3339(4_107_587_696), "2100-03-01T12:34:56Z");
         assert_eq!(super::rfc3339(-1), "1969-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn rfc3339_nanos() {
+        assert_eq!(super::rfc3339_nanos(0, 0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339_nanos(0, 5), "1970-01-01T00:00:00.000000005Z");
+        assert_eq!(
+            super::rfc3339_nanos(0, 120_000_000),
+            "1970-01-01T00:00:00.12Z"
+        );
+        assert_eq!(
+            super::rfc3339_nanos(1_795_971_600, 123_456_789),
+            "2026-11-29T17:00:00.123456789Z"
+        );
     }
 }

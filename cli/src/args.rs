@@ -380,6 +380,10 @@ pub enum ProviderCmd {
         /// Only tests whose name contains this (comma-separated list allowed).
         #[arg(long)]
         filter: Option<String>,
+        /// Tests run at once (default 16); 1 for a provider whose sandboxes share one
+        /// endpoint.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        concurrency: Option<u64>,
     },
     /// Store configuration values: KEY=VALUE (KEY=- reads the value from stdin).
     Configure {

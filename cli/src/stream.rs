@@ -3,9 +3,10 @@
 //! Output is written as it arrives (stdout to stdout, stderr to stderr); piped stdin is
 //! forwarded with `exec/write` and closed with `eof`; the exit code is the command's.
 
-use crate::client::Client;
+use crate::client::{CallError, Client};
 use crate::output::Failure;
 use abx_protocol::message::Message;
+use abx_protocol::RpcError;
 use abx_protocol::{AbxError, ErrorCode};
 use serde_json::{json, Value};
 use std::io::IsTerminal;
@@ -85,6 +86,95 @@ pub async fn call_before_exit(c: &mut Client, method: &str, params: &Value) {
     }
 }
 
+/// True when `exec/start` was refused because the provider does not declare `exec.stream`
+/// (E8004): `exec/run` does the same job, with the output at the end.
+pub fn lacks_stream(e: &RpcError) -> bool {
+    e.abx() == Some("E8004") && e.message.contains("'exec.stream'")
+}
+
+/// Say once per process (on stderr) that the output comes at the end.
+pub fn note_no_stream(e: &RpcError) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let provider = e
+        .message
+        .split('\'')
+        .nth(1)
+        .map_or_else(String::new, |p| format!(" '{p}'"));
+    eprintln!(
+        "abx: provider{provider} does not stream output (no 'exec.stream'); running with exec/run instead: the output comes when the command ends."
+    );
+}
+
+/// All of piped stdin (`None` when empty or unreadable).
+pub fn piped_stdin() -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    match std::io::stdin().read_to_end(&mut buf) {
+        Ok(_) if !buf.is_empty() => Some(buf),
+        _ => None,
+    }
+}
+
+/// `exec/run` that Ctrl-C, SIGTERM or SIGHUP cancel (`$/cancelRequest`: the broker kills the
+/// command's tree): `Ok(result)`, or `Err(128 + the signal)` once it has been cancelled.
+pub async fn run_cancellable(c: &mut Client, params: &Value) -> Result<Result<Value, u8>, Failure> {
+    // Listening before the request goes: a signal from here on is handled, never fatal.
+    let mut ending = Ending::new();
+    let id = c
+        .send_request("exec/run", Some(params))
+        .await
+        .map_err(|e| Failure::from(e).in_method("exec/run"))?;
+    let sig = tokio::select! {
+        r = c.reply_to(&id) => {
+            return r.map(Ok).map_err(|e| Failure::from(e).in_method("exec/run"));
+        }
+        _ = tokio::signal::ctrl_c() => libc::SIGINT,
+        sig = ending.recv() => sig,
+    };
+    let mut line =
+        abx_protocol::message::encode_notification("$/cancelRequest", Some(&json!({ "id": id })));
+    line.push(b'\n');
+    if c.send_raw(&line).await.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(&id)).await;
+    }
+    Ok(Err((128 + sig) as u8))
+}
+
+/// Run with `exec/run` and write its output at the end (stdout to stdout, stderr to
+/// stderr): the fallback of [`exec`] for providers without `exec.stream`.
+async fn run_to_end(c: &mut Client, params: &Value) -> Result<u8, Failure> {
+    let r = match run_cancellable(c, params).await? {
+        Ok(r) => r,
+        Err(code) => return Ok(code),
+    };
+    let bytes = |k: &str| -> Vec<u8> {
+        let data = r[k].as_str().unwrap_or_default();
+        if r["encoding"] == "base64" {
+            abx_protocol::b64::decode(data).unwrap_or_default()
+        } else {
+            data.as_bytes().to_vec()
+        }
+    };
+    let mut out = tokio::io::stdout();
+    let mut err = tokio::io::stderr();
+    let _ = out.write_all(&bytes("stdout")).await;
+    let _ = out.flush().await;
+    let _ = err.write_all(&bytes("stderr")).await;
+    if r["truncated"] == true {
+        let _ = err
+            .write_all(b"abx: output truncated (exec/run keeps at most 16 MiB per stream).\n")
+            .await;
+    }
+    let _ = err.flush().await;
+    if r["timedOut"] == true {
+        eprintln!("[E3001] Command timed out.");
+    }
+    Ok(exit_code(&r))
+}
+
 /// Start `command` in `sandbox`, stream it, return its exit code.
 pub async fn exec(
     c: &mut Client,
@@ -103,10 +193,20 @@ pub async fn exec(
     // SIGTERM / SIGHUP: the command is killed (its whole tree) before abx exits. Listening
     // before exec/start goes, so a signal while it starts is handled, never fatal.
     let mut ending = Ending::new();
-    let started = c
-        .call("exec/start", Some(&params))
-        .await
-        .map_err(|e| Failure::from(e).in_method("exec/start"))?;
+    let started = match c.call("exec/start", Some(&params)).await {
+        Ok(v) => v,
+        Err(CallError::Rpc(e)) if lacks_stream(&e) => {
+            note_no_stream(&e);
+            if !std::io::stdin().is_terminal() {
+                if let Some(data) = piped_stdin() {
+                    params["stdin"] = json!(abx_protocol::b64::encode(&data));
+                    params["stdinEncoding"] = json!("base64");
+                }
+            }
+            return run_to_end(c, &params).await;
+        }
+        Err(e) => return Err(Failure::from(e).in_method("exec/start")),
+    };
     let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
     let forward_stdin = !std::io::stdin().is_terminal();
     let mut stdin = forward_stdin.then(crate::term::stdin_chunks);

@@ -391,6 +391,11 @@ pub struct ProviderTestParams {
     /// Only the contract tests whose name contains this.
     #[serde(default)]
     pub filter: Option<String>,
+    /// Tests run at once (default 16, at least 1): 1 for a provider whose sandboxes
+    /// share one endpoint (`abx provider test ID --concurrency N`).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub concurrency: Option<u64>,
 }
 
 /// One contract test of `provider/test`.
@@ -430,6 +435,9 @@ pub struct TestResult {
     pub failed: u64,
     /// Count skipped.
     pub skipped: u64,
+    /// Tests that ran at once.
+    #[serde(default)]
+    pub concurrency: Option<u64>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -771,6 +779,12 @@ pub struct ExecKillParams {
     /// Signal name (`TERM`, `SIGINT`, ...); default `KILL`. The whole tree gets it.
     #[serde(default)]
     pub signal: Option<String>,
+    /// Escalate when the command ignores the signal (default `true`): `INT`, then
+    /// `TERM` 2 s later, then `KILL` 2 s after that, while the command has not ended
+    /// (`TERM`, `HUP` and `QUIT`: `KILL` after 2 s; other signals never escalate). `false`
+    /// sends only the signal asked for.
+    #[serde(default)]
+    pub escalate: Option<bool>,
 }
 
 /// Params naming an exec.
@@ -962,7 +976,8 @@ pub struct FileEntry {
     pub size: u64,
     /// Permission bits in octal (`0644`).
     pub mode: String,
-    /// Last modification (RFC 3339 UTC).
+    /// Last modification (RFC 3339 UTC, with the fraction of a second the file system
+    /// keeps, e.g. `2026-12-01T14:38:20.123456789Z`; whole seconds when it has none).
     pub modified_at: String,
 }
 

@@ -108,3 +108,40 @@ pub fn provider_status(c: &mut Client, id: &str) -> serde_json::Value {
         .cloned()
         .unwrap_or_else(|| panic!("no provider '{id}' in broker/status: {st}"))
 }
+
+/// Install a fixture that leaves out the feature `feature` (pinned): the lines `"feature",`
+/// of its manifest and its code (the list its handshake reports) are removed. Returns the
+/// repo (keep it alive).
+pub fn install_without(c: &mut Client, name: &str, feature: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("plugin");
+    copy_dir(&fixture(name), &plugin);
+    let line = format!("\"{feature}\",");
+    let mut removed = 0;
+    for e in std::fs::read_dir(&plugin).unwrap() {
+        let path = e.unwrap().path();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let kept: Vec<&str> = text.lines().filter(|l| l.trim() != line).collect();
+        if kept.len() < text.lines().count() {
+            removed += 1;
+            std::fs::write(&path, kept.join("\n") + "\n").unwrap();
+        }
+    }
+    assert!(
+        removed >= 2,
+        "{name}: '{feature}' not found in its manifest and code"
+    );
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    git(dir.path(), &["add", "-A"]);
+    git(dir.path(), &["commit", "-q", "-m", "fixture"]);
+    let commit = git(dir.path(), &["rev-parse", "HEAD"]);
+    let url = format!("file://{}", dir.path().display());
+    let r = c.request(
+        "provider/install",
+        json!({"source": url, "subdir": "plugin", "ref": commit, "allowInsecureTransport": true, "confirm": true}),
+    );
+    assert!(r.get("error").is_none(), "install {name}: {r}");
+    dir
+}

@@ -305,3 +305,49 @@ fn seed_sections_one_to_three() {
     let r = abx(&home, &["provider", "list", "-q"]);
     assert_eq!(r.code, 2);
 }
+
+/// Issue 21: `abx exec` and `abx run` on a provider without `exec.stream` run the command
+/// with `exec/run` (output at the end) instead of failing with E8004, and say so once.
+#[test]
+fn exec_and_run_fall_back_to_exec_run_without_exec_stream() {
+    use abx_tests::fixtures::{install_without, plugin_sandbox};
+    use serde_json::json;
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let _repo = install_without(&mut c, "py-local", "exec.stream");
+    let (_, full) = plugin_sandbox(&mut c, "py-local");
+    let e = c.call_err("exec/start", json!({"sandbox": full, "command": "true"}));
+    assert_eq!(abx_tests::abx_code(&e), "E8004", "{e}");
+    let note = "running with exec/run instead";
+
+    let r = abx(&home, &["exec", &full, "echo out; echo err >&2; exit 3"]);
+    assert_eq!(r.code, 3, "stdout {:?} stderr {:?}", r.out, r.err);
+    assert_eq!(r.out, "out\n");
+    assert!(r.err.contains("err\n"), "{}", r.err);
+    assert_eq!(r.err.matches(note).count(), 1, "{}", r.err);
+    assert!(!r.err.contains("E8004"), "{}", r.err);
+
+    // Piped stdin reaches the command.
+    let o = home.run_with_input(&["exec", &full, "tr a-z A-Z"], b"piped\n");
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "PIPED\n");
+
+    // `abx run`: a throwaway sandbox on the provider, the same fallback, and no sandbox left.
+    let r = abx(
+        &home,
+        &[
+            "--provider",
+            "py-local",
+            "run",
+            "--",
+            "echo via-run; exit 4",
+        ],
+    );
+    assert_eq!(r.code, 4, "stdout {:?} stderr {:?}", r.out, r.err);
+    assert_eq!(r.out, "via-run\n");
+    assert_eq!(r.err.matches(note).count(), 1, "{}", r.err);
+    c.call("sandbox/kill", json!({"sandbox": full}));
+    let list = c.call("sandbox/list", json!({"provider": "py-local"}));
+    assert_eq!(list["sandboxes"], json!([]), "{list}");
+}

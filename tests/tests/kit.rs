@@ -408,3 +408,44 @@ fn kit_refuses_a_tampered_plugin_with_e8011() {
     // No test ran: nothing was reported.
     assert!(c.try_recv(Duration::from_millis(100)).is_none());
 }
+
+/// Issue 21: the CLI sets the kit's concurrency (`--concurrency N`, as `provider/test` can):
+/// with 1 the tests run one after another, so their durations add up to at most the run's.
+#[test]
+fn cli_sets_the_kits_concurrency() {
+    let (home, _c) = started(&[]);
+    let tests = "test_lifecycle,test_exec_run,test_files_roundtrip,test_exec_timeout_is_enforced";
+    let o = home.run(&[
+        "-j",
+        "provider",
+        "test",
+        "local",
+        "--filter",
+        tests,
+        "--concurrency",
+        "1",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(r["concurrency"], 1, "{r}");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{r}");
+    let sum: u64 = results
+        .iter()
+        .map(|t| t["durationMs"].as_u64().unwrap())
+        .sum();
+    assert!(
+        sum <= r["durationMs"].as_u64().unwrap(),
+        "tests overlapped: {sum} ms of tests in {} ms",
+        r["durationMs"]
+    );
+    // 0 is a usage error, refused before anything runs.
+    let o = home.run(&["provider", "test", "local", "--concurrency", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}

@@ -934,3 +934,137 @@ fn a_sandbox_cannot_drive_the_broker() {
         }
     }
 }
+
+/// Issue 21: `modifiedAt` carries the fraction of a second the file system keeps (valid
+/// RFC 3339), in `files/stat` and `files/list` alike.
+#[test]
+fn modified_at_has_the_file_systems_sub_second_precision() {
+    let (_home, mut c, id) = setup();
+    let r = c.sh(
+        &id,
+        "printf x > t && touch -d '2020-01-02T03:04:05.123456789Z' t && printf y > w && touch -d '2020-01-02T03:04:05Z' w",
+    );
+    assert_eq!(r["exitCode"], 0, "{r}");
+    let st = c.call("files/stat", json!({"sandbox": id, "path": "t"}));
+    assert_eq!(st["modifiedAt"], "2020-01-02T03:04:05.123456789Z", "{st}");
+    // Whole seconds stay without a fraction.
+    let st = c.call("files/stat", json!({"sandbox": id, "path": "w"}));
+    assert_eq!(st["modifiedAt"], "2020-01-02T03:04:05Z", "{st}");
+    let l = c.call("files/list", json!({"sandbox": id, "path": "."}));
+    let t = l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "t")
+        .cloned()
+        .unwrap_or_else(|| panic!("no t in {l}"));
+    assert_eq!(t["modifiedAt"], "2020-01-02T03:04:05.123456789Z", "{t}");
+}
+
+/// Start `command` and wait for its first output (so its traps are set).
+fn start_ready(c: &mut Client, sandbox: &str, command: &str) -> String {
+    let e = c.call(
+        "exec/start",
+        json!({"sandbox": sandbox, "command": command, "stdin": ""}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    loop {
+        let v = c.recv();
+        if v["params"]["execId"] == e.as_str() && v["method"] == "exec/output" {
+            assert_eq!(abx_tests::output_bytes(&v["params"]), b"ready\n");
+            return e;
+        }
+        assert_ne!(v["method"], "exec/exit", "{v}");
+    }
+}
+
+/// Issue 21: `exec/kill` with INT can be swallowed (`sh` between commands, a trap): the
+/// broker escalates to TERM, then KILL, 2 s apart, while the command runs; `escalate:
+/// false` sends only the signal asked for.
+#[test]
+fn exec_kill_escalates_int_to_term_then_kill() {
+    let (_home, mut c, id) = setup();
+    let grace = Duration::from_secs(2);
+    let slack = Duration::from_millis(300);
+    // Ignores INT and TERM: only the KILL ends it.
+    let e = start_ready(
+        &mut c,
+        &id,
+        "trap '' INT TERM; echo ready; while :; do sleep 0.1; done",
+    );
+    let t0 = std::time::Instant::now();
+    c.call("exec/kill", json!({"execId": e, "signal": "INT"}));
+    let s = c.collect(&e);
+    assert_eq!(s.exit["signal"], "SIGKILL", "{:?}", s.exit);
+    assert!(t0.elapsed() + slack >= 2 * grace, "{:?}", t0.elapsed());
+    // Ignores INT only: the TERM ends it.
+    let e = start_ready(
+        &mut c,
+        &id,
+        "trap '' INT; echo ready; while :; do sleep 0.1; done",
+    );
+    let t0 = std::time::Instant::now();
+    c.call("exec/kill", json!({"execId": e, "signal": "INT"}));
+    let s = c.collect(&e);
+    assert_eq!(s.exit["signal"], "SIGTERM", "{:?}", s.exit);
+    assert!(t0.elapsed() + slack >= grace, "{:?}", t0.elapsed());
+    // Opted out: the INT is all it gets (it outlives two grace periods), until a KILL.
+    let e = start_ready(
+        &mut c,
+        &id,
+        "trap '' INT TERM; echo ready; while :; do sleep 0.1; done",
+    );
+    c.call(
+        "exec/kill",
+        json!({"execId": e, "signal": "INT", "escalate": false}),
+    );
+    if let Some(v) = c.try_recv(2 * grace + Duration::from_secs(1)) {
+        panic!("nothing expected without escalation: {v}");
+    }
+    c.call("exec/kill", json!({"execId": e, "signal": "KILL"}));
+    assert_eq!(c.collect(&e).exit["signal"], "SIGKILL");
+}
+
+/// Issue 21: a client that dies is found out only when a write to it fails. The exit of its
+/// exec written then (the first notification after the death) stays with the exec, so a
+/// later `exec/attach` replays it instead of answering E3002.
+#[test]
+fn an_exit_written_to_a_dead_client_stays_for_the_next_attach() {
+    let (home, mut c, id) = setup();
+    let e = c.call(
+        "exec/start",
+        json!({"sandbox": id, "command": "while [ ! -e go ]; do sleep 0.05; done; exit 7", "stdin": ""}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The client dies with the command silent: nothing is written to it yet.
+    drop(c);
+    let mut other = home.connect();
+    let connections = |o: &mut Client| o.call("broker/status", Value::Null)["connections"].clone();
+    assert_eq!(
+        connections(&mut other),
+        2,
+        "the dead client still counts until a write fails"
+    );
+    other.call(
+        "files/write",
+        json!({"sandbox": id, "path": "go", "data": ""}),
+    );
+    // The exit goes to the dead client, the write fails, and its connection is dropped.
+    wait_until(
+        "the dead client's connection dropped",
+        Duration::from_secs(20),
+        || connections(&mut other) == 1,
+    );
+    let r = other.call("exec/attach", json!({"execId": e}));
+    assert_eq!(
+        (r["running"].clone(), r["replayed"].clone()),
+        (json!(false), json!(1)),
+        "{r}"
+    );
+    let s = other.collect(&e);
+    assert_eq!((s.exit["exitCode"].clone(), s.exits), (json!(7), 1));
+}

@@ -177,3 +177,41 @@ impl Mcp {
         s.flush().expect("flush");
     }
 }
+
+/// Issue 21: the `exec` tool on a provider without `exec.stream` runs the command with
+/// `exec/run` (the output comes at the end) instead of failing with E8004.
+#[test]
+fn exec_tool_falls_back_to_exec_run_without_exec_stream() {
+    use abx_tests::fixtures::{install_without, plugin_sandbox};
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let _repo = install_without(&mut c, "py-local", "exec.stream");
+    let (_, full) = plugin_sandbox(&mut c, "py-local");
+    let mut m = Mcp::start(&home);
+    let r = m.request(1, "initialize", init("2025-06-18"));
+    assert_eq!(r["result"]["protocolVersion"], "2025-06-18", "{r}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let r = m.request(
+        2,
+        "tools/call",
+        json!({"name": "exec", "arguments": {"sandbox": full, "command": "echo out; echo err >&2; exit 5"}}),
+    );
+    let res = &r["result"];
+    assert_eq!(res["isError"], false, "{r}");
+    let s = &res["structuredContent"];
+    assert_eq!(
+        (
+            s["exitCode"].clone(),
+            s["stdout"].clone(),
+            s["stderr"].clone()
+        ),
+        (json!(5), json!("out\n"), json!("err\n")),
+        "{r}"
+    );
+    assert_eq!(s["timedOut"], false, "{r}");
+    let text = res["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("Exit code: 5"), "{text}");
+    m.finish();
+    c.call("sandbox/kill", json!({"sandbox": full}));
+}

@@ -580,3 +580,42 @@ fn update_check_and_repair() {
     let r = c.call("provider/update", json!({"id": "py-local", "check": true}));
     assert_eq!(r["providers"][0]["status"], "up-to-date");
 }
+
+/// Issue 21: the broker escalates an `exec/kill` the command ignores on plugins too: INT,
+/// then TERM, then KILL (2 s apart) as further `exec/kill`s to the plugin.
+#[test]
+fn exec_kill_escalates_on_a_plugin() {
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (_, full) = plugin_sandbox(&mut c, "py-local");
+    let e = c.call(
+        "exec/start",
+        json!({"sandbox": full, "command": "trap '' INT TERM; echo ready; while :; do sleep 0.1; done", "stdin": ""}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    loop {
+        let v = c.recv();
+        if v["params"]["execId"] == e.as_str() && v["method"] == "exec/output" {
+            break;
+        }
+        assert_ne!(v["method"], "exec/exit", "{v}");
+    }
+    let t0 = std::time::Instant::now();
+    c.call("exec/kill", json!({"execId": e, "signal": "INT"}));
+    let s = c.collect(&e);
+    assert!(
+        s.exit["signal"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("KILL")),
+        "{:?}",
+        s.exit
+    );
+    assert!(
+        t0.elapsed() + Duration::from_millis(300) >= Duration::from_secs(4),
+        "{:?}",
+        t0.elapsed()
+    );
+    c.call("sandbox/kill", json!({"sandbox": full}));
+}

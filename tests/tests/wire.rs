@@ -305,3 +305,46 @@ fn stdio_broker_serves_both_framings_and_keeps_stdout_clean() {
     assert!(status.success());
     drop(stdin);
 }
+
+/// Issue 21: `vim.lsp.rpc` sends `params: []` for an empty Lua table. An empty by-position
+/// array is no params for every method; a non-empty one is E1004 that names by-name params.
+#[test]
+fn empty_array_params_are_no_params_and_by_position_gets_a_clear_error() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    for method in [
+        "sandbox/list",
+        "provider/list",
+        "broker/ping",
+        "broker/status",
+        "initialize",
+    ] {
+        let r = c.request(method, json!([]));
+        assert!(r.get("error").is_none(), "{method} with [] failed: {r}");
+    }
+    // Whitespace inside the empty array is still empty.
+    c.send(r#"{"jsonrpc":"2.0","id":"ws","method":"sandbox/list","params":[ ]}"#);
+    let r = c.recv();
+    assert!(r["result"]["sandboxes"].is_array(), "{r}");
+    for method in [
+        "sandbox/list",
+        "broker/ping",
+        "broker/status",
+        "provider/info",
+    ] {
+        let e = c.call_err(method, json!(["local"]));
+        assert_eq!(e["code"], -32602, "{method}: {e}");
+        assert_eq!(abx_code(&e), "E1004", "{method}: {e}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(
+            msg.contains("by-name") && msg.contains("object") && msg.contains(method),
+            "{method}: {e}"
+        );
+        assert!(e["data"]["suggestion"]
+            .as_str()
+            .is_some_and(|s| s.contains("object")));
+    }
+    // Still usable.
+    assert_eq!(c.request("broker/ping", Value::Null)["result"], json!({}));
+}

@@ -615,6 +615,7 @@ pub async fn run(cx: &Cx, params: Value) -> Result<Value, AbxError> {
         "failed": failed,
         "skipped": skipped,
         "durationMs": started.elapsed().as_millis() as u64,
+        "concurrency": concurrency,
     }))
 }
 

@@ -687,9 +687,28 @@ pub fn signal_name(sig: i32) -> String {
 /// Where a stream's notifications go: a connection, or a bounded buffer while detached.
 struct Sink {
     conn: Option<ConnHandle>,
-    buffer: VecDeque<Vec<u8>>,
+    /// Notifications no one received yet, with their sequence numbers (in order).
+    buffer: VecDeque<(u64, Vec<u8>)>,
     buffered: usize,
     dropped: u64,
+    /// Sequence number of the next notification.
+    next: u64,
+    /// Sequence number of the `exec/exit`, once sent.
+    exit: Option<u64>,
+}
+
+impl Sink {
+    /// Keep `body` (number `seq`) for a later attach, in order, within the bound.
+    fn keep(&mut self, seq: u64, body: Vec<u8>) {
+        self.buffered += body.len();
+        let at = self.buffer.partition_point(|(n, _)| *n < seq);
+        self.buffer.insert(at, (seq, body));
+        while self.buffered > DETACHED_BUFFER && self.buffer.len() > 1 {
+            let (_, old) = self.buffer.pop_front().expect("non-empty");
+            self.buffered -= old.len();
+            self.dropped += old.len() as u64;
+        }
+    }
 }
 
 /// One running (or finished, exit not yet delivered) `exec/start`.
@@ -708,6 +727,8 @@ pub struct Stream {
     attached: Notify,
     /// Set once the exit notification has been delivered.
     pub done: std::sync::atomic::AtomicBool,
+    /// Becomes true when its process has ended.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 impl Stream {
@@ -757,42 +778,140 @@ impl Stream {
         }
     }
 
+    /// True once its `exec/exit` went out to a client (queued or written; not kept for an
+    /// attach): the exec is gone for every method from then on, as its exit says.
+    pub fn exit_out(&self) -> bool {
+        let s = self.sink.lock().expect("sink");
+        s.exit
+            .is_some_and(|e| !s.buffer.iter().any(|(n, _)| *n == e))
+    }
+
     /// Send notifications to `conn` from now on, replaying what was buffered.
     pub async fn attach(&self, conn: ConnHandle) -> Value {
-        let (buffered, dropped) = {
+        let (buffered, dropped, exit_replayed) = {
             let mut s = self.sink.lock().expect("sink");
             s.conn = Some(conn.clone());
-            let b: Vec<Vec<u8>> = s.buffer.drain(..).collect();
+            let exit = s.exit;
+            let exit_replayed = s.buffer.iter().any(|(n, _)| Some(*n) == exit);
+            let b: Vec<Vec<u8>> = s.buffer.drain(..).map(|(_, b)| b).collect();
             s.buffered = 0;
-            (b, std::mem::take(&mut s.dropped))
+            (b, std::mem::take(&mut s.dropped), exit_replayed)
         };
         let replayed = buffered.len();
         for body in buffered {
             conn.send(body).await;
         }
         self.attached.notify_waiters();
-        json!({"execId": self.id, "running": !self.done.load(std::sync::atomic::Ordering::Relaxed), "replayed": replayed, "droppedBytes": dropped})
+        // Not running: its exit was delivered before, or is among what was just replayed
+        // (clients take `running: false` without an exit as an exit lost on the way).
+        let running = !(exit_replayed || self.done.load(std::sync::atomic::Ordering::Relaxed));
+        json!({"execId": self.id, "running": running, "replayed": replayed, "droppedBytes": dropped})
     }
 
-    async fn emit(&self, body: Vec<u8>) {
-        let conn = self.sink.lock().expect("sink").conn.clone();
+    /// Send a notification to the attached connection, or keep it for a later attach. One
+    /// that was queued but never reached the client (it died before the write) comes back
+    /// and is kept too, in order. `delivered`, given for the `exec/exit`, hears whether it
+    /// reached the client.
+    async fn emit_tracked(
+        self: &Arc<Self>,
+        body: Vec<u8>,
+        delivered: Option<tokio::sync::oneshot::Sender<bool>>,
+    ) {
+        let (conn, seq) = {
+            let mut s = self.sink.lock().expect("sink");
+            s.next += 1;
+            if delivered.is_some() {
+                s.exit = Some(s.next - 1);
+            }
+            (s.conn.clone(), s.next - 1)
+        };
         let body = match conn {
-            Some(c) => match c.send_or_keep(body).await {
-                Ok(()) => return,
-                Err(body) => body,
-            },
+            Some(c) => {
+                let weak = Arc::downgrade(self);
+                let conn_id = c.id;
+                let report: crate::conn::Delivery = Box::new(move |r| {
+                    let ok = r.is_ok();
+                    if let (Err(body), Some(me)) = (r, weak.upgrade()) {
+                        me.undelivered(conn_id, seq, body);
+                    }
+                    if let Some(d) = delivered {
+                        let _ = d.send(ok);
+                    }
+                });
+                match c.send_tracked(body, report).await {
+                    Ok(()) => return,
+                    Err(body) => body,
+                }
+            }
             None => body,
         };
         let mut s = self.sink.lock().expect("sink");
         s.conn = None;
-        s.buffered += body.len();
-        s.buffer.push_back(body);
-        while s.buffered > DETACHED_BUFFER && s.buffer.len() > 1 {
-            let old = s.buffer.pop_front().expect("non-empty");
-            s.buffered -= old.len();
-            s.dropped += old.len() as u64;
+        s.keep(seq, body);
+    }
+
+    async fn emit(self: &Arc<Self>, body: Vec<u8>) {
+        self.emit_tracked(body, None).await
+    }
+
+    /// A notification connection `conn_id` did not receive: that connection is gone, so
+    /// the stream detaches from it and keeps the body for the next attach (or, when
+    /// another connection attached meanwhile, sends it there).
+    fn undelivered(&self, conn_id: u64, seq: u64, body: Vec<u8>) {
+        let mut s = self.sink.lock().expect("sink");
+        match &s.conn {
+            Some(c) if c.id != conn_id && !c.is_closed() => {
+                let c = c.clone();
+                drop(s);
+                tokio::spawn(async move {
+                    c.send(body).await;
+                });
+            }
+            _ => {
+                s.conn = None;
+                s.keep(seq, body);
+            }
         }
     }
+}
+
+/// Grace periods of an escalating `exec/kill`: INT, then TERM after [`KILL_GRACE`], then
+/// KILL after another one, while the command's process has not ended.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// The signals that follow `sig`, [`KILL_GRACE`] apart, while the command runs.
+pub fn escalation(sig: i32) -> &'static [i32] {
+    match sig {
+        libc::SIGINT => &[libc::SIGTERM, libc::SIGKILL],
+        libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => &[libc::SIGKILL],
+        _ => &[],
+    }
+}
+
+/// Escalate a signal the command may ignore (`sh` swallows INT between commands): INT
+/// becomes TERM, then KILL; TERM, HUP and QUIT become KILL; each after [`KILL_GRACE`] if the
+/// command's process is still running. Other signals never escalate.
+pub fn escalate(s: Arc<Stream>, sig: i32) {
+    let next = escalation(sig);
+    if next.is_empty() {
+        return;
+    }
+    let mut ended = s.ended.subscribe();
+    if *ended.borrow() {
+        return;
+    }
+    tokio::spawn(async move {
+        for &sig in next {
+            if tokio::time::timeout(KILL_GRACE, ended.wait_for(|e| *e))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tracing::debug!(exec = %s.id, signal = %signal_name(sig), "exec/kill: escalating");
+            procs::kill_tree(s.pid, sig);
+        }
+    });
 }
 
 /// `exec/start`: spawn and stream. Returns the stream entry; the pump runs on its own.
@@ -819,11 +938,14 @@ pub async fn start(
             buffer: VecDeque::new(),
             buffered: 0,
             dropped: 0,
+            next: 0,
+            exit: None,
         }),
         stdin: tokio::sync::Mutex::new(sp.stdin.take()),
         pty: sp.pty.clone(),
         attached: Notify::new(),
         done: std::sync::atomic::AtomicBool::new(false),
+        ended: tokio::sync::watch::Sender::new(false),
     });
     if let Some(data) = initial_stdin {
         let s = stream.clone();
@@ -899,6 +1021,7 @@ async fn pump(
             st = sp.child.wait(), if status.is_none() => {
                 status = Some(st.ok());
                 exited_at = Some(tokio::time::Instant::now());
+                s.ended.send_replace(true);
             },
             _ = tokio::time::sleep_until(sleep_until) => {
                 if exited_at.is_none() && !timed_out {
@@ -913,10 +1036,13 @@ async fn pump(
             send_raw(&s, name, &carry).await;
         }
     }
+    // The read buffers (2 x 256 KiB) are not kept while the exit waits for an attach.
+    drop((buf_o, buf_e, out, err));
     let status = match status {
         Some(st) => st,
         None => sp.child.wait().await.ok(),
     };
+    s.ended.send_replace(true);
     let (code, signal) = exit_info(status);
     let mut exit = json!({"execId": s.id, "exitCode": code, "timedOut": timed_out});
     if let Some(sig) = signal {
@@ -925,15 +1051,23 @@ async fn pump(
         }
         exit["signal"] = json!(sig);
     }
-    s.emit(abx_protocol::message::encode_notification(
-        "exec/exit",
-        Some(&exit),
-    ))
+    // Listening for an attach before the exit goes out, so none is missed.
+    let attached = s.attached.notified();
+    tokio::pin!(attached);
+    attached.as_mut().enable();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    s.emit_tracked(
+        abx_protocol::message::encode_notification("exec/exit", Some(&exit)),
+        Some(tx),
+    )
     .await;
+    // Delivered means written to the client: a client that died is found out by the write,
+    // and its undelivered exit stays with the stream.
+    let delivered = rx.await.unwrap_or(false);
     // A detached stream keeps its exit for a later attach; wait for one (bounded).
-    let delivered = s.sink.lock().expect("sink").conn.is_some();
-    if !delivered {
-        let _ = tokio::time::timeout(Duration::from_secs(600), s.attached.notified()).await;
+    let pending = !s.sink.lock().expect("sink").buffer.is_empty();
+    if !delivered && pending {
+        let _ = tokio::time::timeout(Duration::from_secs(600), attached).await;
     }
     s.done.store(true, std::sync::atomic::Ordering::Relaxed);
 }
@@ -947,7 +1081,7 @@ async fn read_opt(r: &mut Option<Reader>, buf: &mut [u8]) -> Option<usize> {
 
 /// Send what was read (after what was carried from the last read), keeping a character
 /// cut at the end in `carry` for the next one. No copy unless something was carried.
-async fn send_chunk(s: &Stream, stream: &str, carry: &mut Vec<u8>, read: &[u8]) {
+async fn send_chunk(s: &Arc<Stream>, stream: &str, carry: &mut Vec<u8>, read: &[u8]) {
     let joined;
     let bytes = if carry.is_empty() {
         read
@@ -963,7 +1097,7 @@ async fn send_chunk(s: &Stream, stream: &str, carry: &mut Vec<u8>, read: &[u8]) 
     carry.extend_from_slice(&bytes[used..]);
 }
 
-async fn send_raw(s: &Stream, stream: &str, bytes: &[u8]) {
+async fn send_raw(s: &Arc<Stream>, stream: &str, bytes: &[u8]) {
     s.emit(output_frame(&s.id, stream, bytes)).await;
 }
 

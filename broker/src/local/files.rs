@@ -1013,7 +1013,7 @@ fn entry(name: String, path: String, st: &libc::stat) -> Entry {
         kind: kind.to_owned(),
         size: st.st_size.max(0) as u64,
         mode: format!("{:04o}", st.st_mode & 0o7777),
-        modified_at: rfc3339(st.st_mtime),
+        modified_at: crate::util::rfc3339_nanos(st.st_mtime, st.st_mtime_nsec),
     }
 }
 

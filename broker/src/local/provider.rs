@@ -607,6 +607,7 @@ impl Inner {
             .lock()
             .expect("streams")
             .get(exec_id)
+            .filter(|s| !s.exit_out())
             .cloned()
             .ok_or_else(|| AbxError::new(ErrorCode::ExecNotFound, &[("exec", exec_id)]))?;
         if must_own && s.owner() != Some(cx.conn.id) {
@@ -773,11 +774,16 @@ impl Inner {
                     exec_id: String,
                     #[serde(default)]
                     signal: Option<String>,
+                    #[serde(default)]
+                    escalate: Option<bool>,
                 }
                 let p: P = parse(method, params)?;
                 let sig = signal(p.signal.as_deref())?;
                 let s = self.stream(cx, &p.exec_id, true)?;
                 procs::kill_tree(s.pid, sig);
+                if p.escalate != Some(false) {
+                    exec::escalate(s, sig);
+                }
                 Ok(json!({}))
             }
             "exec/attach" => {

@@ -75,6 +75,47 @@ pub struct ExecProvider {
 }
 
 impl ExecProvider {
+    /// After an `exec/kill` with a signal the command may ignore: while the exec's stream
+    /// still runs (no `exec/exit` yet), follow with TERM, then KILL,
+    /// [`crate::local::exec::KILL_GRACE`] apart (`escalate: false` opts out).
+    fn escalate(&self, cx: &CallCx, params: &Value) {
+        let Some(exec_id) = params["execId"].as_str().map(str::to_owned) else {
+            return;
+        };
+        let sig = params["signal"]
+            .as_str()
+            .map_or(Some(libc::SIGKILL), crate::local::procs::signal_from_name);
+        let next = sig.map_or(&[][..], crate::local::exec::escalation);
+        if next.is_empty() {
+            return;
+        }
+        let (host, conn) = (self.host.clone(), cx.conn.clone());
+        tokio::spawn(async move {
+            for &sig in next {
+                let until = tokio::time::Instant::now() + crate::local::exec::KILL_GRACE;
+                loop {
+                    if !host.has_route(&exec_id).await {
+                        return;
+                    }
+                    if tokio::time::Instant::now() >= until {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let name = crate::local::exec::signal_name(sig);
+                let p = json!({"execId": exec_id, "signal": name.trim_start_matches("SIG")});
+                tracing::debug!(exec = %exec_id, signal = %name, "exec/kill: escalating");
+                if host
+                    .call("exec/kill", &p, Some(conn.clone()), None, None, None)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+
     /// Wrap an installed record (the process starts on first use).
     pub fn new(record: Installed, paths: &Paths) -> Result<ExecProvider, AbxError> {
         let spec = spec_for(&record, paths)?;
@@ -394,6 +435,13 @@ impl Provider for ExecProvider {
 
     fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
         Box::pin(async move {
+            let mut params = params;
+            // `exec/kill` escalation is the broker's: the plugin gets the signal asked for.
+            let escalate = method == "exec/kill"
+                && params
+                    .as_object_mut()
+                    .and_then(|o| o.remove("escalate"))
+                    .is_none_or(|v| v != Value::Bool(false));
             self.verify().await?;
             let has = |f: &str| self.summary.features.iter().any(|x| x == f);
             let mut v = match method {
@@ -420,6 +468,9 @@ impl Provider for ExecProvider {
                             timeout,
                         )
                         .await?;
+                    if escalate {
+                        self.escalate(cx, &params);
+                    }
                     if !method.starts_with("sandbox/") {
                         return Ok(raw);
                     }

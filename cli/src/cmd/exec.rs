@@ -6,7 +6,6 @@ use crate::output::{print_json, Failure};
 use crate::stream;
 use crate::term;
 use serde_json::{json, Value};
-use std::io::Read;
 
 /// `exec/run` params plus piped stdin (for -j).
 fn run_params(sandbox: &str, command: &str, timeout: Option<f64>, cwd: Option<&str>) -> Value {
@@ -18,8 +17,7 @@ fn run_params(sandbox: &str, command: &str, timeout: Option<f64>, cwd: Option<&s
         p["cwd"] = json!(c);
     }
     if !term::stdin_is_tty() {
-        let mut buf = Vec::new();
-        if std::io::stdin().read_to_end(&mut buf).is_ok() && !buf.is_empty() {
+        if let Some(buf) = stream::piped_stdin() {
             p["stdin"] = json!(abx_protocol::b64::encode(&buf));
             p["stdinEncoding"] = json!("base64");
         }
@@ -57,29 +55,13 @@ async fn run_json(
     cwd: Option<&str>,
 ) -> Result<u8, Failure> {
     let params = run_params(sandbox, cmd, timeout, cwd);
-    // Listening before the request goes: a signal from here on is handled, never fatal.
-    let mut ending = stream::Ending::new();
-    let id = c
-        .send_request("exec/run", Some(&params))
-        .await
-        .map_err(|e| Failure::from(e).in_method("exec/run"))?;
-    let sig = tokio::select! {
-        r = c.reply_to(&id) => {
-            let r = r.map_err(|e| Failure::from(e).in_method("exec/run"))?;
+    match stream::run_cancellable(c, &params).await? {
+        Ok(r) => {
             print_json(&r);
-            return Ok(exit_of(&r));
+            Ok(exit_of(&r))
         }
-        _ = tokio::signal::ctrl_c() => libc::SIGINT,
-        sig = ending.recv() => sig,
-    };
-    let cancel =
-        abx_protocol::message::encode_notification("$/cancelRequest", Some(&json!({ "id": id })));
-    let mut line = cancel;
-    line.push(b'\n');
-    if c.send_raw(&line).await.is_ok() {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(&id)).await;
+        Err(code) => Ok(code),
     }
-    Ok((128 + sig) as u8)
 }
 
 /// `abx run -- CMD`: create a sandbox, run, kill it (also on failure or Ctrl-C).

@@ -157,9 +157,11 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             provider::update(cx, id.as_deref(), check, git_ref.as_deref()).await
         }
         Command::Provider(ProviderCmd::Doctor { id }) => provider::doctor(cx, &id).await,
-        Command::Provider(ProviderCmd::Test { id, filter }) => {
-            provider::test(cx, &id, filter.as_deref()).await
-        }
+        Command::Provider(ProviderCmd::Test {
+            id,
+            filter,
+            concurrency,
+        }) => provider::test(cx, &id, filter.as_deref(), concurrency).await,
         Command::Provider(ProviderCmd::Configure { id, values, unset }) => {
             provider::configure(cx, &id, &values, &unset).await
         }

@@ -400,12 +400,19 @@ pub async fn doctor(cx: &Ctx, id: &str) -> Result<u8, Failure> {
 }
 
 /// `abx provider test ID [--filter F]`: a line per test as it finishes, then the totals.
-pub async fn test(cx: &Ctx, id: &str, filter: Option<&str>) -> Result<u8, Failure> {
+pub async fn test(
+    cx: &Ctx,
+    id: &str,
+    filter: Option<&str>,
+    concurrency: Option<u64>,
+) -> Result<u8, Failure> {
     use abx_protocol::message::Message;
     let mut c = cx.connect().await?;
-    let req = c
-        .send_request("provider/test", Some(&json!({"id": id, "filter": filter})))
-        .await?;
+    let mut params = json!({"id": id, "filter": filter});
+    if let Some(n) = concurrency {
+        params["concurrency"] = json!(n);
+    }
+    let req = c.send_request("provider/test", Some(&params)).await?;
     let print_line = |v: &Value| {
         let outcome = text(&v["outcome"]);
         let detail = text(&v["detail"]);

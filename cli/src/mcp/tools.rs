@@ -748,8 +748,27 @@ async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
     put(&mut p, "env", a.env);
     put(&mut p, "timeout", a.timeout);
     // Not raced with the cancel token: an exec that started must be known to be killed.
-    let (started, mut events) = match conn.start_stream("exec/start", p).await {
+    let (started, mut events) = match conn.start_stream("exec/start", p.clone()).await {
         Ok(r) => r,
+        Err(CallError::Rpc(e)) if crate::stream::lacks_stream(&e) => {
+            // No `exec.stream`: `exec/run` does it, with the output at the end (said once
+            // on stderr). Dropping the call on cancel sends `$/cancelRequest`, which kills it.
+            crate::stream::note_no_stream(&e);
+            let r = tokio::select! {
+                r = conn.call("exec/run", p) => r,
+                _ = cx.cancel.cancelled() => return None,
+            };
+            return Some(match r {
+                Ok(r) => exec_result(
+                    cx,
+                    a.timeout,
+                    run_as_exit(&r),
+                    (run_capture(&r, "stdout"), run_capture(&r, "stderr")),
+                    r["truncated"] == true,
+                ),
+                Err(e) => fail(&e),
+            });
+        }
         Err(e) => return Some(fail(&e)),
     };
     let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
@@ -799,15 +818,48 @@ async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
             }
         }
     };
+    Some(exec_result(cx, a.timeout, exit, (out, err), false))
+}
+
+/// An `exec/run` result's stream `k` as a [`Capture`].
+fn run_capture(r: &Value, k: &str) -> Capture {
+    let data = r[k].as_str().unwrap_or_default();
+    let mut c = Capture::default();
+    if r["encoding"] == "base64" {
+        let bytes = abx_protocol::b64::decode(data).unwrap_or_default();
+        c.push(&String::from_utf8_lossy(&bytes));
+    } else {
+        c.push(data);
+    }
+    c
+}
+
+/// An `exec/run` result in the shape of an `exec/exit`.
+fn run_as_exit(r: &Value) -> Value {
+    let mut e = json!({"exitCode": r.get("exitCode").cloned().unwrap_or(Value::Null), "timedOut": r["timedOut"]});
+    if let Some(s) = r.get("signal") {
+        e["signal"] = s.clone();
+    }
+    e
+}
+
+/// The tool result of an exec: exit line, stdout, stderr.
+fn exec_result(
+    cx: &Cx<'_>,
+    timeout: Option<f64>,
+    exit: Value,
+    (out, err): (Capture, Capture),
+    truncated: bool,
+) -> Value {
     let exit_code = exit.get("exitCode").cloned().unwrap_or(Value::Null);
     let timed_out = exit["timedOut"].as_bool().unwrap_or(false);
     let signal = exit["signal"].as_str().map(str::to_owned);
-    let truncated = out.omitted > 0 || err.omitted > 0;
+    let truncated = truncated || out.omitted > 0 || err.omitted > 0;
     let (stdout, stderr) = (out.text(), err.text());
     let mut text = match (&exit_code, timed_out) {
         (_, true) => format!(
             "Timed out after {}s and was killed (exit code {exit_code}).",
-            a.timeout.unwrap_or(0.0)
+            timeout.unwrap_or(0.0)
         ),
         (Value::Null, _) => "Exit code: unknown.".to_owned(),
         (c, _) => format!("Exit code: {c}"),
@@ -825,7 +877,7 @@ async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
         "truncated": truncated,
     });
     put(&mut structured, "signal", signal);
-    Some(ok(cx, text, structured))
+    ok(cx, text, structured)
 }
 
 #[cfg(test)]
