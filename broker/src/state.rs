@@ -33,12 +33,6 @@ impl Broker {
     /// A broker with the given paths; version from `ABX_BROKER_VERSION` or the build.
     /// Starts the builtin providers, so it must be called inside a tokio runtime.
     pub fn new(paths: Paths) -> Broker {
-        // Sandboxes must not see the broker's own state (other sandboxes, config, secrets).
-        crate::local::isolate::hide_paths([
-            paths.runtime_dir.clone(),
-            paths.data_dir.clone(),
-            paths.config_dir.clone(),
-        ]);
         let local: Arc<dyn crate::provider::Provider> =
             Arc::new(crate::local::provider::LocalProvider::start(
                 &paths.data_dir,

@@ -6,10 +6,11 @@
 //! so a child started with a cleaned environment (`env -i`) still counts while its parent
 //! lives. Zombies have no readable environment: they are reported when their parent belongs.
 //!
-//! Limits: there is no pid namespace or cgroup, so a process that both clears its
-//! environment and is re-parented away from the sandbox (a double fork after `env -i`) is
-//! no longer found. Pids are host pids (the same inside the sandbox). Processes of other
-//! users are never readable and never listed.
+//! That marker is how the opt-in weaker models (`landlock`, `none`) find a sandbox's
+//! processes; there a process that both clears its environment and is re-parented away from
+//! the sandbox (a double fork after `env -i`) is no longer found. Sandboxes of the default
+//! `namespaces` model are listed by their PID namespace instead ([`list_members`], from
+//! [`super::container::Container::members`]). Processes of other users are never listed.
 
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -461,8 +462,8 @@ mod tests {
     }
 
     #[test]
-    fn finds_and_signals_a_tree_in_the_namespace_model() {
-        tree_lifecycle(Model::Namespaces, "procs-ns-1");
+    fn finds_and_signals_a_tree_in_the_landlock_model() {
+        tree_lifecycle(Model::Landlock, "procs-ll-1");
     }
 
     #[test]
