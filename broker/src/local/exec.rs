@@ -338,14 +338,8 @@ async fn spawn_in(
     );
     let (stdin, stdout, stderr, pty): Ends = match proc_.master.take() {
         Some(m) => {
-            let m = Arc::new(m);
-            let r = tokio::fs::File::from_std(std::fs::File::from(
-                m.try_clone().map_err(AbxError::internal)?,
-            ));
-            let w = tokio::fs::File::from_std(std::fs::File::from(
-                m.try_clone().map_err(AbxError::internal)?,
-            ));
-            (Some(Box::new(w)), Some(Box::new(r)), None, Some(m))
+            let (w, r, m) = pty_ends(m)?;
+            (Some(w), Some(r), None, Some(m))
         }
         None => {
             use tokio::net::unix::pipe as tp;
@@ -451,14 +445,8 @@ fn spawn_host(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawne
     );
     let (stdin, stdout, stderr, pty): Ends = match master {
         Some(m) => {
-            let m = Arc::new(m);
-            let r = tokio::fs::File::from_std(std::fs::File::from(
-                m.try_clone().map_err(AbxError::internal)?,
-            ));
-            let w = tokio::fs::File::from_std(std::fs::File::from(
-                m.try_clone().map_err(AbxError::internal)?,
-            ));
-            (Some(Box::new(w)), Some(Box::new(r)), None, Some(m))
+            let (w, r, m) = pty_ends(m)?;
+            (Some(w), Some(r), None, Some(m))
         }
         None => (
             child.stdin.take().map(|s| Box::new(s) as _),
@@ -479,6 +467,17 @@ fn spawn_host(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawne
         stderr,
         pty,
     })
+}
+
+/// A pty master as the exec's stdin writer and output reader (and the master, to resize).
+fn pty_ends(m: OwnedFd) -> Result<(Writer, Reader, Arc<OwnedFd>), AbxError> {
+    let m = Arc::new(m);
+    let file = |m: &OwnedFd| -> Result<tokio::fs::File, AbxError> {
+        Ok(tokio::fs::File::from_std(std::fs::File::from(
+            m.try_clone().map_err(AbxError::internal)?,
+        )))
+    };
+    Ok((Box::new(file(&m)?), Box::new(file(&m)?), m))
 }
 
 fn open_pty(size: PtySize) -> std::io::Result<(OwnedFd, OwnedFd)> {

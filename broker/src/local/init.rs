@@ -811,20 +811,6 @@ fn loopback_up() -> Result<(), String> {
     Ok(())
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
 const LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1;
 const LANDLOCK_SCOPE_SIGNAL: u64 = 2;
 
@@ -877,35 +863,9 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
     };
     // SAFETY: capability and prctl calls with local structs.
     unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        );
-        for cap in 0..=63 {
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
-                let e = io::Error::last_os_error().raw_os_error();
-                if e == Some(libc::EINVAL) {
-                    break;
-                }
-                return Err(os_err("clearing the capability bounding set"));
-            }
-        }
-        let mut hdr = CapHeader {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let data = [CapData {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        check(
-            libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()),
-            "dropping capabilities",
-        )?;
+        super::isolate::drop_caps(super::isolate::last_cap(), true).map_err(|code| {
+            super::isolate::explain_spawn_error(&io::Error::from_raw_os_error(code))
+        })?;
         check(
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as _,
             "setting no_new_privs",
