@@ -357,7 +357,20 @@ impl Container {
             Event::Spawned { seq, pid } => {
                 let (tx, rx) = oneshot::channel();
                 self.exits.lock().expect("exits").insert(pid, tx);
-                answer(seq, Answer::Spawned { pid, fds, exit: rx });
+                let a = Answer::Spawned { pid, fds, exit: rx };
+                let waiter = self.waiting.lock().expect("waiting").remove(&seq);
+                let undelivered = match waiter {
+                    Some(w) => w.send(a).err(),
+                    None => Some(a),
+                };
+                // Nobody waits for it any more (the request was cancelled or timed out while
+                // the init started it): the process must not stay behind unowned.
+                if let Some(Answer::Spawned { fds, .. }) = undelivered {
+                    if let Some(host) = fds.first().and_then(host_pid_of) {
+                        super::procs::kill_tree(host, libc::SIGKILL);
+                    }
+                    self.exits.lock().expect("exits").remove(&pid);
+                }
             }
             Event::Failed { seq, errno, what } => answer(seq, Answer::Failed { errno, what }),
             Event::Connected { seq } => answer(seq, Answer::Connected(fds)),
@@ -488,12 +501,14 @@ impl Container {
         if let Some(p) = self.pasta.lock().expect("pasta").take() {
             super::net::stop_pasta(p);
         }
+        // Ours to reap before the socket closes (else the reader task, seeing EOF, would
+        // take it and this could answer before the namespace is gone).
+        let child = self.outer.lock().expect("outer").take();
         // SAFETY: shutdown on our own socket; kill(2) of our own child.
         unsafe {
             libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR);
             libc::kill(self.outer_pid, libc::SIGKILL);
         }
-        let child = self.outer.lock().expect("outer").take();
         if let Some(mut child) = child {
             let _ = tokio::task::spawn_blocking(move || child.wait()).await;
         } else {
