@@ -463,18 +463,7 @@ async fn list_all(cx: &Cx) -> Reply {
         cancel: cx.cancel.clone(),
         replied: cx.replied.clone(),
     };
-    let providers: Vec<Arc<dyn Provider>> = cx
-        .broker
-        .registry
-        .all()
-        .into_iter()
-        .filter(|p| {
-            p.summary()
-                .features
-                .iter()
-                .any(|f| f == "sandbox.lifecycle")
-        })
-        .collect();
+    let providers: Vec<Arc<dyn Provider>> = cx.broker.registry.with_feature("sandbox.lifecycle");
     let replies = futures::future::join_all(providers.iter().map(|p| {
         let ccx = &ccx;
         async move {

@@ -122,6 +122,14 @@ impl Registry {
         self.providers.read().expect("registry lock").clone()
     }
 
+    /// The providers that declare `feature`.
+    pub fn with_feature(&self, feature: &str) -> Vec<Arc<dyn Provider>> {
+        self.all()
+            .into_iter()
+            .filter(|p| p.summary().features.iter().any(|f| f == feature))
+            .collect()
+    }
+
     /// A provider by id, or E8001.
     pub fn get(&self, id: &str) -> Result<Arc<dyn Provider>, AbxError> {
         self.all()
@@ -171,16 +179,7 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5)
 /// `sandbox.lifecycle` is asked `sandbox/info` at once, each for at most [`PROBE_TIMEOUT`];
 /// an error or no answer in time counts as "not mine".
 pub async fn probe_owners(reg: &Registry, cx: &CallCx, sandbox: &str) -> Vec<Arc<dyn Provider>> {
-    let candidates: Vec<Arc<dyn Provider>> = reg
-        .all()
-        .into_iter()
-        .filter(|p| {
-            p.summary()
-                .features
-                .iter()
-                .any(|f| f == "sandbox.lifecycle")
-        })
-        .collect();
+    let candidates = reg.with_feature("sandbox.lifecycle");
     let answers = futures::future::join_all(candidates.iter().map(|p| async move {
         let params = serde_json::json!({ "sandbox": sandbox });
         let asked = tokio::time::timeout(PROBE_TIMEOUT, p.call(cx, "sandbox/info", params));

@@ -11,9 +11,8 @@
 
 mod common;
 
-use common::{cmd, find_abx, show, stats, time_one, Home, Stats};
+use common::{cmd, have, setup, show, stats, time_one, Home, Stats};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 fn warm_list(abx: &Path, pinned: bool, n: usize) -> Stats {
     let home = Home::new(abx);
@@ -53,26 +52,9 @@ fn cold_list(abx: &Path, pinned: bool, n: usize) -> Stats {
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing to parse.
-    let Some(abx) = find_abx() else {
-        eprintln!("abx binary not found: build it first (cargo build --release -p abx-cli)");
-        std::process::exit(1);
-    };
-    let n: usize = std::env::var("ABX_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
-    let have_node = Command::new("node")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let have_taskset = Command::new("taskset")
-        .arg("-V")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let (abx, n) = setup(200);
+    let have_node = have("node", "--version");
+    let have_taskset = have("taskset", "-V");
     println!("abx list benchmark");
     println!("  binary: {}", abx.display());
     if abx.components().any(|c| c.as_os_str() == "debug") {

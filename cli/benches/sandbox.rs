@@ -9,17 +9,8 @@
 
 mod common;
 
-use common::{cmd, find_abx, show, stats, time_one, Home, Stats};
+use common::{cmd, have, setup, show, stats, time_one, Home, Stats};
 use std::process::{Command, Stdio};
-
-fn have(prog: &str, arg: &str) -> bool {
-    Command::new(prog)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 const BWRAP: &[&str] = &[
     "bwrap",
@@ -91,14 +82,7 @@ fn create(home: &Home, pinned: bool, network: &str, n: usize) -> Stats {
 }
 
 fn main() {
-    let Some(abx) = find_abx() else {
-        eprintln!("abx binary not found: build it first (cargo build --release -p abx-cli)");
-        std::process::exit(1);
-    };
-    let n: usize = std::env::var("ABX_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+    let (abx, n) = setup(50);
     let have_bwrap = have("bwrap", "--version");
     let have_pasta = Command::new("sh")
         .args(["-c", "command -v pasta"])

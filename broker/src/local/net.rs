@@ -48,8 +48,13 @@ pub async fn forward(
     port: u16,
 ) {
     loop {
-        let Ok((mut client, _)) = listener.accept().await else {
-            continue;
+        let (mut client, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(_) => {
+                // Out of descriptors or similar: do not spin; retry shortly.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         if !c.alive() {
             return;

@@ -6,6 +6,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Whether `prog arg` runs and succeeds (a tool is installed).
+pub fn have(prog: &str, arg: &str) -> bool {
+    Command::new(prog)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The `abx` binary and the number of runs (`ABX_BENCH_N`, else `default_n`); exits when
+/// there is no binary.
+pub fn setup(default_n: usize) -> (PathBuf, usize) {
+    let Some(abx) = find_abx() else {
+        eprintln!("abx binary not found: build it first (cargo build --release -p abx-cli)");
+        std::process::exit(1);
+    };
+    let n = std::env::var("ABX_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_n);
+    (abx, n)
+}
+
 pub fn find_abx() -> Option<PathBuf> {
     if let Some(p) = option_env!("CARGO_BIN_EXE_abx") {
         if Path::new(p).exists() {
