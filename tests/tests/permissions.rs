@@ -4,9 +4,10 @@
 //! allowed when declared.
 
 use abx_tests::fixtures::{copy_dir, fixture, started};
-use abx_tests::{abx_code, Client, Home};
+use abx_tests::{abx_code, wait_until, Client, Home};
 use serde_json::{json, Value};
 use std::net::TcpListener;
+use std::time::Duration;
 
 /// The kernel's Landlock ABI (0: none).
 fn landlock_abi() -> i64 {
@@ -291,11 +292,11 @@ fn a_kernel_that_cannot_enforce_refuses_by_default_or_warns_when_told() {
     assert_eq!(r["tcpConnect"], "ok", "TCP is what cannot be enforced: {r}");
     let info = p.info();
     assert_eq!(info["security"]["enforcement"], "warn");
-    let log = std::fs::read_to_string(p.home.log_file()).unwrap_or_default();
-    assert!(
-        log.contains("not fully enforced"),
-        "a loud warning in the log"
-    );
+    wait_until("a loud warning in the log", Duration::from_secs(20), || {
+        std::fs::read_to_string(p.home.log_file())
+            .unwrap_or_default()
+            .contains("not fully enforced")
+    });
 }
 
 #[test]

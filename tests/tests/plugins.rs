@@ -389,12 +389,18 @@ fn secrets_are_stored_privately_and_never_shown_or_logged() {
     for o in &outputs {
         assert!(!o.to_string().contains(secret), "secret in a reply: {o}");
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let log = std::fs::read_to_string(home.log_file()).unwrap();
-    assert!(
-        log.contains("[REDACTED]"),
-        "the plugin's stderr echo reached the log redacted"
+    // The plugin's stderr echo reaches the log redacted (wait for it: it is written by the
+    // daemon's log writer, not before the replies).
+    wait_until(
+        "the plugin's stderr echo in the log, redacted",
+        Duration::from_secs(20),
+        || {
+            std::fs::read_to_string(home.log_file())
+                .unwrap_or_default()
+                .contains("[REDACTED]")
+        },
     );
+    let log = std::fs::read_to_string(home.log_file()).unwrap();
     assert!(!log.contains(secret), "secret leaked into the log");
     // Unknown config keys are refused with the known ones listed.
     let e = c.call_err(

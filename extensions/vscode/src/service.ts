@@ -197,7 +197,9 @@ export class AbxService implements vscode.Disposable {
     this.retryAt = Date.now() + ms;
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
-      void this.getClient().then(
+      // `now`: a timer may fire a millisecond before `retryAt` by the wall clock; without it
+      // that attempt would be refused as too early and no retry would ever be planned again.
+      void this.getClient({ now: true }).then(
         () => this.refreshSandboxes(),
         () => undefined,
       );
