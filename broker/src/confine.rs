@@ -19,10 +19,13 @@
 //!   every other family are refused with `EACCES`, as is `io_uring_setup` (io_uring can create
 //!   sockets without the `socket` system call). Syscalls of another architecture (x32, i386
 //!   compat) are refused.
+//! - **Scoping** (Landlock ABI 6+): with `scoped`, signals and connections to abstract Unix
+//!   sockets reach only processes and sockets of the same Landlock domain (or one nested in
+//!   it): nothing outside, the daemon included.
 
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, ABI,
+    RulesetCreatedAttr, Scope, ABI,
 };
 use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -34,6 +37,9 @@ pub const HANDLED_FS_ABI: ABI = ABI::V5;
 
 /// The first Landlock ABI with TCP rules.
 pub const NET_ABI: i32 = 4;
+
+/// The first Landlock ABI that scopes signals and abstract Unix sockets.
+pub const SCOPE_ABI: i32 = 6;
 
 /// The environment variable that caps the Landlock ABI the broker uses (to see what happens
 /// on an older kernel: `ABX_LANDLOCK_ABI_MAX=3` has no TCP rules, `0` no Landlock at all).
@@ -107,6 +113,9 @@ pub struct Policy {
     pub exec: Option<Vec<PathBuf>>,
     /// Network rules.
     pub net: Net,
+    /// Scope signals and abstract Unix sockets to the process's own Landlock domain (ABI 6+;
+    /// hardening beyond what a policy declares: older kernels go without it).
+    pub scoped: bool,
 }
 
 /// Which parts of a [`Policy`] this kernel enforces.
@@ -143,6 +152,7 @@ impl Coverage {
         if !self.sockets {
             v.push("the socket filter needs seccomp, which this kernel does not have".to_owned());
         }
+
         v
     }
 }
@@ -188,6 +198,11 @@ impl Policy {
         if limited_tcp {
             attr = attr
                 .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+                .map_err(|e| err(&e))?;
+        }
+        if self.scoped && abi >= SCOPE_ABI {
+            attr = attr
+                .scope(Scope::AbstractUnixSocket | Scope::Signal)
                 .map_err(|e| err(&e))?;
         }
         let mut rs = attr.create().map_err(|e| err(&e))?;
@@ -644,6 +659,7 @@ mod tests {
             write: vec![w.clone()],
             exec: None,
             net: Net::Any,
+            scoped: false,
         };
         let script = format!(
             "echo x > {}/a && ! echo y > {}/b",
@@ -664,6 +680,59 @@ mod tests {
     }
 
     #[test]
+    fn scoping_keeps_signals_and_abstract_sockets_inside() {
+        if landlock_abi() < SCOPE_ABI {
+            eprintln!("no Landlock scoping on this kernel: skipped");
+            return;
+        }
+        // A process outside (same uid) and an abstract socket bound outside.
+        let mut victim = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let name = format!("abx-scope-test-{}", std::process::id());
+        let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(&name)
+            .expect("abstract name");
+        let _listener = std::os::unix::net::UnixListener::bind_addr(&addr).expect("bind");
+        let probe = format!(
+            "kill -0 {pid} 2>/dev/null && echo signal-reached; \
+             python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"\\0{name}\"); print(\"socket-reached\")' 2>/dev/null; \
+             sleep 0 & kill -0 $! && echo own-child-ok",
+            pid = victim.id()
+        );
+        let mut p = Policy {
+            read: system_read(),
+            write: vec![],
+            exec: None,
+            net: Net::Any,
+            scoped: false,
+        };
+        let out = |p: &Policy| {
+            let prepared = p.prepare().expect("prepare");
+            let mut cmd = Command::new("/bin/sh");
+            cmd.args(["-c", &probe]);
+            // SAFETY: restrict_self makes system calls only.
+            unsafe {
+                cmd.pre_exec(move || {
+                    restrict_self(&prepared).map_err(|(_, e)| std::io::Error::from_raw_os_error(e))
+                });
+            }
+            String::from_utf8_lossy(&cmd.output().expect("spawn").stdout).into_owned()
+        };
+        // Unscoped, both reach out (what the attacker did); scoped, neither does.
+        let open = out(&p);
+        assert!(open.contains("signal-reached"), "{open}");
+        let has_python = Command::new("python3").arg("-V").output().is_ok();
+        if has_python {
+            assert!(open.contains("socket-reached"), "{open}");
+        }
+        p.scoped = true;
+        let shut = out(&p);
+        assert!(!shut.contains("signal-reached"), "{shut}");
+        assert!(!shut.contains("socket-reached"), "{shut}");
+        assert!(shut.contains("own-child-ok"), "{shut}");
+        let _ = victim.kill();
+        let _ = victim.wait();
+    }
+
+    #[test]
     fn sockets_are_filtered() {
         if !seccomp_available() {
             return;
@@ -676,6 +745,7 @@ mod tests {
                 tcp_connect: vec![],
                 datagrams: false,
             },
+            scoped: false,
         };
         // bash's /dev/udp redirection opens a UDP socket (sh has no way to).
         if !std::path::Path::new("/bin/bash").exists() {

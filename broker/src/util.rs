@@ -5,6 +5,18 @@ use std::path::Path;
 
 /// Write a file atomically: a temp file in the same directory, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_via_rename(path, bytes, true)
+}
+
+/// [`write_atomic`] without the fsync: atomic against a crash of the daemon (old or new
+/// content, never a mix), not durable across a power loss. For records that are worth
+/// nothing after one (a sandbox's processes do not survive it either) and sit on the hot path
+/// of `sandbox/create` (an fsync costs milliseconds on these disks).
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_via_rename(path, bytes, false)
+}
+
+fn write_via_rename(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
@@ -15,7 +27,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
     }
     std::fs::rename(&tmp, path)
 }

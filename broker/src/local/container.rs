@@ -76,8 +76,7 @@ impl Proc {
 /// A running sandbox's init, from the daemon.
 pub struct Container {
     sock: AsyncFd<OwnedFd>,
-    outer: Mutex<Option<std::process::Child>>,
-    outer_pid: i32,
+    outer: Outer,
     pidns: u64,
     seq: AtomicU64,
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
@@ -124,29 +123,62 @@ fn init_program() -> std::path::PathBuf {
         .unwrap_or_else(|| "/proc/self/exe".into())
 }
 
-/// Start the init with its socket on fd 3 and send it the config. Blocking (no runtime
-/// needed): used by the probe and, on a blocking thread, by [`Container::start`].
-fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(std::process::Child, OwnedFd, Event), String> {
-    std::fs::create_dir_all(&cfg.new_root)
-        .map_err(|e| format!("creating {}: {e}", cfg.new_root.display()))?;
-    let (ours, theirs) = socketpair().map_err(|e| format!("socketpair: {e}"))?;
-    let mut cmd = std::process::Command::new(init_program());
-    cmd.arg0("abx-sandbox-init")
-        .arg(init::ARG)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let fd = theirs.as_raw_fd();
-    // The cgroup's `cgroup.procs` go to fds 4.. of the init, which joins before anything else
-    // (joining here, between fork and exec, would keep the daemon's other descriptors alive
-    // in this child for as long as a cgroup migration takes).
-    // Sources in target order: the socket to fd 3, the cgroup's procs to 4...
-    let mut sources = vec![fd];
-    sources.extend_from_slice(cgroup);
+/// A sandbox's outer process (a child of the zygote): its pid and a pidfd.
+pub struct Outer {
+    /// Its pid in the daemon's PID namespace.
+    pub pid: i32,
+    /// A pidfd: readable once it has exited.
+    pub pidfd: OwnedFd,
+}
+
+impl Outer {
+    fn signal(&self, sig: i32) {
+        // SAFETY: pidfd_send_signal on our own pidfd.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
+
+    /// Wait (blocking) up to `ms` for it to exit: whether it did.
+    fn wait_blocking(&self, ms: i32) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one local pollfd.
+        unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+    }
+
+    /// Kill it (its inner process, PID 1 of the sandbox, dies with it) and wait.
+    fn kill_blocking(&self) {
+        self.signal(libc::SIGKILL);
+        self.wait_blocking(5000);
+    }
+}
+
+/// The daemon's zygote (see [`init`]'s `zygote`): one small single-threaded process, started
+/// on first use from the init program, that forks each sandbox's outer process. Its socket
+/// is its lifeline: it exits when the daemon does.
+struct Zygote {
+    child: std::process::Child,
+    sock: OwnedFd,
+    seq: u64,
+}
+
+static ZYGOTE: Mutex<Option<Zygote>> = Mutex::new(None);
+
+/// Put `fds` on 3, 4, ... of the child and mark every other descriptor close-on-exec.
+/// Between fork and exec: fcntl, dup2 and close_range only, on a list built before the fork.
+fn place_fds(cmd: &mut std::process::Command, sources: Vec<RawFd>) {
     let count = sources.len();
-    // SAFETY: fcntl, dup2 and close_range only (async-signal-safe); `sources` was built
-    // before the fork and is only read.
+    // SAFETY: async-signal-safe calls only; `sources` is only read.
     unsafe {
         cmd.pre_exec(move || {
             // First out of the way (a source may sit on a target number), then into place.
@@ -172,19 +204,229 @@ fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(std::process::Child, OwnedF
             Ok(())
         });
     }
-    cmd.arg(cgroup.len().to_string());
-    let mut child = cmd
+}
+
+fn start_zygote() -> Result<Zygote, String> {
+    let (ours, theirs) = socketpair().map_err(|e| format!("socketpair: {e}"))?;
+    let mut cmd = std::process::Command::new(init_program());
+    cmd.arg0("abx-sandbox-zygote")
+        .arg(init::ARG)
+        .arg(init::ZYGOTE)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    place_fds(&mut cmd, vec![theirs.as_raw_fd()]);
+    let child = cmd
         .spawn()
-        .map_err(|e| format!("starting the sandbox init: {e}"))?;
+        .map_err(|e| format!("starting the sandbox zygote: {e}"))?;
+    Ok(Zygote {
+        child,
+        sock: ours,
+        seq: 0,
+    })
+}
+
+/// Ask the zygote for a new outer process with the init's socket on its fd 3 and the
+/// cgroup's `cgroup.procs` on 4... A zygote that died is started again (once per call).
+fn fork_outer(init_end: RawFd, cgroup: &[RawFd], early: bool) -> Result<Outer, String> {
+    let mut g = ZYGOTE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut last = String::new();
+    for _ in 0..2 {
+        if g.is_none() {
+            *g = Some(start_zygote()?);
+        }
+        let z = g.as_mut().expect("zygote");
+        z.seq += 1;
+        let seq = z.seq;
+        let req = serde_json::to_vec(&init::ZygoteRequest {
+            seq,
+            cgroups: cgroup.len(),
+            early,
+        })
+        .map_err(|e| e.to_string())?;
+        let mut fds = vec![init_end];
+        fds.extend_from_slice(cgroup);
+        let answer = init::send(z.sock.as_raw_fd(), &req, &fds, 0).and_then(|()| {
+            let mut pfd = libc::pollfd {
+                fd: z.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one local pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, ANSWER_TIMEOUT.as_millis() as i32) } <= 0 {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer"));
+            }
+            let mut buf = [0u8; 1024];
+            let (n, fds) = init::recv(z.sock.as_raw_fd(), &mut buf, 0)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "exited"));
+            }
+            let a: init::ZygoteAnswer = serde_json::from_slice(&buf[..n])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            Ok((a, fds))
+        });
+        match answer {
+            Ok((a, mut fds)) if a.seq == seq && a.pid > 0 && fds.len() == 1 => {
+                return Ok(Outer {
+                    pid: a.pid,
+                    pidfd: fds.remove(0),
+                });
+            }
+            Ok((a, _)) if a.seq == seq => {
+                return Err(a
+                    .error
+                    .unwrap_or_else(|| "the sandbox zygote gave no process".into()))
+            }
+            Ok(_) => last = "the sandbox zygote answered out of turn".into(),
+            Err(e) => last = format!("the sandbox zygote failed: {e}"),
+        }
+        // Out of step or gone: start a new one.
+        if let Some(mut z) = g.take() {
+            let _ = z.child.kill();
+            let _ = z.child.wait();
+        }
+    }
+    Err(format!(
+        "{last} (is {} the abx daemon binary?)",
+        init_program().display()
+    ))
+}
+
+/// Start the init with its socket on fd 3 and send it the config. Blocking (no runtime
+/// needed): used by the probe and, on a blocking thread, by [`Container::start`].
+fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(Outer, OwnedFd), String> {
+    let (ours, theirs) = socketpair().map_err(|e| format!("socketpair: {e}"))?;
+    let t0 = std::time::Instant::now();
+    let outer = fork_outer(theirs.as_raw_fd(), cgroup, false)?;
+    let fork_us = t0.elapsed().as_micros();
     drop(theirs);
+    configure(cfg, outer, ours, fork_us)
+}
+
+/// How [`Container::start`] gets the sandbox's outer process.
+pub enum Start {
+    /// A new one from the zygote, joining these `cgroup.procs`.
+    Fresh(Vec<RawFd>),
+    /// The spare (already in its cgroup).
+    Spare(Spare),
+}
+
+/// A sandbox's outer process started ahead of time, already in a cgroup of its own, waiting
+/// for its config: `sandbox/create` then costs neither the fork nor the cgroup's creation and
+/// migration (on cgroup v1 a migration waits for an RCU grace period, milliseconds). One is
+/// kept per daemon, made again after each use, for the limits last asked for.
+pub struct Spare {
+    outer: Outer,
+    sock: OwnedFd,
+    /// Its cgroup (renamed to the sandbox where the kernel allows it: v1).
+    pub cgroup: super::limits::Cgroup,
+    limits: super::limits::Limits,
+}
+
+static SPARE: Mutex<Option<Spare>> = Mutex::new(None);
+
+/// The spare, when there is one for `limits` and it is still alive.
+pub fn take_spare(limits: &super::limits::Limits) -> Option<Spare> {
+    let mut g = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    let sp = g.take()?;
+    if &sp.limits == limits && !sp.outer.wait_blocking(0) {
+        return Some(sp);
+    }
+    *g = Some(sp);
+    None
+}
+
+/// Make a spare for `limits` unless there is one (blocking: run on the blocking pool). No
+/// spare where no cgroup can be made: then there is no migration to save.
+pub fn make_spare(limits: super::limits::Limits) {
+    {
+        let g = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        if g.as_ref().is_some_and(|s| s.limits == limits) {
+            return;
+        }
+    }
+    let mut rnd = [0u8; 6];
+    // SAFETY: getrandom into a local buffer.
+    unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
+    let name: String = std::iter::once("spare-".to_owned())
+        .chain(rnd.iter().map(|b| format!("{b:02x}")))
+        .collect();
+    let Some(cgroup) = super::limits::Cgroup::create(&name, &limits) else {
+        return;
+    };
+    let procs = cgroup.open_procs();
+    let fds: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let made = socketpair()
+        .map_err(|e| e.to_string())
+        .and_then(|(ours, theirs)| {
+            fork_outer(theirs.as_raw_fd(), &fds, true).map(|outer| (outer, ours))
+        });
+    drop(procs);
+    match made {
+        Ok((outer, sock)) => {
+            let old = SPARE
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replace(Spare {
+                    outer,
+                    sock,
+                    cgroup,
+                    limits,
+                });
+            if let Some(old) = old {
+                old.discard();
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no spare sandbox process");
+            remove_cgroup_blocking(&cgroup);
+        }
+    }
+}
+
+/// Drop the spare (daemon shutdown): its process ends, its cgroup is removed.
+pub fn discard_spare() {
+    let sp = SPARE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(sp) = sp {
+        sp.discard();
+    }
+}
+
+impl Spare {
+    fn discard(self) {
+        drop(self.sock);
+        self.outer.kill_blocking();
+        remove_cgroup_blocking(&self.cgroup);
+    }
+
+    /// Start the sandbox `cfg` from this spare (blocking).
+    fn launch(self, cfg: &Config) -> Result<(Outer, OwnedFd), String> {
+        configure(cfg, self.outer, self.sock, 0)
+    }
+}
+
+fn remove_cgroup_blocking(cg: &super::limits::Cgroup) {
+    cg.remove_blocking();
+}
+
+/// Send an outer process its config and wait until the sandbox is built.
+fn configure(
+    cfg: &Config,
+    outer: Outer,
+    ours: OwnedFd,
+    fork_us: u128,
+) -> Result<(Outer, OwnedFd), String> {
+    let t0 = std::time::Instant::now();
+    std::fs::create_dir_all(&cfg.new_root)
+        .map_err(|e| format!("creating {}: {e}", cfg.new_root.display()))?;
     let body = serde_json::to_vec(cfg).map_err(|e| e.to_string())?;
-    let fail = |child: &mut std::process::Child, e: String| {
-        let _ = child.kill();
-        let _ = child.wait();
+    let fail = |outer: &Outer, e: String| {
+        outer.kill_blocking();
         e
     };
     if let Err(e) = init::send(ours.as_raw_fd(), &body, &[], 0) {
-        return Err(fail(&mut child, format!("sending the sandbox config: {e}")));
+        return Err(fail(&outer, format!("sending the sandbox config: {e}")));
     }
     // The first event: Ready or SetupFailed, in bounded time.
     let mut pfd = libc::pollfd {
@@ -196,7 +438,7 @@ fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(std::process::Child, OwnedF
     let n = unsafe { libc::poll(&mut pfd, 1, ANSWER_TIMEOUT.as_millis() as i32) };
     if n <= 0 {
         return Err(fail(
-            &mut child,
+            &outer,
             "the sandbox init did not answer in time".into(),
         ));
     }
@@ -204,7 +446,7 @@ fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(std::process::Child, OwnedF
     let ev = match init::recv(ours.as_raw_fd(), &mut buf, 0) {
         Ok((0, _)) => {
             return Err(fail(
-                &mut child,
+                &outer,
                 format!(
                     "the sandbox init exited before it was ready (is {} the abx daemon binary?)",
                     init_program().display()
@@ -215,22 +457,31 @@ fn launch(cfg: &Config, cgroup: &[RawFd]) -> Result<(std::process::Child, OwnedF
         Err(e) => Err(e.to_string()),
     };
     match ev {
-        Ok(Event::Ready) => Ok((child, ours, Event::Ready)),
-        Ok(Event::SetupFailed { error }) => Err(fail(&mut child, error)),
-        Ok(other) => Err(fail(
-            &mut child,
-            format!("unexpected first event {other:?}"),
-        )),
-        Err(e) => Err(fail(&mut child, e)),
+        Ok(Event::Ready {
+            setup_us,
+            join_wait_us,
+        }) => {
+            tracing::debug!(
+                sandbox = %cfg.id,
+                fork_us,
+                setup_us,
+                join_wait_us,
+                ready_us = t0.elapsed().as_micros(),
+                "sandbox init ready"
+            );
+            Ok((outer, ours))
+        }
+        Ok(Event::SetupFailed { error }) => Err(fail(&outer, error)),
+        Ok(other) => Err(fail(&outer, format!("unexpected first event {other:?}"))),
+        Err(e) => Err(fail(&outer, e)),
     }
 }
 
 /// Build and tear down a throwaway sandbox: whether the container model works here.
 pub fn probe(cfg: &Config) -> Result<(), String> {
-    let (mut child, sock, _) = launch(cfg, &[])?;
+    let (outer, sock) = launch(cfg, &[])?;
     drop(sock);
-    let _ = child.kill();
-    let _ = child.wait();
+    outer.kill_blocking();
     Ok(())
 }
 
@@ -243,11 +494,13 @@ pub fn ns_inode(pid: i32, name: &str) -> Option<u64> {
 
 impl Container {
     /// Start a sandbox's init and wait until the sandbox is built.
-    pub async fn start(cfg: Config, cgroup: Vec<RawFd>) -> Result<Arc<Container>, AbxError> {
-        let id = cfg.id.clone();
+    pub async fn start(cfg: Config, how: Start) -> Result<Arc<Container>, AbxError> {
         let internet = cfg.network == "internet";
         let pidfile = cfg.new_root.with_file_name("pasta.pid");
-        let (child, sock, _) = tokio::task::spawn_blocking(move || launch(&cfg, &cgroup))
+        let (outer, sock) = tokio::task::spawn_blocking(move || match how {
+            Start::Fresh(cgroup) => launch(&cfg, &cgroup),
+            Start::Spare(sp) => sp.launch(&cfg),
+        })
             .await
             .map_err(AbxError::internal)?
             .map_err(|e| {
@@ -257,7 +510,7 @@ impl Container {
                 )
                 .with_suggestion("See docs/local-sandboxes.md for what the local provider needs (user namespaces); the broker log has details.")
             })?;
-        let outer_pid = child.id() as i32;
+        let outer_pid = outer.pid;
         let pidns = ns_inode(outer_pid, "pid_for_children").unwrap_or(0);
         // A helper left by an earlier daemon for this sandbox.
         if let Some(old) = std::fs::read_to_string(&pidfile)
@@ -276,9 +529,7 @@ impl Container {
             match started {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    let mut child = child;
-                    let _ = child.kill();
-                    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+                    let _ = tokio::task::spawn_blocking(move || outer.kill_blocking()).await;
                     return Err(e);
                 }
             }
@@ -294,8 +545,7 @@ impl Container {
             // SAFETY: the socket is an OwnedFd owned by the AsyncFd for its whole life.
             sock: unsafe { AsyncFd::register(sock) }
                 .map_err(|e| AbxError::internal(e.to_string()))?,
-            outer: Mutex::new(Some(child)),
-            outer_pid,
+            outer,
             pidns,
             seq: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
@@ -303,7 +553,6 @@ impl Container {
             alive: AtomicBool::new(true),
             pasta: Mutex::new(pasta),
         });
-        tracing::debug!(sandbox = %id, pid = outer_pid, "sandbox init ready");
         let r = c.clone();
         tokio::spawn(async move { r.read_loop().await });
         Ok(c)
@@ -340,11 +589,6 @@ impl Container {
         self.alive.store(false, Ordering::Relaxed);
         self.waiting.lock().expect("waiting").clear();
         self.exits.lock().expect("exits").clear();
-        // Reap the outer process (it exits with the init).
-        let child = self.outer.lock().expect("outer").take();
-        if let Some(mut child) = child {
-            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-        }
     }
 
     fn on_event(&self, ev: Event, fds: Vec<OwnedFd>) {
@@ -380,7 +624,7 @@ impl Container {
                     let _ = tx.send(status);
                 }
             }
-            Event::Ready | Event::SetupFailed { .. } => {}
+            Event::Ready { .. } | Event::SetupFailed { .. } => {}
         }
     }
 
@@ -501,24 +745,38 @@ impl Container {
         if let Some(p) = self.pasta.lock().expect("pasta").take() {
             super::net::stop_pasta(p);
         }
-        // Ours to reap before the socket closes (else the reader task, seeing EOF, would
-        // take it and this could answer before the namespace is gone).
-        let child = self.outer.lock().expect("outer").take();
-        // SAFETY: shutdown on our own socket; kill(2) of our own child.
-        unsafe {
-            libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR);
-            libc::kill(self.outer_pid, libc::SIGKILL);
-        }
-        if let Some(mut child) = child {
-            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-        } else {
-            // The reader task reaps it; wait until the pid is gone.
-            for _ in 0..500 {
-                if std::fs::metadata(format!("/proc/{}", self.outer_pid)).is_err() {
-                    break;
+        // SAFETY: shutdown on our own socket.
+        unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+        // SIGTERM: the outer process kills PID 1 and exits only once it has reaped it, that
+        // is once the kernel has ended every process of the PID namespace. Its pidfd then
+        // becomes readable. SIGKILL if it does not manage in time.
+        self.outer.signal(libc::SIGTERM);
+        let watch = self.outer.pidfd.try_clone().and_then(|fd| {
+            // SAFETY: the AsyncFd owns this duplicate for its whole life.
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+                .map_err(|e| e.into_parts().1)
+        });
+        let exited = match watch {
+            Ok(fd) => tokio::time::timeout(Duration::from_secs(5), fd.readable())
+                .await
+                .is_ok(),
+            Err(_) => false,
+        };
+        if !exited {
+            self.outer.signal(libc::SIGKILL);
+            let o = self.outer.pidfd.try_clone().ok();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Some(fd) = o {
+                    let mut pfd = libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: poll on one local pollfd.
+                    unsafe { libc::poll(&mut pfd, 1, 5000) };
                 }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            })
+            .await;
         }
     }
 

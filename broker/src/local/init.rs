@@ -116,7 +116,14 @@ pub enum Request {
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Event {
     /// The sandbox is built; requests are served.
-    Ready,
+    Ready {
+        /// Microseconds the inner process took to build the sandbox.
+        #[serde(default)]
+        setup_us: u64,
+        /// Microseconds it then waited for the outer process to join the cgroup.
+        #[serde(default)]
+        join_wait_us: u64,
+    },
     /// Building the sandbox failed (the init exits).
     SetupFailed {
         /// What failed, with the OS error.
@@ -265,34 +272,210 @@ fn emit(ev: &Event, fds: &[RawFd]) {
     }
 }
 
-/// Entry point of `<binary> __abx-sandbox-init`. Never returns.
+/// Entry point of `<binary> __abx-sandbox-init [N | zygote]`. Never returns.
+///
+/// With `zygote` it is the daemon's one [zygote](zygote): a small single-threaded process
+/// that forks a sandbox's outer process per request, so a sandbox costs a `fork` of a small
+/// process instead of an `exec` of the daemon's binary. Otherwise it is one sandbox's outer
+/// process with `N` cgroup `cgroup.procs` on fds 4.. (the probe, and without a zygote).
 pub fn main() -> ! {
-    let code = match outer() {
+    let arg = std::env::args().nth(2).unwrap_or_default();
+    if arg == ZYGOTE {
+        zygote();
+    }
+    let n: i32 = arg.parse().unwrap_or(0);
+    run_outer(n, false)
+}
+
+fn run_outer(cgroups: i32, early: bool) -> ! {
+    let code = match outer(cgroups.clamp(0, MAX_CGROUP_FDS as i32), early) {
         Ok(c) => c,
         Err(e) => {
             emit(&Event::SetupFailed { error: e }, &[]);
             125
         }
     };
-    std::process::exit(code)
+    // SAFETY: leaving the process (no Rust destructors left to run that matter).
+    unsafe { libc::_exit(code) }
 }
 
-fn outer() -> Result<i32, String> {
-    // Join the sandbox's cgroup (its `cgroup.procs` are fds 4..4+n) before anything else:
-    // every process of the sandbox descends from this one.
-    let n: i32 = std::env::args()
-        .nth(2)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(0);
-    for fd in 4..4 + n.clamp(0, 8) {
-        // SAFETY: write(2) of a constant on an inherited descriptor, then close it.
-        unsafe {
-            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                return Err(os_err("joining the sandbox's cgroup"));
-            }
-            libc::close(fd);
+/// The second argument that makes the init program a zygote.
+pub const ZYGOTE: &str = "zygote";
+
+/// The most cgroup hierarchies a sandbox joins (v1: one per controller).
+pub const MAX_CGROUP_FDS: usize = 8;
+
+/// A request to the zygote: start one sandbox's outer process. The datagram carries the
+/// init's socket, then `cgroups` `cgroup.procs` descriptors.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ZygoteRequest {
+    /// Request number (answered in order, but checked).
+    pub seq: u64,
+    /// How many of the descriptors after the socket are `cgroup.procs` files.
+    pub cgroups: usize,
+    /// Join the cgroup at once, before the config comes (a spare made ahead of time),
+    /// instead of joining the inner process while it builds the root.
+    #[serde(default)]
+    pub early: bool,
+}
+
+/// The zygote's answer; on success the datagram carries the outer process's pidfd.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ZygoteAnswer {
+    /// The request's number.
+    pub seq: u64,
+    /// The outer process's pid (in the daemon's PID namespace); 0 on failure.
+    pub pid: i32,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// The zygote: fork an outer process per request, reap them, exit when the daemon's end of
+/// the socket closes. It holds no descriptor but its socket between requests.
+fn zygote() -> ! {
+    // SAFETY: signal mask and signalfd on local sets.
+    let sfd = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+    };
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: SOCK_FD,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on a local array.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            continue;
         }
+        if fds[1].revents != 0 {
+            let mut si = [0u8; 128];
+            // SAFETY: draining the signalfd, then reaping our own children.
+            unsafe {
+                while libc::read(sfd, si.as_mut_ptr().cast(), si.len()) > 0 {}
+                while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+            }
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        let (n, got) = match recv(SOCK_FD, &mut buf, libc::MSG_DONTWAIT) {
+            Ok((0, _)) => break,
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => continue,
+            Err(_) => break,
+        };
+        let Ok(req) = serde_json::from_slice::<ZygoteRequest>(&buf[..n]) else {
+            continue;
+        };
+        let answer = |pid: i32, error: Option<String>, fds: &[RawFd]| {
+            if let Ok(b) = serde_json::to_vec(&ZygoteAnswer {
+                seq: req.seq,
+                pid,
+                error,
+            }) {
+                let _ = send(SOCK_FD, &b, fds, 0);
+            }
+        };
+        if got.is_empty() || req.cgroups > MAX_CGROUP_FDS || got.len() != 1 + req.cgroups {
+            answer(0, Some("malformed zygote request".into()), &[]);
+            continue;
+        }
+        // SAFETY: fork in a single-threaded process; the child only rearranges descriptors
+        // and signal state, then runs the outer process's code.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            answer(0, Some(os_err("fork")), &[]);
+            continue;
+        }
+        if pid == 0 {
+            // SAFETY: descriptor and signal calls in the fresh child.
+            unsafe {
+                libc::close(sfd);
+                // Sources out of the way first (one may sit on a target number).
+                let mut high = [0 as RawFd; 1 + MAX_CGROUP_FDS];
+                for (i, f) in got.iter().enumerate() {
+                    high[i] = libc::fcntl(f.as_raw_fd(), libc::F_DUPFD, 64);
+                }
+                libc::close(SOCK_FD);
+                for (i, &h) in high.iter().enumerate().take(got.len()) {
+                    if h < 0 || libc::dup2(h, SOCK_FD + i as RawFd) < 0 {
+                        libc::_exit(125);
+                    }
+                }
+                libc::syscall(
+                    libc::SYS_close_range,
+                    (SOCK_FD as usize + got.len()) as u32,
+                    u32::MAX,
+                    0,
+                );
+                std::mem::forget(got);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+            }
+            run_outer(req.cgroups as i32, req.early);
+        }
+        drop(got);
+        // SAFETY: pidfd_open of our own child (not yet reaped: SIGCHLD is handled above).
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if pidfd < 0 {
+            let e = os_err("pidfd_open");
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            answer(0, Some(e), &[]);
+            continue;
+        }
+        answer(pid, None, &[pidfd as RawFd]);
+        // SAFETY: our copy of the pidfd, sent.
+        unsafe { libc::close(pidfd as RawFd) };
     }
+    // SAFETY: leaving the process; the outer processes live on (each ends with its socket).
+    unsafe { libc::_exit(0) }
+}
+
+/// The inner process's pid, for the outer's SIGTERM handler.
+static INNER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_term(_: libc::c_int) {
+    let pid = INNER.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+fn outer(cgroups: i32, early: bool) -> Result<i32, String> {
+    // A spare joins its cgroup now, while it waits for a sandbox to be asked for: the inner
+    // process is then born in it.
+    let cgroups = if early {
+        for fd in 4..4 + cgroups {
+            // SAFETY: write(2) of a constant on an inherited descriptor, then close it.
+            unsafe {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(os_err("joining the sandbox's cgroup"));
+                }
+                libc::close(fd);
+            }
+        }
+        0
+    } else {
+        cgroups
+    };
     let mut buf = vec![0u8; MAX_MSG];
     let (n, _) = recv(SOCK_FD, &mut buf, 0).map_err(|e| format!("reading the config: {e}"))?;
     let cfg: Config =
@@ -342,16 +525,63 @@ fn outer() -> Result<i32, String> {
             write_file("/proc/self/gid_map", cfg.gid_map.as_bytes())?;
         }
     }
+    // The inner process waits on this pipe before it says Ready: by then it is in the
+    // sandbox's cgroup.
+    let mut joined = [0; 2];
+    // SAFETY: pipe2 into a local array.
+    check(
+        unsafe { libc::pipe2(joined.as_mut_ptr(), libc::O_CLOEXEC) } as _,
+        "pipe",
+    )?;
     // SAFETY: fork in a single-threaded process.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(os_err("fork"));
     }
     if pid == 0 {
-        inner(&cfg);
+        // SAFETY: the inner keeps the read end only, and no cgroup descriptor.
+        unsafe {
+            libc::close(joined[1]);
+            for fd in 4..4 + cgroups {
+                libc::close(fd);
+            }
+        }
+        inner(&cfg, joined[0]);
     }
-    // SAFETY: closing our copy of the socket (the inner process owns it now).
-    unsafe { libc::close(SOCK_FD) };
+    INNER.store(pid, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: installing an async-signal-safe handler; closing our read end.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
+        libc::close(joined[0]);
+    }
+    // Join the sandbox's cgroup (its `cgroup.procs` are fds 4..4+n) with the inner process,
+    // the ancestor of every process of the sandbox, while it builds the root: a cgroup
+    // migration waits for an RCU grace period (milliseconds), which then costs no time.
+    let pid_text = pid.to_string();
+    for fd in 4..4 + cgroups {
+        // SAFETY: write(2) of a local buffer on an inherited descriptor, then close it.
+        let ok = unsafe {
+            let n = libc::write(fd, pid_text.as_ptr().cast(), pid_text.len());
+            libc::close(fd);
+            n == pid_text.len() as isize
+        };
+        if !ok {
+            let e = os_err("joining the sandbox's cgroup");
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            return Err(e);
+        }
+    }
+    // SAFETY: telling the inner process, then closing our copy of the socket (the inner
+    // process owns it now).
+    unsafe {
+        libc::write(joined[1], b"j".as_ptr().cast(), 1);
+        libc::close(joined[1]);
+        libc::close(SOCK_FD);
+    }
     loop {
         let mut st = 0;
         // SAFETY: waiting for our own child.
@@ -401,8 +631,9 @@ fn map_helper(cfg: &Config) -> Result<(i32, OwnedFd), String> {
     Ok((pid, w))
 }
 
-/// PID 1 of the sandbox.
-fn inner(cfg: &Config) -> ! {
+/// PID 1 of the sandbox. `joined`: the read end of the pipe on which the outer process says
+/// that this process is in the sandbox's cgroup.
+fn inner(cfg: &Config, joined: RawFd) -> ! {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     // The sandbox's directories are opened with the creator's host credentials (a root
@@ -429,6 +660,7 @@ fn inner(cfg: &Config) -> ! {
         }
     }
     let cfg = &cfg;
+    let started = std::time::Instant::now();
     if let Err(e) = prepare_root(cfg)
         .and_then(|_| become_inner_user(cfg))
         .and_then(|_| build_root(cfg))
@@ -441,7 +673,27 @@ fn inner(cfg: &Config) -> ! {
         // SAFETY: leaving the process.
         unsafe { libc::_exit(125) };
     }
-    emit(&Event::Ready, &[]);
+    // Ready only once in the sandbox's cgroup (nothing is started before).
+    let setup_us = started.elapsed().as_micros() as u64;
+    let mut b = [0u8; 1];
+    // SAFETY: reading one byte from our pipe, then closing it.
+    let n = unsafe {
+        let n = libc::read(joined, b.as_mut_ptr().cast(), 1);
+        libc::close(joined);
+        n
+    };
+    if n != 1 {
+        // The outer process failed to join the cgroup (and said so).
+        // SAFETY: leaving the process.
+        unsafe { libc::_exit(125) };
+    }
+    emit(
+        &Event::Ready {
+            setup_us,
+            join_wait_us: (started.elapsed().as_micros() as u64).saturating_sub(setup_us),
+        },
+        &[],
+    );
     serve();
 }
 
@@ -811,16 +1063,6 @@ fn loopback_up() -> Result<(), String> {
     Ok(())
 }
 
-const LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1;
-const LANDLOCK_SCOPE_SIGNAL: u64 = 2;
-
-#[repr(C)]
-struct ScopeAttr {
-    handled_access_fs: u64,
-    handled_access_net: u64,
-    scoped: u64,
-}
-
 /// Limits, no capabilities, no new privileges, Landlock: inherited by every process.
 fn lock_down(cfg: &Config) -> Result<(), String> {
     let setlim = |res, v: u64| {
@@ -856,6 +1098,8 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
             ],
             exec: None,
             net: crate::confine::Net::Any,
+            // Signals and abstract Unix sockets stay inside the sandbox (ABI 6+).
+            scoped: true,
         };
         Some(policy.prepare()?)
     } else {
@@ -874,27 +1118,6 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
             crate::confine::restrict_self(p).map_err(|(step, e)| {
                 format!("Landlock ({step:?}): {}", io::Error::from_raw_os_error(e))
             })?;
-        }
-        if cfg.landlock && crate::confine::landlock_abi() >= 6 {
-            let attr = ScopeAttr {
-                handled_access_fs: 0,
-                handled_access_net: 0,
-                scoped: LANDLOCK_SCOPE_SIGNAL | LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET,
-            };
-            let fd = libc::syscall(
-                libc::SYS_landlock_create_ruleset,
-                &attr as *const ScopeAttr,
-                std::mem::size_of::<ScopeAttr>(),
-                0u32,
-            );
-            if fd < 0 {
-                return Err(os_err("Landlock scoping ruleset"));
-            }
-            let fd = OwnedFd::from_raw_fd(fd as RawFd);
-            check(
-                libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32),
-                "Landlock scoping",
-            )?;
         }
     }
     Ok(())

@@ -11,8 +11,10 @@
 //!   `TMPDIR` set to the host `workspace` and `tmp` directories; capabilities are dropped,
 //!   `no_new_privs` set, and a Landlock ruleset built before the fork allows writes only
 //!   beneath the sandbox's `workspace`, `tmp` and `/dev/shm` and on the terminal and
-//!   null-like devices. It does not hide the host filesystem, processes, network or the
-//!   broker socket ([`describe`] lists what it does not protect).
+//!   null-like devices; where the kernel has Landlock ABI 6, signals and connections to
+//!   abstract Unix sockets are scoped to the command's own processes (no `kill` of the daemon
+//!   or of the user's processes). It does not hide the host filesystem, processes, network or
+//!   the broker socket ([`describe`] lists what it does not protect).
 //! - **`none`** (opt-in, `ABX_ISOLATION=none`): only the working directory and the
 //!   environment; nothing is confined.
 //!
@@ -139,14 +141,18 @@ pub fn check_cwd(dirs: &SandboxDirs, sandbox_id: &str, cwd: &str) -> Result<Stri
 /// What `sandbox/systemInfo` and provider info say about isolation: the model, what a
 /// sandbox sees, and what the model does not protect.
 pub fn describe() -> serde_json::Value {
-    let m = model();
+    describe_for(model())
+}
+
+/// [`describe`] for a given model.
+pub fn describe_for(m: Model) -> serde_json::Value {
     let abi = landlock_abi();
     let mut v = serde_json::json!({
         "model": m.as_str(),
         "landlock": {
             "abi": abi,
             "enforced": abi > 0 && m != Model::Unconfined,
-            "scoped": abi >= 6 && m == Model::Namespaces,
+            "scoped": abi >= crate::confine::SCOPE_ABI && m != Model::Unconfined,
         },
     });
     match m {
@@ -178,7 +184,11 @@ pub fn describe() -> serde_json::Value {
         Model::Landlock | Model::Unconfined => {
             v["doesNotProtect"] = serde_json::json!([
                 "the host filesystem is readable as the broker's user (home directories, keys, tokens)",
-                "processes of the broker's user can be seen and signalled",
+                if abi >= crate::confine::SCOPE_ABI && m == Model::Landlock {
+                    "processes of the broker's user can be seen (signals are scoped to each command's own processes by Landlock)"
+                } else {
+                    "processes of the broker's user can be seen and signalled (Landlock signal scoping needs ABI 6, Linux 6.12)"
+                },
                 "the host network and loopback services are reachable",
                 "the broker socket can be reached; the broker refuses peers by an environment marker that a process can shed",
                 "no process, memory or CPU limits",
@@ -396,6 +406,10 @@ fn build_ruleset(writable: Vec<PathBuf>) -> Result<Option<OwnedFd>, AbxError> {
         write: writable,
         exec: None,
         net: crate::confine::Net::Any,
+        // Signals and abstract Unix sockets stay inside the process's own domain: no
+        // `kill` of the daemon or of the user's other processes, no abstract-socket
+        // services of the host (ABI 6+).
+        scoped: true,
     };
     Ok(policy.prepare().map_err(AbxError::internal)?.ruleset)
 }
@@ -740,6 +754,37 @@ echo done
         assert!(dirs.workspace.join("a.txt").exists());
         assert!(dirs.workspace.join("rel.txt").exists());
         assert!(dirs.tmp.join("b.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn landlock_model_cannot_signal_the_host() {
+        if landlock_abi() < crate::confine::SCOPE_ABI {
+            eprintln!("no Landlock scoping on this kernel: skipped");
+            return;
+        }
+        // A process of the broker's user outside the sandbox (the daemon in the attack).
+        let mut victim = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let (_t, dirs) = sandbox();
+        let script = format!(
+            "kill -STOP {pid} 2>/dev/null && echo STOPPED_HOST_PROCESS\n\
+             kill -9 {pid} 2>/dev/null && echo KILLED_HOST_PROCESS\n\
+             sleep 5 & kill $! && echo own_ok",
+            pid = victim.id()
+        );
+        let out = run(Model::Landlock, &dirs, "sb-ll-sig", "/workspace", &script).await;
+        assert!(has(&out, "own_ok"), "its own children stay signalable");
+        assert!(!has(&out, "STOPPED_HOST_PROCESS"));
+        assert!(!has(&out, "KILLED_HOST_PROCESS"));
+        assert!(
+            victim.try_wait().expect("try_wait").is_none(),
+            "the host process survived"
+        );
+        let _ = victim.kill();
+        let _ = victim.wait();
+        assert_eq!(describe_for(Model::Landlock)["landlock"]["scoped"], true);
     }
 
     #[tokio::test]

@@ -120,7 +120,7 @@ enum Kind {
 }
 
 /// A sandbox's cgroup (made at start, removed at kill).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Cgroup {
     kind: Kind,
     /// What is enforced: "memory", "cpu", "pids", "freezer".
@@ -359,14 +359,42 @@ impl Cgroup {
             .unwrap_or(0)
     }
 
+    fn dirs(&self) -> Vec<PathBuf> {
+        match &self.kind {
+            Kind::V2(d) => vec![d.clone()],
+            Kind::V1(v) => v.iter().map(|(_, d)| d.clone()).collect(),
+        }
+    }
+
+    /// Give the cgroup sandbox `id`'s name (a spare made ahead of time). cgroup v1 can
+    /// rename a cgroup; v2 cannot, and the cgroup keeps its name.
+    pub fn rename(&mut self, id: &str) {
+        if let Kind::V1(v) = &mut self.kind {
+            for (_, d) in v.iter_mut() {
+                let n = d.with_file_name(id);
+                if std::fs::rename(&*d, &n).is_ok() {
+                    *d = n;
+                }
+            }
+        }
+    }
+
+    /// [`Cgroup::remove`] on a blocking thread.
+    pub fn remove_blocking(&self) {
+        for d in self.dirs() {
+            for _ in 0..100 {
+                if std::fs::remove_dir(&d).is_ok() || !d.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+
     /// Remove the cgroup (after its processes are gone; retried briefly while the kernel
     /// finishes tearing them down).
     pub async fn remove(&self) {
-        let dirs: Vec<PathBuf> = match &self.kind {
-            Kind::V2(d) => vec![d.clone()],
-            Kind::V1(v) => v.iter().map(|(_, d)| d.clone()).collect(),
-        };
-        for d in dirs {
+        for d in self.dirs() {
             for _ in 0..100 {
                 if std::fs::remove_dir(&d).is_ok() || !d.exists() {
                     break;

@@ -10,7 +10,7 @@ use super::exec::{self, ExecParams, PtySize};
 use super::limits::{self, Cgroup, Limits};
 use super::{files, isolate, procs, watch, SandboxDirs};
 use crate::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
-use crate::util::{now_ms, rfc3339, write_atomic};
+use crate::util::{now_ms, replace_file, rfc3339};
 use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -87,7 +87,7 @@ struct Sandbox {
 impl Sandbox {
     fn save(&self) -> Result<(), AbxError> {
         let rec = self.rec.lock().expect("record").clone();
-        write_atomic(
+        replace_file(
             &self.dirs.root.join("sandbox.json"),
             &serde_json::to_vec_pretty(&rec).unwrap_or_default(),
         )
@@ -124,23 +124,54 @@ impl Sandbox {
             let r = self.rec.lock().expect("record");
             (r.id.clone(), r.network.clone(), r.limits.clone())
         };
+        let t0 = std::time::Instant::now();
+        let mut spare = None;
         let cg = {
             let mut g = self.cgroup.lock().expect("cgroup");
             if g.is_none() {
-                *g = Cgroup::create(&id, &lim).map(Arc::new);
+                spare = container::take_spare(&lim);
+                *g = match spare.as_mut() {
+                    Some(sp) => {
+                        let mut cg = sp.cgroup.clone();
+                        cg.rename(&id);
+                        sp.cgroup = cg.clone();
+                        Some(Arc::new(cg))
+                    }
+                    None => Cgroup::create(&id, &lim).map(Arc::new),
+                };
             }
             g.clone()
         };
+        let cgroup_us = t0.elapsed().as_micros();
         // Without a pids controller, RLIMIT_NPROC (counted per user namespace) bounds it.
         let nproc = match &cg {
             Some(c) if c.enforced.contains(&"pids") => None,
             _ => lim.pids,
         };
         container::own_dirs(&self.dirs);
-        let procs = cg.as_ref().map(|c| c.open_procs()).unwrap_or_default();
-        let fds = procs.iter().map(|f| f.as_raw_fd()).collect();
-        let c = Container::start(container::config(&self.dirs, &id, &network, nproc), fds).await?;
+        let from_spare = spare.is_some();
+        let procs = match spare {
+            Some(_) => Vec::new(),
+            None => cg.as_ref().map(|c| c.open_procs()).unwrap_or_default(),
+        };
+        let how = match spare {
+            Some(sp) => container::Start::Spare(sp),
+            None => container::Start::Fresh(procs.iter().map(|f| f.as_raw_fd()).collect()),
+        };
+        let t1 = std::time::Instant::now();
+        let started =
+            Container::start(container::config(&self.dirs, &id, &network, nproc), how).await;
         drop(procs);
+        // The next sandbox's outer process, made while nobody waits for it.
+        tokio::task::spawn_blocking(move || container::make_spare(lim));
+        let c = started?;
+        tracing::debug!(
+            sandbox = %id,
+            cgroup_us,
+            from_spare,
+            container_us = t1.elapsed().as_micros(),
+            "sandbox container started"
+        );
         *g = Some(c.clone());
         Ok(Some(c))
     }
@@ -369,7 +400,17 @@ impl Inner {
         p
     }
 
+    /// Where killed sandboxes' directories wait to be removed (beside `sandboxes/`).
+    fn trash(&self) -> PathBuf {
+        self.root.with_file_name("trash")
+    }
+
     fn load(&self) {
+        // Directories a killed sandbox left in the trash (the daemon ended while removing).
+        let trash = self.trash();
+        if trash.exists() {
+            std::thread::spawn(move || std::fs::remove_dir_all(trash));
+        }
         let Ok(rd) = std::fs::read_dir(&self.root) else {
             return;
         };
@@ -540,9 +581,20 @@ impl Inner {
         let Some(sb) = sb else {
             return json!({"killed": false});
         };
+        let t0 = std::time::Instant::now();
         sb.stop_processes().await;
+        let stopped_us = t0.elapsed().as_micros();
+        // The record goes first (a directory without one is not a sandbox), then the
+        // directory moves to the trash at once and is emptied in the background: its files
+        // can take long to remove and nothing needs them any more.
         let root = sb.dirs.root.clone();
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(root)).await;
+        let _ = std::fs::remove_file(root.join("sandbox.json"));
+        let trash = self.trash().join(id);
+        let gone = std::fs::create_dir_all(self.trash())
+            .and_then(|()| std::fs::rename(&root, &trash))
+            .map_or(root, |()| trash);
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(gone));
+        tracing::debug!(sandbox = %id, stopped_us, total_us = t0.elapsed().as_micros(), "sandbox killed");
         let streams: Vec<String> = self
             .streams
             .lock()
@@ -1167,6 +1219,13 @@ impl LocalProvider {
 impl Provider for LocalProvider {
     fn summary(&self) -> &ProviderSummary {
         &self.0.summary
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, ()> {
+        Box::pin(async {
+            // The spare outer process and its cgroup are nobody's sandbox.
+            let _ = tokio::task::spawn_blocking(container::discard_spare).await;
+        })
     }
 
     fn info(&self) -> Value {

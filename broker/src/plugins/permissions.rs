@@ -165,6 +165,10 @@ pub fn plan(sec: &Security, command: &[String], at: &Places<'_>, mode: Mode) -> 
         write,
         exec,
         net: net_rules(&sec.network),
+        // Whatever it declares, a plugin signals only its own processes and connects to no
+        // abstract Unix socket outside its domain (Landlock ABI 6+): not the daemon, not the
+        // user's other processes.
+        scoped: true,
     };
     let coverage = policy.coverage();
     Plan {
