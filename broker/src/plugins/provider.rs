@@ -386,6 +386,13 @@ fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
         features: rec.manifest.features.clone(),
         call_timeout,
         permissions: Arc::new(permissions),
+        digest: rec.digest.clone(),
+        hide: vec![
+            paths.runtime_dir.clone(),
+            paths.config_dir.clone(),
+            paths.data_dir.clone(),
+        ],
+        copies: paths.runtime_dir.join("plugins"),
     })
 }
 
