@@ -728,3 +728,76 @@ fn swapping_the_installed_code_while_the_plugin_restarts_never_runs_it() {
     assert!(!mark.exists());
     drop(home);
 }
+
+/// Processes whose argv is `sleep <marker>`.
+fn sleepers(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            std::fs::read(format!("/proc/{pid}/cmdline")).ok()
+        })
+        .filter(|c| {
+            let argv: Vec<&[u8]> = c.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+            argv.len() == 2 && argv[0].ends_with(b"sleep") && argv[1] == marker.as_bytes()
+        })
+        .count()
+}
+
+#[test]
+fn stopping_or_killing_a_plugin_ends_every_process_it_started() {
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (_, full) = abx_tests::fixtures::plugin_sandbox(&mut c, "py-local");
+    let info = c.call("provider/info", json!({"id": "py-local"}));
+    assert_eq!(info["process"]["isolation"], "namespaces", "{info}");
+    let doc = c.call("provider/doctor", json!({"id": "py-local"}));
+    let iso = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "isolation"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no isolation check: {doc}"));
+    assert!(
+        iso["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("own user, PID and mount namespaces"),
+        "{iso}"
+    );
+    let detached = |c: &mut Client, marker: &str| {
+        // A process of its own session, detached from the command that started it.
+        c.call(
+            "exec/run",
+            json!({"sandbox": full, "command": format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 &")}),
+        );
+        wait_until("the detached sleep", READ_TIMEOUT, || sleepers(marker) == 1);
+    };
+    // A stop (a restart: new configuration) ends it.
+    let marker = format!("4242.{}", std::process::id());
+    detached(&mut c, &marker);
+    c.call(
+        "provider/configure",
+        json!({"id": "py-local", "values": {"greeting": "again"}}),
+    );
+    wait_until("the stopped plugin's processes gone", READ_TIMEOUT, || {
+        sleepers(&marker) == 0
+    });
+    // So does a kill of the process the broker holds.
+    let marker = format!("4343.{}", std::process::id());
+    detached(&mut c, &marker);
+    let pid = abx_tests::fixtures::provider_status(&mut c, "py-local")["pid"]
+        .as_u64()
+        .unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_until("the killed plugin's processes gone", READ_TIMEOUT, || {
+        sleepers(&marker) == 0
+    });
+    // And a call runs on a fresh plugin (one that raced the host noticing the death gets
+    // E8007, as documented).
+    let mut r = c.request("exec/run", json!({"sandbox": full, "command": "echo back"}));
+    if r.get("error").is_some() {
+        assert_eq!(abx_code(&r["error"]), "E8007", "{r}");
+        r = c.request("exec/run", json!({"sandbox": full, "command": "echo back"}));
+    }
+    assert_eq!(r["result"]["stdout"], "back\n", "{r}");
+}

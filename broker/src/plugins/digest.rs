@@ -572,6 +572,34 @@ mod tests {
     }
 
     #[test]
+    fn the_private_copy_is_what_was_hashed() {
+        let t = tree();
+        let d = dirhash(t.path()).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dst = out.path().join("copy");
+        fs::create_dir(&dst).unwrap();
+        copy_verified(t.path(), &dst, &d).unwrap();
+        // Same digest, same bytes, the execute bit kept.
+        assert_eq!(dirhash(&dst).unwrap(), d);
+        assert_eq!(fs::read(dst.join("lib/sub/b.js")).unwrap(), b"b");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dst.join("run.sh")), 0o755);
+        assert_eq!(mode(&dst.join("provider.mjs")), 0o644);
+        // A tree that differs is refused with why (the copy is not to be run).
+        fs::write(t.path().join("provider.mjs"), "console.log(2)\n").unwrap();
+        let dst2 = out.path().join("copy2");
+        fs::create_dir(&dst2).unwrap();
+        let why = copy_verified(t.path(), &dst2, &d).unwrap_err();
+        assert!(why.starts_with("digest sha256:"), "{why}");
+        fs::create_dir(t.path().join(".git")).unwrap();
+        let dst3 = out.path().join("copy3");
+        fs::create_dir(&dst3).unwrap();
+        assert!(copy_verified(t.path(), &dst3, &d)
+            .unwrap_err()
+            .contains(".git"));
+    }
+
+    #[test]
     fn large_files_stream() {
         let t = tempfile::tempdir().unwrap();
         let f = File::create(t.path().join("big")).unwrap();
