@@ -16,6 +16,10 @@
 //!   disable it until `provider/doctor` or a reinstall resets it, and so do five failed
 //!   starts in a row (a plugin that hangs at the handshake fails only every 15 s).
 //! - **Idle:** a child without calls or streams for `ABX_PLUGIN_IDLE_SECS` (300) is stopped.
+//! - **Launch:** the child is the plugin launcher ([`super::launch`]): namespaces, a private
+//!   copy verified as it is made, then the plugin. Its status line (fd 3) comes before the
+//!   handshake: an integrity failure there is E8011 (not a crash), a setup failure E8002.
+//!   `pid` is the launcher's: killing it ends the plugin's PID namespace.
 
 use crate::conn::ConnHandle;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};

@@ -271,7 +271,7 @@ fn launch() -> Result<i32, Fail> {
         .map_err(|e| Fail::Setup(format!("reading the launch config: {e}")))?;
     drop(raw);
     let unshared = if cfg.namespaces {
-        unshare()
+        unshare()?
     } else {
         Err(format!("turned off ({ISOLATION_ENV}=none)"))
     };
@@ -282,8 +282,9 @@ fn launch() -> Result<i32, Fail> {
 }
 
 /// New user (unless a root daemon cannot have one), PID and mount namespaces, the same uid
-/// and gid mapped. Err(why) when the kernel refuses: the launcher runs without them.
-fn unshare() -> Result<(), String> {
+/// and gid mapped. Ok(Err(why)) when the kernel refuses: the launcher runs without them; a
+/// user namespace made but not mapped is a failure (nothing could run in it as the user).
+fn unshare() -> Result<Result<(), String>, Fail> {
     // SAFETY: plain system calls in a single-threaded process.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let all = libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS;
@@ -299,14 +300,16 @@ fn unshare() -> Result<(), String> {
             })
             .and_then(|_| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n")))
             .and_then(|_| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n")));
-        return maps.map_err(|e| format!("writing the uid/gid maps: {e}"));
+        return maps
+            .map(Ok)
+            .map_err(|e| Fail::Setup(format!("writing the uid/gid maps: {e}")));
     }
     let e = io::Error::last_os_error();
     // SAFETY: unshare with flags only.
     if uid == 0 && unsafe { libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) } == 0 {
-        return Ok(());
+        return Ok(Ok(()));
     }
-    Err(format!("the kernel refused new namespaces: {e}"))
+    Ok(Err(format!("the kernel refused new namespaces: {e}")))
 }
 
 fn wait_for(pid: i32) -> i32 {
