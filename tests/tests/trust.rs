@@ -801,3 +801,22 @@ fn stopping_or_killing_a_plugin_ends_every_process_it_started() {
     }
     assert_eq!(r["result"]["stdout"], "back\n", "{r}");
 }
+
+#[test]
+fn an_idle_stopped_plugin_leaves_no_process() {
+    let (home, mut c) = started(&[("ABX_PLUGIN_IDLE_SECS", "1")]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (_, full) = abx_tests::fixtures::plugin_sandbox(&mut c, "py-local");
+    let marker = format!("4444.{}", std::process::id());
+    c.call(
+        "exec/run",
+        json!({"sandbox": full, "command": format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 &")}),
+    );
+    wait_until("the detached sleep", READ_TIMEOUT, || {
+        sleepers(&marker) == 1
+    });
+    wait_for_log(&home, "the idle stop", &["stopping idle plugin"]);
+    wait_until("the idle plugin's processes gone", READ_TIMEOUT, || {
+        sleepers(&marker) == 0
+    });
+}
