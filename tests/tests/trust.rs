@@ -1,4 +1,4 @@
-//! Issue 19, plugin trust without holes (part of it), against the real daemon and real
+//! Issue 19, plugin trust without holes, against the real daemon and real
 //! plugin processes: one bad provider never hides the others (`sandbox/list`, `abx list`,
 //! MCP `sandbox_list`), the integrity check never stalls the daemon and refuses a tree past
 //! the install caps at once, a `.git` appearing in an installed tree is E8011, and bare ids
