@@ -88,7 +88,7 @@ fn abi_enum(v: i32) -> ABI {
 }
 
 /// Network rules.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Net {
     /// Unrestricted.
     Any,
@@ -102,8 +102,9 @@ pub enum Net {
     },
 }
 
-/// What a confined process may do.
-#[derive(Clone, Debug)]
+/// What a confined process may do (serializable: the plugin launcher builds the ruleset
+/// itself, after composing the plugin's mount namespace).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Policy {
     /// Trees (or files) it may read, and execute unless `exec` is set. Missing ones are skipped.
     pub read: Vec<PathBuf>,

@@ -201,14 +201,15 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
                 continue;
             }
         }
-        // A sandbox's process runs as this user too; it must not drive the broker (it could
-        // read the user's files through files/upload, or kill other sandboxes). A peer in
-        // another PID namespace than the daemon's (every sandbox has its own) is refused: a
-        // rule no process can shed by changing its environment. The marker check covers the
-        // opt-in models without namespaces.
+        // A sandbox's or a plugin's process runs as this user too; it must not drive the
+        // broker (it could read the user's files through files/upload, or kill other
+        // sandboxes). A peer in another PID namespace than the daemon's (every sandbox and
+        // every plugin has its own) is refused: a rule no process can shed by changing its
+        // environment. The marker check covers the opt-in sandbox models without namespaces,
+        // the ancestry check plugins run without them.
         let peer_pid = creds.ok().and_then(|c| c.pid()).unwrap_or(0);
         if let Some(why) = foreign_peer(peer_pid) {
-            warn!(pid = peer_pid, reason = %why, "refusing a connection from inside a sandbox");
+            warn!(pid = peer_pid, reason = %why, "refusing a connection from a sandbox or plugin process");
             drop(stream);
             continue;
         }
@@ -247,6 +248,9 @@ fn foreign_peer(pid: i32) -> Option<String> {
     let theirs = crate::local::container::ns_inode(pid, "pid");
     if mine.is_some() && theirs != mine {
         return Some("the peer runs in another PID namespace".into());
+    }
+    if let Some(id) = crate::plugins::launch::plugin_of(pid) {
+        return Some(format!("the peer is a process of plugin '{id}'"));
     }
     crate::local::procs::sandbox_of(pid).map(|sb| format!("the peer belongs to sandbox {sb}"))
 }

@@ -34,6 +34,12 @@ fn main() -> ExitCode {
     {
         abx_broker::local::init::main();
     }
+    // ... and each plugin process through this launcher.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(abx_broker::plugins::launch::ARG))
+    {
+        abx_broker::plugins::launch::main();
+    }
     let parsed = Serve::augment_subcommands(args::Cli::command())
         .try_get_matches()
         .and_then(|m| match Serve::from_arg_matches(&m) {

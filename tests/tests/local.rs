@@ -919,7 +919,7 @@ fn a_sandbox_cannot_drive_the_broker() {
             wait_until("the refusal is logged", Duration::from_secs(20), || {
                 std::fs::read_to_string(home.log_file())
                     .unwrap_or_default()
-                    .contains("refusing a connection from inside a sandbox")
+                    .contains("refusing a connection from a sandbox or plugin process")
             });
         }
         // And the broker's data is not readable from inside under namespaces.

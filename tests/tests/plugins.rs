@@ -114,7 +114,8 @@ fn seed_flow_install_refusals_pinned_list_info_doctor_use_uninstall() {
             "integrity",
             "config",
             "handshake",
-            "permissions"
+            "permissions",
+            "isolation"
         ]
     );
     assert!(

@@ -1,11 +1,14 @@
-//! Issue 19, plugin trust without holes (part of it), against the real daemon and real
+//! Issue 19, plugin trust without holes, against the real daemon and real
 //! plugin processes: one bad provider never hides the others (`sandbox/list`, `abx list`,
 //! MCP `sandbox_list`), the integrity check never stalls the daemon and refuses a tree past
 //! the install caps at once, a `.git` appearing in an installed tree is E8011, and bare ids
-//! of sandboxes made directly on a provider's server (the OpenSandbox stand-in) resolve.
+//! of sandboxes made directly on a provider's server (the OpenSandbox stand-in) resolve, a
+//! plugin cannot reach the broker's socket or see its state (with namespaces, and refused by
+//! ancestry without them), and swapping the installed code while the plugin restarts never
+//! runs it (each start runs a private copy hashed as it was made).
 
 use abx_tests::fixtures::{copy_dir, git, install_pinned, started};
-use abx_tests::{abx_code, Client, Home, READ_TIMEOUT};
+use abx_tests::{abx_code, wait_until, Client, Home, READ_TIMEOUT};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -474,4 +477,346 @@ fn a_provider_whose_server_is_down_beside_local_hides_nothing() {
     assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("local:{local}")));
     assert!(String::from_utf8_lossy(&o.stderr)
         .starts_with("Warning: provider 'opensandbox' could not list its sandboxes: [E8006]"));
+}
+
+// ---------------------------------------------------------------------------------------
+// No way to the broker from a plugin, and what runs is what was verified.
+
+/// sock-probe installed from its fixture dir and configured with what an attacker who knows
+/// the broker would use: the socket path, the daemon's pid, a local sandbox and a host path
+/// for `files/download` to write. Returns the home, a client, the marker path and the
+/// plugin's data dir.
+fn sock_probe(env: &[(&str, &str)]) -> (Home, Client, PathBuf, PathBuf) {
+    let (home, mut c) = started(env);
+    let local = c.create(json!({"provider": "local"}));
+    c.call(
+        "provider/install",
+        json!({"source": abx_tests::fixtures::fixture("sock-probe"), "confirm": true}),
+    );
+    let marker = home.path.join("written-by-the-plugin");
+    c.call(
+        "provider/configure",
+        json!({"id": "sock-probe", "values": {
+            "socket_path": home.socket(),
+            "daemon_pid": home.daemon_pid().expect("daemon pid").to_string(),
+            "sandbox": format!("local:{local}"),
+            "marker": marker,
+        }}),
+    );
+    let data_dir = home.path.join("data/providers/sock-probe/data");
+    assert!(data_dir.is_dir(), "{}", data_dir.display());
+    (home, c, marker, data_dir)
+}
+
+/// Run the probe on a sandbox of the plugin.
+fn probe(c: &mut Client) -> Value {
+    let sb = c.create(json!({"provider": "sock-probe"}));
+    c.call(
+        "sandbox/systemInfo",
+        json!({"sandbox": format!("sock-probe:{sb}")}),
+    )["probes"]
+        .clone()
+}
+
+fn assert_no_attempt_answered(p: &Value, marker: &Path) {
+    let attempts = p["attempts"].as_object().expect("attempts");
+    assert!(attempts.len() > 8, "{p}");
+    for (name, outcome) in attempts {
+        let outcome = outcome.as_str().unwrap_or_default();
+        assert!(
+            !outcome.starts_with("answered"),
+            "the plugin drove the broker through '{name}': {outcome}"
+        );
+    }
+    assert!(
+        !marker.exists(),
+        "files/download through the broker wrote {}",
+        marker.display()
+    );
+}
+
+fn wait_for_log(home: &Home, what: &str, needle: &[&str]) {
+    wait_until(what, READ_TIMEOUT, || {
+        std::fs::read_to_string(home.log_file())
+            .is_ok_and(|log| log.lines().any(|l| needle.iter().all(|n| l.contains(n))))
+    });
+}
+
+#[test]
+fn a_plugin_cannot_reach_the_broker_socket_nor_see_its_state() {
+    let (home, mut c, marker, data_dir) = sock_probe(&[]);
+    // An attacker with the user's rights outside puts a hard link to the socket where the
+    // plugin can see it: the peer rule alone must refuse it.
+    std::fs::hard_link(home.socket(), data_dir.join("broker.sock")).unwrap();
+    let p = probe(&mut c);
+    eprintln!("{p:#}");
+    assert_no_attempt_answered(&p, &marker);
+    let a = &p["attempts"];
+    // Hidden: the socket, the config dir and the registry are not even there.
+    assert_eq!(p["socketVisible"], false, "{p}");
+    let seen = p["stateSeen"].as_object().expect("stateSeen");
+    assert!(seen.len() >= 4, "{p}");
+    for (rel, there) in seen {
+        assert_eq!(there, false, "the plugin sees {rel}: {p}");
+    }
+    for name in ["configured", "guessedFromDataDir", "procDaemonRoot"] {
+        assert!(
+            a[name].as_str().unwrap_or_default().starts_with("connect:"),
+            "{name}: {}",
+            a[name]
+        );
+    }
+    // Its own /proc: a handful of pids, not the host's.
+    assert!(p["pidsSeen"].as_u64().unwrap() < 10, "{p}");
+    // The hard link reached the socket; the daemon refused the peer and said why.
+    assert!(
+        a["hardLinkInDataDir"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("closed without an answer"),
+        "{}",
+        a["hardLinkInDataDir"]
+    );
+    wait_for_log(
+        &home,
+        "the refusal in the daemon's log",
+        &[
+            "refusing a connection from a sandbox or plugin process",
+            "another PID namespace",
+        ],
+    );
+    let info = c.call("provider/info", json!({"id": "sock-probe"}));
+    assert_eq!(info["process"]["isolation"], "namespaces", "{info}");
+    // The broker itself still answers its clients.
+    assert_eq!(c.call("broker/ping", Value::Null), json!({}));
+}
+
+#[test]
+fn without_namespaces_a_plugin_is_refused_by_ancestry_and_runs_from_a_private_copy() {
+    let (home, mut c, marker, _) = sock_probe(&[("ABX_PLUGIN_ISOLATION", "none")]);
+    let p = probe(&mut c);
+    eprintln!("{p:#}");
+    assert_no_attempt_answered(&p, &marker);
+    // The socket is visible here (and the broker's state), so the connection is made, and
+    // refused.
+    assert_eq!(p["socketVisible"], true, "{p}");
+    assert_eq!(p["stateSeen"]["data/providers/installed.json"], true, "{p}");
+    assert!(
+        p["attempts"]["configured"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("closed without an answer"),
+        "{}",
+        p["attempts"]["configured"]
+    );
+    wait_for_log(
+        &home,
+        "the refusal in the daemon's log",
+        &[
+            "refusing a connection from a sandbox or plugin process",
+            "the peer is a process of plugin 'sock-probe'",
+        ],
+    );
+    let info = c.call("provider/info", json!({"id": "sock-probe"}));
+    let isolation = info["process"]["isolation"].as_str().unwrap_or_default();
+    assert!(isolation.starts_with("none: "), "{info}");
+    // It runs from a private copy under the runtime dir, removed when it stops.
+    let copies = home.run_dir().join("plugins");
+    let count = || std::fs::read_dir(&copies).map_or(0, |d| d.count());
+    assert_eq!(count(), 1, "one private copy while it runs");
+    c.call(
+        "provider/configure",
+        json!({"id": "sock-probe", "values": {"sandbox": "none"}}),
+    );
+    wait_until("the private copy removed", READ_TIMEOUT, || count() == 0);
+}
+
+#[test]
+fn swapping_the_installed_code_while_the_plugin_restarts_never_runs_it() {
+    let (home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let root = installed_root(&mut c, "py-local");
+    let dir = root.parent().unwrap().to_path_buf();
+    let target = root.join("provider.py");
+    let good_text = std::fs::read(&target).unwrap();
+    let mode = std::fs::metadata(&target).unwrap().permissions();
+    // The tampered code leaves a mark in the plugin's data dir the moment it runs.
+    let data_dir = dir.join("data");
+    let mark = data_dir.join("TAMPERED");
+    let mut bad_text = b"import os as _o\nopen(_o.path.join(_o.environ['ABX_DATA_DIR'], 'TAMPERED'), 'a').write('ran\\n')\n".to_vec();
+    bad_text.extend_from_slice(&good_text);
+    let (good, bad) = (dir.join("good.py"), dir.join("bad.py"));
+    for (p, t) in [(&good, &good_text), (&bad, &bad_text)] {
+        std::fs::write(p, t).unwrap();
+        std::fs::set_permissions(p, mode.clone()).unwrap();
+    }
+    // Prove the mark works: run the tampered file as the plugin would.
+    let o = Command::new("python3")
+        .arg(&bad)
+        .env("ABX_DATA_DIR", &data_dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(mark.exists(), "{o:?}");
+    std::fs::remove_file(&mark).unwrap();
+
+    // Swap provider.py between the two, by hard link + rename, as fast as possible.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, dir, target) = (stop.clone(), dir.clone(), target.clone());
+        let (good, bad) = (good.clone(), bad.clone());
+        std::thread::spawn(move || {
+            let tmp = dir.join(".swap");
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for from in [&bad, &good] {
+                    let _ = std::fs::remove_file(&tmp);
+                    if std::fs::hard_link(from, &tmp).is_ok()
+                        && std::fs::rename(&tmp, &target).is_ok()
+                    {
+                        swaps += 1;
+                    }
+                }
+            }
+            swaps
+        })
+    };
+    let (mut ran, mut refused) = (0, 0);
+    let until = Instant::now() + Duration::from_secs(20);
+    for i in 0..30 {
+        if Instant::now() > until {
+            break;
+        }
+        // A restart: the running plugin is stopped, the next call starts it.
+        c.call(
+            "provider/configure",
+            json!({"id": "py-local", "values": {"greeting": format!("hello {i}")}}),
+        );
+        let r = c.request("sandbox/list", json!({"provider": "py-local"}));
+        match r.get("error") {
+            None => ran += 1,
+            Some(e) => {
+                assert_eq!(
+                    abx_code(e),
+                    "E8011",
+                    "a start that is neither good nor E8011: {r}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    eprintln!(
+        "{} starts: {ran} ran, {refused} refused (E8011); {swaps} swaps",
+        ran + refused
+    );
+    std::fs::rename(&good, &target).unwrap();
+    assert!(swaps > 100, "the swapper ran: {swaps} swaps");
+    assert!(
+        !mark.exists(),
+        "the tampered code ran: {}",
+        std::fs::read_to_string(&mark).unwrap_or_default()
+    );
+    assert!(ran >= 1, "no start ran at all ({refused} refused)");
+    // Back to the installed code: the plugin runs.
+    c.call(
+        "provider/configure",
+        json!({"id": "py-local", "values": {"greeting": "hello"}}),
+    );
+    c.call("sandbox/list", json!({"provider": "py-local"}));
+    assert!(!mark.exists());
+    drop(home);
+}
+
+/// Processes whose argv is `sleep <marker>`.
+fn sleepers(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            std::fs::read(format!("/proc/{pid}/cmdline")).ok()
+        })
+        .filter(|c| {
+            let argv: Vec<&[u8]> = c.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+            argv.len() == 2 && argv[0].ends_with(b"sleep") && argv[1] == marker.as_bytes()
+        })
+        .count()
+}
+
+#[test]
+fn stopping_or_killing_a_plugin_ends_every_process_it_started() {
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (_, full) = abx_tests::fixtures::plugin_sandbox(&mut c, "py-local");
+    let info = c.call("provider/info", json!({"id": "py-local"}));
+    assert_eq!(info["process"]["isolation"], "namespaces", "{info}");
+    let doc = c.call("provider/doctor", json!({"id": "py-local"}));
+    let iso = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "isolation"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no isolation check: {doc}"));
+    assert!(
+        iso["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("own user, PID and mount namespaces"),
+        "{iso}"
+    );
+    let detached = |c: &mut Client, marker: &str| {
+        // A process of its own session, detached from the command that started it.
+        c.call(
+            "exec/run",
+            json!({"sandbox": full, "command": format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 &")}),
+        );
+        wait_until("the detached sleep", READ_TIMEOUT, || sleepers(marker) == 1);
+    };
+    // A stop (a restart: new configuration) ends it.
+    let marker = format!("4242.{}", std::process::id());
+    detached(&mut c, &marker);
+    c.call(
+        "provider/configure",
+        json!({"id": "py-local", "values": {"greeting": "again"}}),
+    );
+    wait_until("the stopped plugin's processes gone", READ_TIMEOUT, || {
+        sleepers(&marker) == 0
+    });
+    // So does a kill of the process the broker holds.
+    let marker = format!("4343.{}", std::process::id());
+    detached(&mut c, &marker);
+    let pid = abx_tests::fixtures::provider_status(&mut c, "py-local")["pid"]
+        .as_u64()
+        .unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_until("the killed plugin's processes gone", READ_TIMEOUT, || {
+        sleepers(&marker) == 0
+    });
+    // And a call runs on a fresh plugin (one that raced the host noticing the death gets
+    // E8007, as documented).
+    let mut r = c.request("exec/run", json!({"sandbox": full, "command": "echo back"}));
+    if r.get("error").is_some() {
+        assert_eq!(abx_code(&r["error"]), "E8007", "{r}");
+        r = c.request("exec/run", json!({"sandbox": full, "command": "echo back"}));
+    }
+    assert_eq!(r["result"]["stdout"], "back\n", "{r}");
+}
+
+#[test]
+fn an_idle_stopped_plugin_leaves_no_process() {
+    let (home, mut c) = started(&[("ABX_PLUGIN_IDLE_SECS", "1")]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (_, full) = abx_tests::fixtures::plugin_sandbox(&mut c, "py-local");
+    let marker = format!("4444.{}", std::process::id());
+    c.call(
+        "exec/run",
+        json!({"sandbox": full, "command": format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 &")}),
+    );
+    wait_until("the detached sleep", READ_TIMEOUT, || {
+        sleepers(&marker) == 1
+    });
+    wait_for_log(&home, "the idle stop", &["stopping idle plugin"]);
+    wait_until("the idle plugin's processes gone", READ_TIMEOUT, || {
+        sleepers(&marker) == 0
+    });
 }

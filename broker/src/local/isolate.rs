@@ -337,7 +337,7 @@ fn check(rc: libc::c_long, step: Step) -> Result<(), i32> {
 /// Clear the bounding and ambient sets and every capability (`strict`: a refused bounding
 /// drop is an error). Async-signal-safe; the error is an encoded step (see
 /// [`explain_spawn_error`]). Also used by the sandbox's init.
-pub(super) unsafe fn drop_caps(last_cap: i32, strict: bool) -> Result<(), i32> {
+pub(crate) unsafe fn drop_caps(last_cap: i32, strict: bool) -> Result<(), i32> {
     libc::prctl(
         libc::PR_CAP_AMBIENT,
         libc::PR_CAP_AMBIENT_CLEAR_ALL,
@@ -555,7 +555,7 @@ impl Confine {
 }
 
 /// The highest capability number this kernel knows.
-pub(super) fn last_cap() -> i32 {
+pub(crate) fn last_cap() -> i32 {
     fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())

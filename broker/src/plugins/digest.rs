@@ -16,9 +16,9 @@ use abx_protocol::{AbxError, ErrorCode};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a tree cannot be hashed.
@@ -231,7 +231,13 @@ pub(crate) fn open_regular(abs: &Path, rel: &[u8]) -> Result<File, TreeError> {
 }
 
 /// Hex sha256 of a reader, streamed.
-pub(crate) fn hash_reader(mut r: impl Read) -> io::Result<String> {
+pub(crate) fn hash_reader(r: impl Read) -> io::Result<String> {
+    hash_reader_to(r, None::<&mut File>)
+}
+
+/// Hex sha256 of a reader, streamed; with `copy`, every block hashed is also written there
+/// (one read: what is written is exactly what was hashed).
+fn hash_reader_to(mut r: impl Read, mut copy: Option<&mut impl Write>) -> io::Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -242,6 +248,9 @@ pub(crate) fn hash_reader(mut r: impl Read) -> io::Result<String> {
             Err(e) => return Err(e),
         };
         h.update(&buf[..n]);
+        if let Some(w) = copy.as_mut() {
+            w.write_all(&buf[..n])?;
+        }
     }
     Ok(hex(&h.finalize()))
 }
@@ -263,13 +272,39 @@ pub fn dirhash_tree(root: &Path) -> Result<String, TreeError> {
 }
 
 fn listing_digest(entries: &[Entry]) -> Result<String, TreeError> {
+    listing_digest_to(entries, None)
+}
+
+/// The listing digest of `entries`; with `copy_to`, each file is also written beneath that
+/// directory as it is hashed (mode 0755 when executable, else 0644; parents 0755).
+fn listing_digest_to(entries: &[Entry], copy_to: Option<&Path>) -> Result<String, TreeError> {
     let mut listing = Sha256::new();
     for e in entries {
         let f = open_regular(&e.abs, &e.rel)?;
-        let sum = hash_reader(f).map_err(|error| TreeError::Io {
+        let io_err = |error| TreeError::Io {
             path: show(&e.rel),
             error,
-        })?;
+        };
+        let sum = match copy_to {
+            None => hash_reader(f).map_err(io_err)?,
+            Some(dst) => {
+                let target = dst.join(std::ffi::OsStr::from_bytes(&e.rel));
+                if let Some(parent) = target.parent() {
+                    fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o755)
+                        .create(parent)
+                        .map_err(io_err)?;
+                }
+                let mut out = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(if e.exec { 0o755 } else { 0o644 })
+                    .open(&target)
+                    .map_err(io_err)?;
+                hash_reader_to(f, Some(&mut out)).map_err(io_err)?
+            }
+        };
         listing.update(sum.as_bytes());
         listing.update(if e.exec { b" x " } else { b" - " });
         listing.update(&e.rel);
@@ -318,21 +353,35 @@ pub fn dirhash(root: &Path) -> Result<String, AbxError> {
 /// hashed like any others. A tree past the install caps is E8011 without hashing a byte.
 /// This blocks: async callers run it on the blocking pool.
 pub fn verify(root: &Path, expected: &str, provider_id: &str) -> Result<(), AbxError> {
-    let fail = |why: String| {
+    check_tree(root, expected, None).map_err(|why| {
         tracing::warn!(provider = provider_id, root = %root.display(), "integrity check failed: {why}");
         AbxError::new(ErrorCode::IntegrityFailed, &[("provider", provider_id)])
-    };
+    })
+}
+
+/// Copy an installed tree into the empty directory `dst` while hashing it, in one pass: each
+/// file is read once, and the bytes hashed are the bytes written. Ok only when the digest of
+/// what was copied is `expected` (the same rules as [`verify`]); else why not. The plugin
+/// launcher runs the copy ([`super::launch`]), so what runs is what was verified, whatever
+/// happens to the installed tree meanwhile. Blocking.
+pub fn copy_verified(root: &Path, dst: &Path, expected: &str) -> Result<(), String> {
+    check_tree(root, expected, Some(dst))
+}
+
+/// Why `root` is not the tree whose digest is `expected` (see [`verify`]); with `copy_to`,
+/// copied there as it is hashed.
+fn check_tree(root: &Path, expected: &str, copy_to: Option<&Path>) -> Result<(), String> {
     if fs::symlink_metadata(root.join(".git")).is_ok() {
-        return Err(fail("a .git appeared in the installed tree".into()));
+        return Err("a .git appeared in the installed tree".into());
     }
-    let entries = walk_tree(root, false).map_err(|e| fail(e.to_string()))?;
+    let entries = walk_tree(root, false).map_err(|e| e.to_string())?;
     if let Some(why) = past_caps(&entries) {
-        return Err(fail(why));
+        return Err(why);
     }
-    match listing_digest(&entries) {
+    match listing_digest_to(&entries, copy_to) {
         Ok(actual) if actual == expected => Ok(()),
-        Ok(actual) => Err(fail(format!("digest {actual}, expected {expected}"))),
-        Err(e) => Err(fail(e.to_string())),
+        Ok(actual) => Err(format!("digest {actual}, expected {expected}")),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -520,6 +569,34 @@ mod tests {
             dirhash_tree(t.path()),
             Err(TreeError::BadName { .. })
         ));
+    }
+
+    #[test]
+    fn the_private_copy_is_what_was_hashed() {
+        let t = tree();
+        let d = dirhash(t.path()).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dst = out.path().join("copy");
+        fs::create_dir(&dst).unwrap();
+        copy_verified(t.path(), &dst, &d).unwrap();
+        // Same digest, same bytes, the execute bit kept.
+        assert_eq!(dirhash(&dst).unwrap(), d);
+        assert_eq!(fs::read(dst.join("lib/sub/b.js")).unwrap(), b"b");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dst.join("run.sh")), 0o755);
+        assert_eq!(mode(&dst.join("provider.mjs")), 0o644);
+        // A tree that differs is refused with why (the copy is not to be run).
+        fs::write(t.path().join("provider.mjs"), "console.log(2)\n").unwrap();
+        let dst2 = out.path().join("copy2");
+        fs::create_dir(&dst2).unwrap();
+        let why = copy_verified(t.path(), &dst2, &d).unwrap_err();
+        assert!(why.starts_with("digest sha256:"), "{why}");
+        fs::create_dir(t.path().join(".git")).unwrap();
+        let dst3 = out.path().join("copy3");
+        fs::create_dir(&dst3).unwrap();
+        assert!(copy_verified(t.path(), &dst3, &d)
+            .unwrap_err()
+            .contains(".git"));
     }
 
     #[test]

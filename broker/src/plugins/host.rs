@@ -16,6 +16,10 @@
 //!   disable it until `provider/doctor` or a reinstall resets it, and so do five failed
 //!   starts in a row (a plugin that hangs at the handshake fails only every 15 s).
 //! - **Idle:** a child without calls or streams for `ABX_PLUGIN_IDLE_SECS` (300) is stopped.
+//! - **Launch:** the child is the plugin launcher ([`super::launch`]): namespaces, a private
+//!   copy verified as it is made, then the plugin. Its status line (fd 3) comes before the
+//!   handshake: an integrity failure there is E8011 (not a crash), a setup failure E8002.
+//!   `pid` is the launcher's: killing it ends the plugin's PID namespace.
 
 use crate::conn::ConnHandle;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
@@ -26,12 +30,13 @@ use futures::StreamExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
@@ -146,6 +151,13 @@ pub struct Spec {
     pub call_timeout: Duration,
     /// The declared permissions, enforced on the child.
     pub permissions: Arc<super::permissions::Plan>,
+    /// The installed tree's recorded digest: the launcher's private copy must match it.
+    pub digest: String,
+    /// The broker's directories hidden from the plugin (runtime, config, data).
+    pub hide: Vec<PathBuf>,
+    /// Where private copies go when the plugin runs without namespaces (0700, in the
+    /// runtime dir).
+    pub copies: PathBuf,
 }
 
 /// What a started child told us in its handshake.
@@ -171,6 +183,7 @@ struct Running {
     routes: Arc<Mutex<HashMap<String, Route>>>,
     next_id: AtomicI64,
     pid: u32,
+    isolation: String,
     dead: CancellationToken,
     handshake: Handshake,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -213,6 +226,8 @@ pub struct HostStatus {
     pub disabled: Option<String>,
     /// The last failure.
     pub last_error: Option<String>,
+    /// How the running child is isolated: `namespaces`, or `none: <why>`.
+    pub isolation: Option<String>,
 }
 
 impl Host {
@@ -256,6 +271,7 @@ impl Host {
         let mut s = self.status.lock().expect("status");
         s.running = st.running.is_some();
         s.pid = st.running.as_ref().map(|r| r.pid);
+        s.isolation = st.running.as_ref().map(|r| r.isolation.clone());
         s.in_flight = st
             .running
             .as_ref()
@@ -318,6 +334,12 @@ impl Host {
                 st.running = Some(r.clone());
                 self.set_status(&st);
                 Ok(r)
+            }
+            Err(e) if e.code == ErrorCode::IntegrityFailed => {
+                // The private copy did not match: nothing ran, nothing crashed.
+                st.last_error = Some(e.message.clone());
+                self.set_status(&st);
+                Err(e)
             }
             Err(e) => {
                 st.crashes.push_back(Instant::now());
@@ -552,50 +574,94 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         .command
         .split_first()
         .ok_or_else(|| handshake_failed("the manifest has an empty runtime command"))?;
-    let program = if program.starts_with("./") || program.starts_with("../") {
-        spec.root.join(program).to_string_lossy().into_owned()
-    } else {
-        program.clone()
-    };
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(args)
-        .current_dir(&spec.root)
-        .env_clear()
-        .env(
-            "PATH",
+    let program = program.clone();
+    // The plugin's whole environment; the launcher gets only its config (and the Landlock
+    // cap, so it builds the ruleset the daemon's coverage describes).
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
             std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        )
-        .env("HOME", std::env::var("HOME").unwrap_or_else(|_| "/".into()))
-        .env("LANG", "C.UTF-8")
-        .env("ABX_PROTOCOL", "EPP/1")
-        .env("ABX_PROVIDER_ID", &spec.id)
-        .env("ABX_DATA_DIR", &spec.data_dir)
-        .envs(&spec.env)
+        ),
+        (
+            "HOME".into(),
+            std::env::var("HOME").unwrap_or_else(|_| "/".into()),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("ABX_PROTOCOL".into(), "EPP/1".into()),
+        ("ABX_PROVIDER_ID".into(), spec.id.clone()),
+        (
+            "ABX_DATA_DIR".into(),
+            spec.data_dir.to_string_lossy().into_owned(),
+        ),
+    ];
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut keep = vec![spec.data_dir.clone()];
+    if let Some(tmp) = &spec.permissions.tmp_dir {
+        let _ = std::fs::create_dir_all(tmp);
+        env.push(("TMPDIR".into(), tmp.to_string_lossy().into_owned()));
+        keep.push(tmp.clone());
+    }
+    // E8016 when the declarations cannot be enforced (mode `refuse`), before anything starts;
+    // the launcher builds the ruleset itself, after composing the plugin's mounts.
+    drop(spec.permissions.prepare(&spec.id)?);
+    let _ = crate::paths::ensure_private_dir(&spec.copies);
+    let copy_dir = spec.copies.join(format!(
+        "{}.{}.{}",
+        spec.id,
+        std::process::id(),
+        COPIES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let cfg = super::launch::Config {
+        id: spec.id.clone(),
+        tree: spec.root.clone(),
+        digest: spec.digest.clone(),
+        copy_dir: copy_dir.clone(),
+        program: program.clone(),
+        args: args.to_vec(),
+        env,
+        hide: spec.hide.clone(),
+        keep,
+        policy: spec.permissions.policy.clone(),
+        namespaces: super::launch::namespaces_wanted(),
+    };
+    let cfg_json = serde_json::to_string(&cfg).map_err(AbxError::internal)?;
+    let (status_rx, status_tx) =
+        super::launch::status_pipe().map_err(|e| handshake_failed(&format!("status pipe: {e}")))?;
+    let mut cmd = tokio::process::Command::new(super::launch::program());
+    cmd.arg0("abx-plugin-launch")
+        .arg(super::launch::ARG)
+        .current_dir("/")
+        .env_clear()
+        .env(super::launch::CONFIG_ENV, cfg_json)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    if let Some(tmp) = &spec.permissions.tmp_dir {
-        let _ = std::fs::create_dir_all(tmp);
-        cmd.env("TMPDIR", tmp);
+    if let Ok(v) = std::env::var(crate::confine::ABI_MAX_ENV) {
+        cmd.env(crate::confine::ABI_MAX_ENV, v);
     }
-    // Built before the fork: E8016 when the declarations cannot be enforced (mode `refuse`).
-    let confined = spec.permissions.prepare(&spec.id)?;
-    // SAFETY: system calls only: its own process group (a kill takes its children), then
-    // no_new_privs, the socket filter and the Landlock ruleset.
+    let status_fd = status_tx.as_raw_fd();
+    // SAFETY: system calls only: its own process group (a kill takes its children), nothing
+    // inherited but stdio and the status pipe (fd 3), the usual open-file limit.
     unsafe {
         cmd.pre_exec(move || {
             libc::setpgid(0, 0);
             crate::state::close_inherited_in_child();
             crate::state::restore_fd_limit_in_child();
-            crate::confine::restrict_self(&confined)
-                .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))
+            if status_fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(status_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         });
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| handshake_failed(&format!("cannot start {program}: {e}")))?;
+        .map_err(|e| handshake_failed(&format!("cannot start the plugin launcher: {e}")))?;
+    drop(status_tx);
     let pid = child.id().unwrap_or(0);
+    super::launch::register(pid as i32, &spec.id);
     let stdin = child.stdin.take().expect("piped");
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
@@ -661,6 +727,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         routes: routes.clone(),
         next_id: AtomicI64::new(1),
         pid,
+        isolation: String::new(),
         dead: dead.clone(),
         handshake: Handshake {
             name: String::new(),
@@ -691,6 +758,10 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             let _ = child.start_kill();
             let status = child.wait().await.ok();
             unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            super::launch::forget(pid as i32);
+            // The private copy of a plugin run without namespaces (its launcher removes it,
+            // unless it was killed first).
+            let _ = std::fs::remove_dir_all(&copy_dir);
             let tail: Vec<String> = tail
                 .lock()
                 .expect("tail")
@@ -744,6 +815,29 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             dead.cancel();
         });
     }
+    // The launcher's word: the private copy matched and the plugin runs, or why not.
+    let limit = handshake_timeout();
+    let said = read_status(status_rx, limit).await;
+    let isolation = match super::launch::Status::parse(&said) {
+        super::launch::Status::Started(None) => "namespaces".to_owned(),
+        super::launch::Status::Started(Some(why)) => {
+            warn!(provider = %spec.id, "the plugin runs without its own namespaces ({why}): peers descending from it are refused by ancestry, and it sees the broker's directories (Landlock still confines it)");
+            format!("none: {why}")
+        }
+        super::launch::Status::Integrity(why) => {
+            running.kill.cancel();
+            warn!(provider = %spec.id, root = %spec.root.display(), "integrity check of the private copy failed, nothing ran: {why}");
+            return Err(AbxError::new(
+                ErrorCode::IntegrityFailed,
+                &[("provider", &spec.id)],
+            ));
+        }
+        super::launch::Status::Failed(why) => {
+            running.kill.cancel();
+            return Err(handshake_failed(&why));
+        }
+    };
+    debug!(provider = %spec.id, isolation = %isolation, "plugin launched");
     // Handshake.
     let r = running.clone();
     let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
@@ -766,7 +860,6 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     let mut line = message::encode_request(&Id::Num(id_num), "initialize", Some(&params));
     line.push(b'\n');
     let _ = r.writer.send(line);
-    let limit = handshake_timeout();
     let reply = match tokio::time::timeout(limit, rx).await {
         Ok(Ok(Ok(v))) => v,
         Ok(Ok(Err(e))) => {
@@ -805,11 +898,34 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         routes: r.routes.clone(),
         next_id: AtomicI64::new(r.next_id.load(Ordering::Relaxed)),
         pid,
+        isolation,
         dead: r.dead.clone(),
         handshake,
         stderr_tail: r.stderr_tail.clone(),
         kill: r.kill.clone(),
     }))
+}
+
+/// Numbers private copies.
+static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The launcher's status line (empty when it closed the pipe without one, or took longer
+/// than `limit`).
+async fn read_status(fd: std::os::fd::OwnedFd, limit: Duration) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return String::new();
+    };
+    let mut line = String::new();
+    let mut r = tokio::io::BufReader::new(rx).take(64 * 1024);
+    match tokio::time::timeout(limit, r.read_line(&mut line)).await {
+        Ok(Ok(_)) => line,
+        Ok(Err(e)) => format!("error reading the launcher's status: {e}"),
+        Err(_) => format!(
+            "error the plugin launcher did not start the plugin within {} s",
+            limit.as_secs()
+        ),
+    }
 }
 
 /// Who the reader reads for: the plugin's id, its secrets (redacted) and its stdin.

@@ -211,7 +211,7 @@ pub struct IdParams {
     id: String,
 }
 
-/// `provider/doctor`: installed, integrity, config, handshake, permissions.
+/// `provider/doctor`: installed, integrity, config, handshake, permissions, isolation.
 pub async fn doctor(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
     let prov = b.registry.get(&p.id)?;
     let s = prov.summary().clone();
@@ -267,6 +267,16 @@ pub async fn doctor(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
             }
         ),
     }));
+    // How the plugin runs (known once it started): said, never a failure by itself.
+    if let Some(iso) = e.host().status().isolation {
+        let detail = match iso.strip_prefix("none: ") {
+            None => "own user, PID and mount namespaces (broker state hidden); runs a private copy verified as it was made".to_owned(),
+            Some(why) => format!(
+                "no namespaces ({why}): runs a private copy verified as it was made; its processes are refused by ancestry, and it can see the broker's directories"
+            ),
+        };
+        checks.push(json!({"name": "isolation", "ok": true, "detail": detail}));
+    }
     let ok = checks.iter().all(|c| c["ok"] == true);
     Ok(json!({"checks": checks, "ok": ok}))
 }

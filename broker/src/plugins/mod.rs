@@ -6,6 +6,8 @@
 //! - [`registry`]: installed providers and their stored configuration.
 //! - [`host`]: one child process per provider, shared by every client: handshake, id
 //!   rewriting, stream routing, cancellation, timeouts, restarts.
+//! - [`launch`]: the launcher each plugin process starts as: its own user, PID and mount
+//!   namespaces (broker state hidden), run from a private copy hashed as it is made.
 //! - [`permissions`]: the `[security]` declarations enforced on the child (Landlock,
 //!   seccomp) through [`crate::confine`].
 //! - [`provider`]: an installed plugin as a [`crate::provider::Provider`]: integrity before
@@ -14,6 +16,7 @@
 pub mod digest;
 pub mod host;
 pub mod install;
+pub mod launch;
 pub mod manage;
 pub mod permissions;
 pub mod provider;

@@ -4,6 +4,9 @@
 //! verified: a cheap stamp of every file (inode, ctime, size, mode) is compared with the
 //! stamp taken at the last full verification, and any difference triggers a full digest,
 //! which must equal the one recorded at install: else E8011 and the plugin never runs.
+//! Each start of the process then runs a private copy made and hashed in one pass by the
+//! launcher ([`super::launch`]), so what runs is what was verified even if the tree is
+//! swapped between this check and the start.
 
 use super::digest;
 use super::host::{Host, Spec};
@@ -386,6 +389,13 @@ fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
         features: rec.manifest.features.clone(),
         call_timeout,
         permissions: Arc::new(permissions),
+        digest: rec.digest.clone(),
+        hide: vec![
+            paths.runtime_dir.clone(),
+            paths.config_dir.clone(),
+            paths.data_dir.clone(),
+        ],
+        copies: paths.runtime_dir.join("plugins"),
     })
 }
 
