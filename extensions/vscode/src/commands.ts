@@ -116,7 +116,7 @@ export class Commands {
 
   /** A sandbox is gone (once per sandbox): its editors, folder and terminals close. */
   async sandboxGone(sb: string): Promise<void> {
-    if (this.closed.has(sb)) return;
+    for (const c of this.closed) if (sameSandbox(c, sb)) return;
     this.closed.add(sb);
     if (this.closed.size > 1024) this.closed.delete(this.closed.values().next().value as string);
     for (const [key, terms] of this.terminals) {

@@ -189,6 +189,10 @@ export class AbxService implements vscode.Disposable {
       });
       // Before the first list: nothing that happens after it is missed.
       this.liveValue = await this.subscribe(client);
+      if (this.client !== client) {
+        // It closed meanwhile: the close handler has planned the next attempt.
+        throw new AbxError('E1007', 'The abx broker connection closed while subscribing to sandbox changes.');
+      }
       this.log(`connected to abx-broker ${client.serverVersion} (abx ${client.binaryVersion})`);
       this.setState({ kind: 'connected', version: client.serverVersion });
       this.schedule();
