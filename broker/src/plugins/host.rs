@@ -146,6 +146,8 @@ pub struct Spec {
     pub call_timeout: Duration,
     /// The declared permissions, enforced on the child.
     pub permissions: Arc<super::permissions::Plan>,
+    /// Where the plugin's own `sandbox/changed` reports go.
+    pub events: crate::events::Events,
 }
 
 /// What a started child told us in its handshake.
@@ -679,11 +681,13 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         let writer = running.writer.clone();
         let tail = stderr_tail.clone();
         let secrets = spec.secrets.clone();
+        let events = spec.events.clone();
         tokio::spawn(async move {
             let plugin = PluginIo {
                 id: &id,
                 secrets: &secrets,
                 writer: &writer,
+                events: &events,
             };
             let why = read_loop(&plugin, stdout, &pending, &routes, &kill, &mut child).await;
             // Give stderr a moment to deliver the last words.
@@ -812,11 +816,13 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     }))
 }
 
-/// Who the reader reads for: the plugin's id, its secrets (redacted) and its stdin.
+/// Who the reader reads for: the plugin's id, its secrets (redacted), its stdin, and where
+/// its sandbox change reports go.
 struct PluginIo<'a> {
     id: &'a str,
     secrets: &'a [String],
     writer: &'a mpsc::UnboundedSender<Vec<u8>>,
+    events: &'a crate::events::Events,
 }
 
 /// Read the child's stdout until it ends or misbehaves. Returns why it ended.
@@ -921,6 +927,17 @@ async fn read_loop(
                 // Plugins may not call the broker (yet): answered -32601.
                 warn!(provider = %id, method = %method, "plugin sent a request");
                 let _ = writer.send(answer);
+            }
+            PluginLine::SandboxChanged {
+                sandbox,
+                change,
+                mut info,
+            } => {
+                // The broker's form: `provider` filled in, as its sandbox/* results have it.
+                if let Some(Value::Object(o)) = &mut info {
+                    o.insert("provider".into(), json!(id));
+                }
+                io.events.emit(id, &sandbox, &change, info.as_ref());
             }
             PluginLine::Ignore { method } => {
                 debug!(provider = %id, method = %method, "ignoring plugin notification")

@@ -72,6 +72,7 @@ pub struct ExecProvider {
     /// lock: checks of one provider run one at a time, and a waiting call holds no worker.
     verified: tokio::sync::Mutex<Option<(Vec<Stamp>, bool)>>,
     paths: Paths,
+    events: crate::events::Events,
 }
 
 impl ExecProvider {
@@ -116,9 +117,14 @@ impl ExecProvider {
         });
     }
 
-    /// Wrap an installed record (the process starts on first use).
-    pub fn new(record: Installed, paths: &Paths) -> Result<ExecProvider, AbxError> {
-        let spec = spec_for(&record, paths)?;
+    /// Wrap an installed record (the process starts on first use); the sandbox changes the
+    /// plugin reports go to `events`.
+    pub fn new(
+        record: Installed,
+        paths: &Paths,
+        events: &crate::events::Events,
+    ) -> Result<ExecProvider, AbxError> {
+        let spec = spec_for(&record, paths, events)?;
         Ok(ExecProvider {
             summary: ProviderSummary {
                 id: record.id.clone(),
@@ -133,6 +139,7 @@ impl ExecProvider {
             record,
             verified: tokio::sync::Mutex::new(None),
             paths: paths.clone(),
+            events: events.clone(),
         })
     }
 
@@ -181,7 +188,7 @@ impl ExecProvider {
 
     /// Re-read the stored configuration (after `provider/configure`).
     pub async fn reconfigure(&self) -> Result<(), AbxError> {
-        let spec = spec_for(&self.record, &self.paths)?;
+        let spec = spec_for(&self.record, &self.paths, &self.events)?;
         self.host.respec(spec).await;
         Ok(())
     }
@@ -335,7 +342,11 @@ fn integrity(id: &str) -> AbxError {
 }
 
 /// The start spec of a plugin from its record and stored configuration.
-fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
+fn spec_for(
+    rec: &Installed,
+    paths: &Paths,
+    events: &crate::events::Events,
+) -> Result<Spec, AbxError> {
     // The registry's copy has no secret defaults: read them from the (verified) tree.
     let manifest = registry::full_manifest(rec).unwrap_or_else(|_| rec.manifest.clone());
     let stored = registry::load_config(&paths.config_dir, &rec.id);
@@ -386,6 +397,7 @@ fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
         features: rec.manifest.features.clone(),
         call_timeout,
         permissions: Arc::new(permissions),
+        events: events.clone(),
     })
 }
 

@@ -1,0 +1,317 @@
+//! Issue 21, events instead of polling: `sandbox/subscribe` / `sandbox/unsubscribe` and the
+//! `sandbox/changed` notifications, against the real daemon over its socket, with real
+//! `local` sandboxes and a real plugin (py-local). Also: a plugin exec's output while its
+//! client is gone is kept by the broker and replayed by `exec/attach`.
+
+use abx_tests::fixtures::{install_pinned, plugin_sandbox, started};
+use abx_tests::{wait_until, Client, Home};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Generous: a liveness bound, never a speed assertion.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The next `sandbox/changed` params for `sandbox` (other messages are skipped), waiting at
+/// most [`DEADLINE`].
+fn next_change(c: &mut Client, sandbox: &str) -> Value {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no sandbox/changed for {sandbox} in time");
+        let Some(v) = c.try_recv(left.min(Duration::from_secs(5))) else {
+            continue;
+        };
+        if v["method"] == "sandbox/changed" && v["params"]["sandbox"] == sandbox {
+            return v["params"].clone();
+        }
+    }
+}
+
+/// Every `sandbox/changed` this client has received so far: a ping round trip first, so
+/// whatever was queued for it before the ping has arrived.
+fn changes_so_far(c: &mut Client) -> Vec<Value> {
+    c.call("broker/ping", Value::Null);
+    let mut out = Vec::new();
+    while let Some(v) = c.try_recv(Duration::from_millis(1)) {
+        if v["method"] == "sandbox/changed" {
+            out.push(v["params"].clone());
+        }
+    }
+    out
+}
+
+fn subscribe(c: &mut Client) {
+    assert_eq!(c.call("sandbox/subscribe", json!({})), json!({}));
+}
+
+#[test]
+fn a_subscriber_sees_what_another_client_does_on_local() {
+    let home = Home::new();
+    home.start();
+    let mut a = home.connect();
+    let mut b = home.connect();
+    let mut quiet = home.connect();
+    subscribe(&mut a);
+    // Idempotent, also with by-position empty params and no params at all.
+    subscribe(&mut a);
+    assert_eq!(a.call("sandbox/subscribe", json!([])), json!({}));
+    assert_eq!(a.call("sandbox/subscribe", Value::Null), json!({}));
+
+    let sb = b.create(json!({"timeout": 600, "metadata": {"who": "b"}}));
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["provider"], &c["sandboxInfo"]["id"]),
+        (&json!("created"), &json!("local"), &json!(sb)),
+        "{c}"
+    );
+    assert_eq!(c["sandboxInfo"]["metadata"]["who"], "b");
+    assert_eq!(c["sandboxInfo"]["status"], "running");
+
+    b.call("sandbox/pause", json!({"sandbox": sb}));
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["sandboxInfo"]["status"]),
+        (&json!("paused"), &json!("paused")),
+        "{c}"
+    );
+    b.call("sandbox/resume", json!({"sandbox": sb}));
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["sandboxInfo"]["status"]),
+        (&json!("resumed"), &json!("running")),
+        "{c}"
+    );
+    // The provider:id form addresses it too; the notification names it as sandbox/list does.
+    let r = b.call(
+        "sandbox/setTimeout",
+        json!({"sandbox": format!("local:{sb}"), "timeout": 900}),
+    );
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["sandbox"], &c["sandboxInfo"]["timeout"]),
+        (&json!("timeout"), &json!(sb), &json!(900)),
+        "{c}"
+    );
+    assert_eq!(c["sandboxInfo"]["expiresAt"], r["expiresAt"]);
+    let listed = b.call("sandbox/list", json!({}));
+    assert!(listed["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["id"] == sb.as_str()));
+
+    b.call("sandbox/kill", json!({"sandbox": sb}));
+    let c = next_change(&mut a, &sb);
+    assert_eq!(c["change"], "killed", "{c}");
+    assert!(c.get("sandboxInfo").is_none(), "{c}");
+    // A second kill changes nothing and reports nothing; a failed call reports nothing.
+    b.call("sandbox/kill", json!({"sandbox": sb}));
+    b.call_err("sandbox/pause", json!({"sandbox": sb}));
+    let rest = changes_so_far(&mut a);
+    assert!(rest.is_empty(), "{rest:?}");
+
+    // A connection that never subscribed got none of it.
+    let got = changes_so_far(&mut quiet);
+    assert!(got.is_empty(), "{got:?}");
+}
+
+#[test]
+fn unsubscribe_stops_the_notifications() {
+    let home = Home::new();
+    home.start();
+    let mut a = home.connect();
+    let mut other = home.connect();
+    let mut b = home.connect();
+    subscribe(&mut a);
+    subscribe(&mut other);
+    let first = b.create(json!({"timeout": 600}));
+    assert_eq!(next_change(&mut a, &first)["change"], "created");
+    assert_eq!(a.call("sandbox/unsubscribe", json!({})), json!({}));
+    // Idempotent.
+    assert_eq!(a.call("sandbox/unsubscribe", Value::Null), json!({}));
+    let second = b.create(json!({"timeout": 600}));
+    b.call("sandbox/kill", json!({"sandbox": second}));
+    b.call("sandbox/kill", json!({"sandbox": first}));
+    // The one still subscribed sees them all...
+    assert_eq!(next_change(&mut other, &first)["change"], "created");
+    assert_eq!(next_change(&mut other, &second)["change"], "created");
+    assert_eq!(next_change(&mut other, &second)["change"], "killed");
+    assert_eq!(next_change(&mut other, &first)["change"], "killed");
+    // ...the one that unsubscribed none.
+    let got = changes_so_far(&mut a);
+    assert!(got.is_empty(), "{got:?}");
+    // Subscribing again starts them again.
+    subscribe(&mut a);
+    let third = b.create(json!({"timeout": 600}));
+    assert_eq!(next_change(&mut a, &third)["change"], "created");
+    b.call("sandbox/kill", json!({"sandbox": third}));
+}
+
+#[test]
+fn a_lifetime_that_ends_with_no_client_acting_is_reported_expired() {
+    let home = Home::new();
+    home.start();
+    let mut a = home.connect();
+    subscribe(&mut a);
+    let sb = {
+        let mut b = home.connect();
+        b.create(json!({"timeout": 1}))
+        // b goes away: nobody acts on the sandbox any more.
+    };
+    assert_eq!(next_change(&mut a, &sb)["change"], "created");
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["provider"]),
+        (&json!("expired"), &json!("local")),
+        "{c}"
+    );
+    assert!(c.get("sandboxInfo").is_none(), "{c}");
+    let listed = a.call("sandbox/list", json!({"provider": "local"}));
+    assert!(
+        !listed["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == sb.as_str()),
+        "{listed}"
+    );
+}
+
+#[test]
+fn plugin_sandboxes_are_reported_both_by_the_broker_and_by_the_plugin() {
+    let (home, mut b) = started(&[]);
+    let _repo = install_pinned(&mut b, "py-local");
+    let mut a = home.connect();
+    subscribe(&mut a);
+    // Made through the broker: the broker reports it.
+    let (sb, full) = plugin_sandbox(&mut b, "py-local");
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["provider"], &c["sandboxInfo"]["provider"]),
+        (&json!("created"), &json!("py-local"), &json!("py-local")),
+        "{c}"
+    );
+    b.call("sandbox/setTimeout", json!({"sandbox": full, "timeout": 1}));
+    assert_eq!(next_change(&mut a, &sb)["change"], "timeout");
+    // Its lifetime ends inside the plugin, which reports it with its own notification
+    // (EPP/1 `sandbox/changed`); the broker adds the provider.
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["provider"]),
+        (&json!("expired"), &json!("py-local")),
+        "{c}"
+    );
+    // A sandbox the plugin made on its own (not through the broker): the plugin reports
+    // it, with its sandboxInfo, which the broker tags with the provider.
+    std::fs::write(
+        plugin_data_dir(&home, "py-local").join("adopt-request"),
+        "x",
+    )
+    .unwrap();
+    let c = loop {
+        let v = a.recv();
+        if v["method"] == "sandbox/changed" && v["params"]["change"] == "created" {
+            break v["params"].clone();
+        }
+    };
+    let adopted = c["sandbox"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (
+            &c["provider"],
+            &c["sandboxInfo"]["id"],
+            &c["sandboxInfo"]["provider"]
+        ),
+        (&json!("py-local"), &json!(adopted), &json!("py-local")),
+        "{c}"
+    );
+    // ...and a client can use it by the id it was given.
+    let info = b.call(
+        "sandbox/info",
+        json!({"sandbox": format!("py-local:{adopted}")}),
+    );
+    assert_eq!(info["id"], adopted.as_str());
+}
+
+fn plugin_data_dir(home: &Home, id: &str) -> std::path::PathBuf {
+    home.path.join("data/providers").join(id).join("data")
+}
+
+#[test]
+fn a_subscriber_that_never_reads_blocks_no_one_and_loses_only_its_oldest() {
+    let mut home = Home::new();
+    // A small per-subscriber queue, so that the bound shows with few changes.
+    home.env.push(("ABX_EVENT_QUEUE".into(), "16".into()));
+    home.start();
+    let mut lazy = home.connect();
+    subscribe(&mut lazy);
+    // Never reads from here on.
+    let mut b = home.connect();
+    let mut watcher = home.connect();
+    subscribe(&mut watcher);
+    // Large notifications (20 KB of metadata each), so the socket's own buffer holds few.
+    let blob = "x".repeat(20_000);
+    let sb = b.create(json!({"timeout": 600, "metadata": {"blob": blob}}));
+    const ROUNDS: u64 = 300;
+    let total = ROUNDS;
+    for n in 1..=ROUNDS {
+        b.call(
+            "sandbox/setTimeout",
+            json!({"sandbox": sb, "timeout": 1000 + n}),
+        );
+        // Other clients are served meanwhile.
+        if n % 50 == 0 {
+            watcher.call("broker/ping", Value::Null);
+        }
+    }
+    // One last change with a known value.
+    b.call(
+        "sandbox/setTimeout",
+        json!({"sandbox": sb, "timeout": 5000}),
+    );
+    // A reading subscriber got every one.
+    let mut seen = 0;
+    loop {
+        let c = next_change(&mut watcher, &sb);
+        if c["change"] == "timeout" {
+            seen += 1;
+            if c["sandboxInfo"]["timeout"] == 5000 {
+                break;
+            }
+        }
+    }
+    assert_eq!(seen, total + 1);
+    // The lazy one's queue overflowed: the broker says so in its log.
+    let log = home.log_file();
+    wait_until("the dropped-notifications warning", DEADLINE, || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("sandbox/changed subscriber is not reading")
+    });
+    // When it finally reads, it gets what its socket, its connection (bounded) and its
+    // queue held: the oldest were dropped, the newest is there, in order.
+    let mut got: Vec<u64> = Vec::new();
+    loop {
+        let c = next_change(&mut lazy, &sb);
+        if c["change"] != "timeout" {
+            continue;
+        }
+        let t = c["sandboxInfo"]["timeout"].as_u64().unwrap();
+        got.push(t);
+        if t == 5000 {
+            break;
+        }
+    }
+    eprintln!(
+        "the lazy subscriber kept {} of {} notifications",
+        got.len(),
+        total + 1
+    );
+    assert!(
+        (got.len() as u64) < total / 2,
+        "{} of {} kept: not bounded",
+        got.len(),
+        total + 1
+    );
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order: {got:?}");
+    b.call("sandbox/kill", json!({"sandbox": sb}));
+}
