@@ -162,6 +162,38 @@ T.test("wiping the buffer unsubscribes: no more sandbox/subscribe on new bridges
   T.eq(nil, sandboxes.state().live)
 end)
 
+T.test("wiped and opened again at once: the subscribe waits for the unsubscribe's reply, and events still come", function()
+  local buf = open_live()
+  local client = abx.client()
+  local seen = {}
+  local request = client.request
+  client.request = function(self, method, params, cb)
+    if method == "sandbox/subscribe" or method == "sandbox/unsubscribe" then
+      table.insert(seen, "send " .. method)
+      local inner = cb
+      cb = function(...)
+        table.insert(seen, "reply " .. method)
+        if inner then
+          return inner(...)
+        end
+      end
+    end
+    return request(self, method, params, cb)
+  end
+  -- the broker serves one connection's requests concurrently: sent together, the
+  -- unsubscribe could be handled last and undo the subscribe
+  vim.api.nvim_buf_delete(buf, { force = true })
+  buf = open_live()
+  client.request = request
+  T.eq({ "send sandbox/unsubscribe", "reply sandbox/unsubscribe", "send sandbox/subscribe", "reply sandbox/subscribe" }, seen)
+  local sb = cli("create", "--timeout", "600")
+  local id = sb.provider .. ":" .. sb.id
+  table.insert(T.sandboxes, id)
+  T.wait(function()
+    return line_of(buf, id)
+  end, id .. " in the buffer opened again")
+end)
+
 T.test("on a broker without sandbox/subscribe the buffer says it is not live; R reads the list", function()
   vim.env.ABX_REAL_BIN = T.abx_bin
   abx.setup({ abx = T.root .. "/tests/old_abx.py" })

@@ -774,7 +774,8 @@ describe('the Sandboxes view follows sandbox/changed (no polling)', { timeout: 2
     const ref = `${s.provider}:${s.id}`;
     const created = await until(async () => (await rows(api)).get(ref), `${ref} in the view`);
     assert.equal(created.contextValue, 'sandbox-running:pty');
-    assert.equal(fake.recorded.statusBar.at(-1).text, '$(vm) abx: 1');
+    // The status bar follows the (debounced) repaint.
+    await until(() => fake.recorded.statusBar.at(-1).text === '$(vm) abx: 1', 'the status bar to count it');
     await cli(home, 'pause', ref);
     await until(async () => (await rows(api)).get(ref)?.contextValue === 'sandbox-paused:pty', `${ref} paused in the view`);
     await cli(home, 'resume', ref);

@@ -48,7 +48,8 @@ function M.new(opts)
   self.queue, self.qhead, self.qtail = {}, 1, 0
   self.scheduled = false
   self.stderr = {}
-  self.persistent = {} -- key -> {method, params, cb}
+  self.persistent = {} -- key -> {method, params, cb, after_undo}
+  self.undoing = {} -- key -> true while forget's undo request waits for its reply
   self.answered = {} -- job -> true once it sent a message
   return self
 end
@@ -218,7 +219,9 @@ function Client:start()
   self.partial[job] = {}
   -- before whatever request started this bridge: a subscription precedes the list it guards
   for _, p in pairs(self.persistent) do
-    self:request(p.method, p.params, p.cb)
+    if not p.after_undo then
+      self:request(p.method, p.params, p.cb)
+    end
   end
   return true
 end
@@ -228,7 +231,11 @@ end
 function Client:persist(key, method, params, cb)
   local p = { method = method, params = params, cb = cb }
   self.persistent[key] = p
-  if self.job then
+  if self.undoing[key] then
+    -- the broker serves requests concurrently: an unsubscribe still on its way could land
+    -- after this subscribe and undo it; it is sent once the undo has answered
+    p.after_undo = true
+  elseif self.job then
     self:request(method, params, cb)
   else
     local ok, err = self:start() -- sends it
@@ -245,8 +252,16 @@ function Client:forget(key, undo)
     return
   end
   self.persistent[key] = nil
-  if undo and self.job then
-    self:request(undo[1], undo[2], function() end)
+  if undo and self.job and not self.undoing[key] then
+    self.undoing[key] = true
+    self:request(undo[1], undo[2], function()
+      self.undoing[key] = nil
+      local p = self.persistent[key]
+      if p and p.after_undo then
+        p.after_undo = nil
+        self:request(p.method, p.params, p.cb)
+      end
+    end)
   end
 end
 
@@ -260,7 +275,7 @@ function Client:stop(silent)
   self.job = nil
   pcall(vim.fn.chanclose, job, "stdin")
   pcall(vim.fn.jobstop, job)
-  self.persistent = {}
+  self.persistent, self.undoing = {}, {}
   if silent then
     self.pending, self.execs, self.held = {}, {}, {}
   else
