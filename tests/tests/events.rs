@@ -423,3 +423,64 @@ fn a_detached_plugin_exec_keeps_at_most_a_mebibyte_and_counts_what_it_dropped() 
     );
     assert_eq!((s.exit["exitCode"].clone(), s.exits), (json!(0), 1));
 }
+
+#[test]
+fn abx_events_prints_each_change_as_a_line() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let subscribers = |c: &mut Client| c.call("broker/status", Value::Null)["subscribers"].clone();
+    assert_eq!(subscribers(&mut c), 0);
+    let spawn = |args: &[&str]| {
+        home.abx()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("abx events")
+    };
+    let json_events = spawn(&["-j", "events", "--count", "3"]);
+    let text_events = spawn(&["events", "--count", "2"]);
+    wait_until("both to subscribe", DEADLINE, || subscribers(&mut c) == 2);
+    let sb = c.create(json!({"timeout": 600}));
+    c.call("sandbox/setTimeout", json!({"sandbox": sb, "timeout": 700}));
+    c.call("sandbox/kill", json!({"sandbox": sb}));
+    let out = json_events.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    let changes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["change"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes, ["created", "timeout", "killed"]);
+    assert!(lines
+        .iter()
+        .all(|l| l["sandbox"] == sb.as_str() && l["provider"] == "local"));
+    assert_eq!(lines[1]["sandboxInfo"]["timeout"], 700);
+    let out = text_events.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains(&format!("created  local:{sb}  running  expires ")),
+        "{text}"
+    );
+    assert!(lines[1].contains(&format!("timeout  local:{sb}")), "{text}");
+    // The subscriptions ended with the commands.
+    wait_until("the subscriptions to end", DEADLINE, || {
+        subscribers(&mut c) == 0
+    });
+}
