@@ -186,6 +186,9 @@ impl Forwarder {
             match item {
                 // The route is gone (the plugin ended): nothing can attach any more.
                 None => break,
+                // Exactly one exec/exit: nothing after it (the crash notice of a plugin that
+                // died while the exit was parked included).
+                Some(Item::Body(_) | Item::Exit(_)) if self.exit_seq.is_some() => {}
                 Some(Item::Body(b)) => {
                     let seq = self.seq();
                     self.send(seq, b).await;
