@@ -178,6 +178,7 @@ pub fn status(b: &Broker) -> Reply {
         "uptimeMs": b.uptime_ms(),
         "startedAt": b.started_unix(),
         "connections": b.connections(),
+        "subscribers": b.events.subscribers(),
         "inFlight": b.in_flight(),
         "socket": b.paths.socket,
         "dataDir": b.paths.data_dir,

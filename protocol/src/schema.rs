@@ -126,6 +126,9 @@ pub struct BrokerStatus {
     pub started_at: u64,
     /// Open connections.
     pub connections: u64,
+    /// Connections subscribed to sandbox changes (`sandbox/subscribe`).
+    #[serde(default)]
+    pub subscribers: u64,
     /// Requests being served.
     pub in_flight: u64,
     /// The socket path.

@@ -315,3 +315,172 @@ fn a_subscriber_that_never_reads_blocks_no_one_and_loses_only_its_oldest() {
     assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order: {got:?}");
     b.call("sandbox/kill", json!({"sandbox": sb}));
 }
+
+/// Until a write to a dead client fails, the broker cannot know it is gone; wait for that.
+fn wait_for_connections(c: &mut Client, n: u64) {
+    wait_until("the dead client's connection dropped", DEADLINE, || {
+        c.call("broker/status", Value::Null)["connections"] == n
+    });
+}
+
+#[test]
+fn a_plugin_exec_whose_client_died_is_replayed_by_attach_from_another_connection() {
+    let (home, mut a) = started(&[]);
+    let _repo = install_pinned(&mut a, "py-local");
+    let (_sb, full) = plugin_sandbox(&mut a, "py-local");
+    let e = a.call(
+        "exec/start",
+        json!({"sandbox": full, "command": "echo early; while [ ! -e go ]; do sleep 0.05; done; echo late; echo oops >&2; exit 5"}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The owner reads its first output, then dies.
+    let first = loop {
+        let v = a.recv();
+        if v["method"] == "exec/output" && v["params"]["execId"] == e.as_str() {
+            break v;
+        }
+    };
+    assert_eq!(first["params"]["data"], "early\n", "{first}");
+    drop(a);
+    let mut b = home.connect();
+    // The command goes on with nobody receiving: its output and exit reach the dead client's
+    // connection, whose write fails; they are kept.
+    b.call(
+        "files/write",
+        json!({"sandbox": full, "path": "go", "data": ""}),
+    );
+    wait_for_connections(&mut b, 1);
+    let r = b.call("exec/attach", json!({"execId": e}));
+    assert_eq!(r["execId"], e.as_str());
+    assert_eq!(r["droppedBytes"], 0, "{r}");
+    let s = b.collect(&e);
+    assert_eq!(String::from_utf8_lossy(&s.stdout), "late\n");
+    assert_eq!(String::from_utf8_lossy(&s.stderr), "oops\n");
+    assert_eq!((s.exit["exitCode"].clone(), s.exits), (json!(5), 1));
+    if r["running"] == false {
+        assert!(r["replayed"].as_u64().unwrap() >= 3, "{r}");
+    }
+    // Once the exit reached a client, the exec is over: a later attach says so, and
+    // replays nothing.
+    let mut c = home.connect();
+    let r = c.call("exec/attach", json!({"execId": e}));
+    assert_eq!(
+        (r["running"].clone(), r["replayed"].clone()),
+        (json!(false), json!(0)),
+        "{r}"
+    );
+    assert!(c.try_recv(Duration::from_millis(200)).is_none());
+}
+
+#[test]
+fn a_detached_plugin_exec_keeps_at_most_a_mebibyte_and_counts_what_it_dropped() {
+    let (home, mut a) = started(&[]);
+    let _repo = install_pinned(&mut a, "py-local");
+    let (_sb, full) = plugin_sandbox(&mut a, "py-local");
+    // 3 MB of output once `go` exists, then a last line; `done` marks the end.
+    let e = a.call(
+        "exec/start",
+        json!({"sandbox": full, "command": "echo ready; while [ ! -e go ]; do sleep 0.05; done; head -c 3000000 /dev/zero | tr '\\0' a; echo; echo the-end; touch done"}),
+    )["execId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    loop {
+        let v = a.recv();
+        if v["method"] == "exec/output" && v["params"]["execId"] == e.as_str() {
+            break;
+        }
+    }
+    drop(a);
+    let mut b = home.connect();
+    b.call(
+        "files/write",
+        json!({"sandbox": full, "path": "go", "data": ""}),
+    );
+    wait_for_connections(&mut b, 1);
+    wait_until("the command to finish", DEADLINE, || {
+        b.request("files/stat", json!({"sandbox": full, "path": "done"}))
+            .get("result")
+            .is_some()
+    });
+    let r = b.call("exec/attach", json!({"execId": e}));
+    let dropped = r["droppedBytes"].as_u64().unwrap();
+    assert!(dropped > 1_000_000, "{r}");
+    let s = b.collect(&e);
+    let text = String::from_utf8_lossy(&s.stdout).into_owned();
+    assert!(
+        text.ends_with("\nthe-end\n"),
+        "{}",
+        &text[text.len().saturating_sub(64)..]
+    );
+    // What was kept is at most the bound (plus what was on the way when the client died).
+    assert!(
+        text.len() < 2_000_000,
+        "{} bytes replayed: not bounded",
+        text.len()
+    );
+    assert_eq!((s.exit["exitCode"].clone(), s.exits), (json!(0), 1));
+}
+
+#[test]
+fn abx_events_prints_each_change_as_a_line() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let subscribers = |c: &mut Client| c.call("broker/status", Value::Null)["subscribers"].clone();
+    assert_eq!(subscribers(&mut c), 0);
+    let spawn = |args: &[&str]| {
+        home.abx()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("abx events")
+    };
+    let json_events = spawn(&["-j", "events", "--count", "3"]);
+    let text_events = spawn(&["events", "--count", "2"]);
+    wait_until("both to subscribe", DEADLINE, || subscribers(&mut c) == 2);
+    let sb = c.create(json!({"timeout": 600}));
+    c.call("sandbox/setTimeout", json!({"sandbox": sb, "timeout": 700}));
+    c.call("sandbox/kill", json!({"sandbox": sb}));
+    let out = json_events.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    let changes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["change"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes, ["created", "timeout", "killed"]);
+    assert!(lines
+        .iter()
+        .all(|l| l["sandbox"] == sb.as_str() && l["provider"] == "local"));
+    assert_eq!(lines[1]["sandboxInfo"]["timeout"], 700);
+    let out = text_events.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains(&format!("created  local:{sb}  running  expires ")),
+        "{text}"
+    );
+    assert!(lines[1].contains(&format!("timeout  local:{sb}")), "{text}");
+    // The subscriptions ended with the commands.
+    wait_until("the subscriptions to end", DEADLINE, || {
+        subscribers(&mut c) == 0
+    });
+}

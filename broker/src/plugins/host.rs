@@ -17,6 +17,7 @@
 //!   starts in a row (a plugin that hangs at the handshake fails only every 15 s).
 //! - **Idle:** a child without calls or streams for `ABX_PLUGIN_IDLE_SECS` (300) is stopped.
 
+use super::stream::{self, Route};
 use crate::conn::ConnHandle;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
 use abx_protocol::epp::{self, redact, PluginLine};
@@ -120,8 +121,6 @@ fn handshake_timeout() -> Duration {
 /// Crashes within [`CRASH_WINDOW`] that disable a plugin.
 const CRASH_LIMIT: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
-/// Notifications queued per stream before the plugin's reader waits.
-const STREAM_QUEUE: usize = 1024;
 
 /// Everything needed to start the child.
 #[derive(Clone, Debug)]
@@ -160,11 +159,6 @@ struct Pending {
     reply: ReplyTx,
     conn: Option<ConnHandle>,
     replied: Option<CancellationToken>,
-}
-
-/// A per-stream forwarder: the notifications of one exec or watch, in order, to its owner.
-struct Route {
-    tx: mpsc::Sender<Vec<u8>>,
 }
 
 struct Running {
@@ -448,12 +442,43 @@ impl Host {
         )
     }
 
-    /// True when a stream id (exec or watch) is routed through this host.
+    /// True when a stream id (exec or watch) is routed through this host and has not
+    /// ended (an exec's `exec/exit` not seen yet).
     pub async fn has_route(&self, stream: &str) -> bool {
         let st = self.state.lock().await;
-        st.running
-            .as_ref()
-            .is_some_and(|r| r.routes.lock().expect("routes").contains_key(stream))
+        st.running.as_ref().is_some_and(|r| {
+            r.routes
+                .lock()
+                .expect("routes")
+                .get(stream)
+                .is_some_and(|r| !r.ended)
+        })
+    }
+
+    /// `exec/attach` served by the host: when the running plugin's exec `exec_id` has a
+    /// route (it runs, or its exit reached no client yet), its stream goes to `conn` from
+    /// now on and what was kept while nobody received it is replayed after the reply
+    /// (`replied`). `None`: no such route (the plugin is asked instead).
+    pub async fn attach(
+        &self,
+        exec_id: &str,
+        conn: ConnHandle,
+        replied: CancellationToken,
+    ) -> Option<Value> {
+        let running = self.state.lock().await.running.clone()?;
+        let tx = running
+            .routes
+            .lock()
+            .expect("routes")
+            .get(exec_id)
+            .map(|r| r.tx.clone())?;
+        let a = stream::attach(&tx, conn, replied).await?;
+        Some(json!({
+            "execId": exec_id,
+            "running": a.running,
+            "replayed": a.replayed,
+            "droppedBytes": a.dropped_bytes,
+        }))
     }
 
     /// Stop the child: `shutdown`, `exit`, then kill after a grace period.
@@ -893,22 +918,38 @@ async fn read_loop(
                 };
                 if let (Ok(raw), Some(conn)) = (&outcome, &p.conn) {
                     if let Some(key) = epp::stream_key(&p.method, raw) {
-                        let route = spawn_forwarder(conn.clone(), p.replied.clone());
-                        routes.lock().expect("routes").insert(key, route);
+                        let mut r = routes.lock().expect("routes");
+                        // An attach the plugin answered (the broker had no route): a new
+                        // route only when the exec still runs.
+                        let attach = p.method == "exec/attach";
+                        if !(attach && (r.contains_key(&key) || !still_running(raw))) {
+                            let route = stream::spawn(
+                                key.clone(),
+                                conn.clone(),
+                                p.replied.clone(),
+                                routes.clone(),
+                            );
+                            r.insert(key, route);
+                        }
                     }
                 }
                 let _ = p.reply.send(outcome);
             }
             PluginLine::Stream { key, end, body } => {
+                // After its exit a stream takes nothing more; its route stays (parked)
+                // until the exit reached a client.
                 let tx = {
                     let mut r = routes.lock().expect("routes");
-                    if end {
-                        r.remove(&key).map(|r| r.tx)
-                    } else {
-                        r.get(&key).map(|r| r.tx.clone())
+                    match r.get_mut(&key) {
+                        Some(route) if !route.ended => {
+                            route.ended |= end;
+                            Some(route.tx.clone())
+                        }
+                        _ => None,
                     }
                 };
                 match tx {
+                    Some(tx) if end => tx.exit(body).await,
                     Some(tx) => {
                         let _ = tx.send(body).await;
                     }
@@ -947,20 +988,9 @@ async fn read_loop(
     }
 }
 
-fn spawn_forwarder(conn: ConnHandle, replied: Option<CancellationToken>) -> Route {
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
-    tokio::spawn(async move {
-        if let Some(r) = replied {
-            let _ = tokio::time::timeout(Duration::from_secs(10), r.cancelled()).await;
-        }
-        while let Some(body) = rx.recv().await {
-            if !conn.send(body).await {
-                // The owner is gone: keep draining so the plugin is never blocked.
-                continue;
-            }
-        }
-    });
-    Route { tx }
+/// An `exec/attach` result that says the exec still runs.
+fn still_running(raw: &RawValue) -> bool {
+    serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v["running"] != false)
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! - [`registry`]: installed providers and their stored configuration.
 //! - [`host`]: one child process per provider, shared by every client: handshake, id
 //!   rewriting, stream routing, cancellation, timeouts, restarts.
+//! - [`stream`]: a stream's route to its client, kept (bounded) while no client receives
+//!   it, re-routed and replayed by `exec/attach`.
 //! - [`permissions`]: the `[security]` declarations enforced on the child (Landlock,
 //!   seccomp) through [`crate::confine`].
 //! - [`provider`]: an installed plugin as a [`crate::provider::Provider`]: integrity before
@@ -18,3 +20,4 @@ pub mod manage;
 pub mod permissions;
 pub mod provider;
 pub mod registry;
+pub mod stream;

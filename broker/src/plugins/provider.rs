@@ -455,6 +455,15 @@ impl Provider for ExecProvider {
                     .and_then(|o| o.remove("escalate"))
                     .is_none_or(|v| v != Value::Bool(false));
             self.verify().await?;
+            // `exec/attach` of a stream the broker routes is the broker's: re-routed, and
+            // what was kept while no client received it replayed (the plugin is not asked).
+            if method == "exec/attach" {
+                let exec_id = params["execId"].as_str().unwrap_or_default();
+                let conn = cx.conn.clone();
+                if let Some(v) = self.host.attach(exec_id, conn, cx.replied.clone()).await {
+                    return serde_json::value::to_raw_value(&v).map_err(AbxError::internal);
+                }
+            }
             let has = |f: &str| self.summary.features.iter().any(|x| x == f);
             let mut v = match method {
                 "sandbox/capabilities" => json!({
