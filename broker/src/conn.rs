@@ -467,6 +467,8 @@ where
         }
         _ => conn.cancel_all(),
     }
+    // No more requests on this connection: its subscription (if any) ends.
+    broker.events.drop_conn(conn_id);
     if end != ConnEnd::Eof {
         conn.handle.closed.cancel();
     }

@@ -77,6 +77,8 @@ pub const METHODS: &[&str] = &[
     methods::PING,
     methods::STATUS,
     methods::BROKER_SHUTDOWN,
+    methods::SUBSCRIBE,
+    methods::UNSUBSCRIBE,
     "provider/list",
     "provider/info",
     "provider/install",
@@ -105,6 +107,18 @@ pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
         methods::PING => ping(),
         methods::STATUS => status(&cx.broker),
         methods::BROKER_SHUTDOWN => broker_shutdown(cx, params(method, p)?),
+        methods::SUBSCRIBE => {
+            params::<NoParams>(method, p)?;
+            cx.broker
+                .events
+                .subscribe(cx.conn.handle.clone(), cx.replied.clone());
+            reply(&json!({}))
+        }
+        methods::UNSUBSCRIBE => {
+            params::<NoParams>(method, p)?;
+            cx.broker.events.unsubscribe(cx.conn.handle.id).await;
+            reply(&json!({}))
+        }
         "provider/list" => provider_list(cx),
         "provider/info" => provider_info(cx, params(method, p)?),
         "provider/install" => manage::install(&cx.broker, params(method, p)?)
@@ -164,6 +178,7 @@ pub fn status(b: &Broker) -> Reply {
         "uptimeMs": b.uptime_ms(),
         "startedAt": b.started_unix(),
         "connections": b.connections(),
+        "subscribers": b.events.subscribers(),
         "inFlight": b.in_flight(),
         "socket": b.paths.socket,
         "dataDir": b.paths.data_dir,
@@ -242,6 +257,10 @@ fn provider_list(cx: &Cx) -> Reply {
         .collect();
     reply(&json!({ "providers": list }))
 }
+
+/// Params of methods that take none: unknown members are ignored, like everywhere.
+#[derive(serde::Deserialize)]
+struct NoParams {}
 
 #[derive(serde::Deserialize)]
 struct IdParam {
@@ -402,16 +421,32 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     let res = provider.call(&ccx, method, params).await;
     match (&res, method) {
         (Ok(raw), "sandbox/create") => {
-            if let Some(id) = serde_json::from_str::<Value>(raw.get())
-                .ok()
-                .and_then(|v| v["id"].as_str().map(str::to_owned))
-            {
-                b.index.insert(&id, &summary.id);
+            let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+            if let Some(id) = v["id"].as_str() {
+                b.index.insert(id, &summary.id);
+                b.events.emit(&summary.id, id, "created", Some(&v));
             }
         }
-        (Ok(_), "sandbox/kill") => {
+        (Ok(raw), "sandbox/kill") => {
             if let Some(id) = &local_id {
                 b.index.remove(id);
+                // Idempotent: a kill of what was gone already (`killed: false`) changes nothing.
+                let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+                if v["killed"] != false {
+                    b.events.emit(&summary.id, id, "killed", None);
+                }
+            }
+        }
+        (Ok(raw), "sandbox/pause" | "sandbox/resume" | "sandbox/setTimeout") => {
+            if let Some(id) = &local_id {
+                let change = match method {
+                    "sandbox/pause" => "paused",
+                    "sandbox/resume" => "resumed",
+                    _ => "timeout",
+                };
+                let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+                let info = v.is_object().then_some(&v);
+                b.events.emit(&summary.id, id, change, info);
             }
         }
         (Ok(raw), "exec/start" | "files/watch") => {

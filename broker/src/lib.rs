@@ -14,6 +14,7 @@ pub mod confine;
 pub mod conn;
 pub mod daemon;
 pub mod dispatch;
+pub mod events;
 pub mod index;
 pub mod kit;
 pub mod local;

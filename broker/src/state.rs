@@ -22,6 +22,8 @@ pub struct Broker {
     pub index: crate::index::Index,
     /// Exec and watch ids -> provider.
     pub handles: crate::provider::Handles,
+    /// Sandbox change events (`sandbox/subscribe`).
+    pub events: crate::events::Events,
     started: Instant,
     started_wall: SystemTime,
     next_conn: AtomicU64,
@@ -33,15 +35,17 @@ impl Broker {
     /// A broker with the given paths; version from `ABX_BROKER_VERSION` or the build.
     /// Starts the builtin providers, so it must be called inside a tokio runtime.
     pub fn new(paths: Paths) -> Broker {
+        let events = crate::events::Events::default();
         let local: Arc<dyn crate::provider::Provider> =
             Arc::new(crate::local::provider::LocalProvider::start(
                 &paths.data_dir,
                 crate::local::provider::Settings::from_config(
                     &crate::plugins::manage::broker_config(&paths.config_dir),
                 ),
+                events.clone(),
             ));
         let mut providers = vec![local];
-        providers.extend(crate::plugins::manage::load_installed(&paths));
+        providers.extend(crate::plugins::manage::load_installed(&paths, &events));
 
         let registry = crate::provider::Registry::new(providers);
         if let Some(d) = crate::plugins::manage::load_default(&paths) {
@@ -71,6 +75,7 @@ impl Broker {
             registry,
             index,
             handles: Default::default(),
+            events,
             started: Instant::now(),
             started_wall: SystemTime::now(),
             next_conn: AtomicU64::new(1),

@@ -162,6 +162,14 @@ pub enum Command {
     Broker(BrokerArgs),
     /// Bridge stdin/stdout to the daemon (either framing).
     Rpc,
+    /// Print sandbox changes of every provider as they happen (created, killed, paused,
+    /// resumed, expired, timeout), one line each, until interrupted; -j: one JSON object
+    /// per line.
+    Events {
+        /// Exit after this many changes.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
 }
 
 /// `abx create`.

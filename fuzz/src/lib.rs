@@ -462,6 +462,11 @@ pub fn epp_reply(data: &[u8]) {
                     Ok(Message::Response(_))
                 ));
             }
+            PluginLine::SandboxChanged { sandbox, change, .. } => {
+                // Only checked reports pass: an id the broker can name, a known change.
+                assert!(!sandbox.is_empty() && !sandbox.contains(':'));
+                assert!(epp::SANDBOX_CHANGES.contains(&change.as_str()));
+            }
             PluginLine::Ignore { .. } => {}
             PluginLine::Fatal(_) => return,
         }

@@ -20,6 +20,12 @@ pub mod methods {
     pub const STATUS: &str = "broker/status";
     /// Stop the daemon.
     pub const BROKER_SHUTDOWN: &str = "broker/shutdown";
+    /// This connection receives `sandbox/changed` from now on (idempotent).
+    pub const SUBSCRIBE: &str = "sandbox/subscribe";
+    /// This connection stops receiving `sandbox/changed` (idempotent).
+    pub const UNSUBSCRIBE: &str = "sandbox/unsubscribe";
+    /// Notification: a sandbox of some provider changed (to subscribed connections).
+    pub const SANDBOX_CHANGED: &str = "sandbox/changed";
 }
 
 /// Name and version of a peer.

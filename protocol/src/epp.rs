@@ -45,6 +45,18 @@ pub enum PluginLine {
         /// The answer to write to the plugin's stdin.
         answer: Vec<u8>,
     },
+    /// A plugin's report that one of its sandboxes changed (`sandbox/changed {sandbox,
+    /// change, sandboxInfo?}`), checked: `sandbox` a non-empty id, `change` one of
+    /// [`SANDBOX_CHANGES`], `sandboxInfo` an object when present (else it is left out).
+    /// A report that fails the checks is [`PluginLine::Ignore`]d.
+    SandboxChanged {
+        /// The plugin's own sandbox id.
+        sandbox: String,
+        /// What happened.
+        change: String,
+        /// The sandbox as `sandbox/info` returns it, when given.
+        info: Option<Value>,
+    },
     /// A notification the host does not use.
     Ignore {
         /// Its method.
@@ -85,6 +97,7 @@ pub fn classify(line: &[u8], provider: &str, secrets: &[String]) -> PluginLine {
                         body: message::encode_notification(&n.method, Some(&params)),
                     }
                 }
+                "sandbox/changed" => sandbox_changed(params),
                 "log" => PluginLine::Log {
                     level: params["level"].as_str().unwrap_or("info").to_owned(),
                     message: redact(params["message"].as_str().unwrap_or_default(), secrets),
@@ -106,6 +119,37 @@ pub fn classify(line: &[u8], provider: &str, secrets: &[String]) -> PluginLine {
             inv.error.message
         )),
         Incoming::Batch(_) => PluginLine::Fatal("sent a batch, which EPP/1 does not allow".into()),
+    }
+}
+
+/// The changes `sandbox/changed` reports (docs/broker-api.md, docs/epp-1.md).
+pub const SANDBOX_CHANGES: &[&str] = &[
+    "created", "killed", "paused", "resumed", "expired", "timeout",
+];
+
+/// Check a plugin's `sandbox/changed` params.
+fn sandbox_changed(mut params: Value) -> PluginLine {
+    let ignore = || PluginLine::Ignore {
+        method: "sandbox/changed".into(),
+    };
+    let sandbox = match params["sandbox"].as_str() {
+        Some(s) if !s.is_empty() && !s.contains(':') && !s.contains(char::is_whitespace) => {
+            s.to_owned()
+        }
+        _ => return ignore(),
+    };
+    let change = match params["change"].as_str() {
+        Some(c) if SANDBOX_CHANGES.contains(&c) => c.to_owned(),
+        _ => return ignore(),
+    };
+    let info = match params.get_mut("sandboxInfo").map(Value::take) {
+        Some(v @ Value::Object(_)) if !matches!(change.as_str(), "killed" | "expired") => Some(v),
+        _ => None,
+    };
+    PluginLine::SandboxChanged {
+        sandbox,
+        change,
+        info,
     }
 }
 
@@ -277,6 +321,38 @@ mod tests {
             classify(br#"{"jsonrpc":"2.0","method":"files/changed","params":{"watchId":"w"}}"#, "p", &secrets),
             PluginLine::Stream { ref key, end: false, .. } if key == "watch:w"
         ));
+        match classify(
+            br#"{"jsonrpc":"2.0","method":"sandbox/changed","params":{"sandbox":"s1","change":"paused","sandboxInfo":{"id":"s1"}}}"#,
+            "p",
+            &secrets,
+        ) {
+            PluginLine::SandboxChanged {
+                sandbox,
+                change,
+                info,
+            } => {
+                assert_eq!((sandbox.as_str(), change.as_str()), ("s1", "paused"));
+                assert_eq!(info, Some(serde_json::json!({"id": "s1"})));
+            }
+            other => panic!("{other:?}"),
+        }
+        // No info for a sandbox that is gone; bad reports are ignored.
+        assert!(matches!(
+            classify(br#"{"jsonrpc":"2.0","method":"sandbox/changed","params":{"sandbox":"s1","change":"expired","sandboxInfo":{"id":"s1"}}}"#, "p", &secrets),
+            PluginLine::SandboxChanged { info: None, .. }
+        ));
+        for bad in [
+            &br#"{"jsonrpc":"2.0","method":"sandbox/changed","params":{"sandbox":"s1","change":"exploded"}}"#[..],
+            br#"{"jsonrpc":"2.0","method":"sandbox/changed","params":{"sandbox":"other:s1","change":"killed"}}"#,
+            br#"{"jsonrpc":"2.0","method":"sandbox/changed","params":{"change":"killed"}}"#,
+            br#"{"jsonrpc":"2.0","method":"sandbox/changed","params":{"sandbox":"","change":"killed"}}"#,
+        ] {
+            assert!(
+                matches!(classify(bad, "p", &secrets), PluginLine::Ignore { .. }),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
         assert!(matches!(
             classify(br#"{"jsonrpc":"2.0","method":"log","params":{"message":"hunter2!"}}"#, "p", &secrets),
             PluginLine::Log { ref message, .. } if message == "[REDACTED]!"

@@ -126,6 +126,9 @@ pub struct BrokerStatus {
     pub started_at: u64,
     /// Open connections.
     pub connections: u64,
+    /// Connections subscribed to sandbox changes (`sandbox/subscribe`).
+    #[serde(default)]
+    pub subscribers: u64,
     /// Requests being served.
     pub in_flight: u64,
     /// The socket path.
@@ -477,6 +480,39 @@ pub struct Sandbox {
     /// Its network mode (`local`: `none`, `internet` or `host`).
     #[serde(default)]
     pub network: Option<String>,
+}
+
+/// What happened to a sandbox (`sandbox/changed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SandboxChange {
+    /// It was created (through the broker, or reported by its provider).
+    Created,
+    /// It was killed.
+    Killed,
+    /// It was paused.
+    Paused,
+    /// It was resumed.
+    Resumed,
+    /// Its lifetime ended and it was reaped (no client acted).
+    Expired,
+    /// Its lifetime was changed (`sandbox/setTimeout`): `sandboxInfo.expiresAt` is the new end.
+    Timeout,
+}
+
+/// `sandbox/changed` notification params (to connections that called `sandbox/subscribe`).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxChanged {
+    /// The sandbox's id as `sandbox/list` shows it (`provider:sandbox` always routes to it).
+    pub sandbox: String,
+    /// The provider that holds it.
+    pub provider: String,
+    /// What happened.
+    pub change: SandboxChange,
+    /// The sandbox as `sandbox/info` returns it, where known (never for killed / expired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_info: Option<Sandbox>,
 }
 
 /// `sandbox/create` params.

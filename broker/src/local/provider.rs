@@ -312,6 +312,8 @@ struct Inner {
     watches: Mutex<HashMap<String, (String, watch::Watch)>>,
     next: AtomicU64,
     reaper: Arc<Notify>,
+    /// Where the reaper reports expired sandboxes.
+    events: crate::events::Events,
 }
 
 #[derive(Deserialize)]
@@ -373,7 +375,7 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 impl Inner {
-    fn start(data_dir: &Path, settings: Settings) -> Arc<Inner> {
+    fn start(data_dir: &Path, settings: Settings, events: crate::events::Events) -> Arc<Inner> {
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
         let p = Arc::new(Inner {
@@ -393,6 +395,7 @@ impl Inner {
             watches: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             reaper: Arc::new(Notify::new()),
+            events,
         });
         p.load();
         let weak = Arc::downgrade(&p);
@@ -1154,7 +1157,10 @@ async fn reaper(weak: std::sync::Weak<Inner>) {
         };
         for id in expired {
             info!(sandbox = %id, "sandbox expired; reaping");
-            me.kill(&id).await;
+            // Only the reaper's own kill reports `expired` (a client's kill may win the race).
+            if me.kill(&id).await["killed"] == true {
+                me.events.emit("local", &id, "expired", None);
+            }
         }
         let wait = next.map_or(Duration::from_secs(3600), |n| {
             Duration::from_millis((n - now).max(1) as u64)
@@ -1210,9 +1216,14 @@ fn system_info(dirs: &SandboxDirs, id: &str, network: &str) -> Value {
 pub struct LocalProvider(Arc<Inner>);
 
 impl LocalProvider {
-    /// Load the sandboxes under `data_dir/local` and start the reaper (needs a runtime).
-    pub fn start(data_dir: &Path, settings: Settings) -> LocalProvider {
-        LocalProvider(Inner::start(data_dir, settings))
+    /// Load the sandboxes under `data_dir/local` and start the reaper (needs a runtime);
+    /// sandboxes whose lifetime ends are reported to `events` as `expired`.
+    pub fn start(
+        data_dir: &Path,
+        settings: Settings,
+        events: crate::events::Events,
+    ) -> LocalProvider {
+        LocalProvider(Inner::start(data_dir, settings, events))
     }
 }
 

@@ -21,6 +21,7 @@
 //!   handshake: an integrity failure there is E8011 (not a crash), a setup failure E8002.
 //!   `pid` is the launcher's: killing it ends the plugin's PID namespace.
 
+use super::stream::{self, Route};
 use crate::conn::ConnHandle;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
 use abx_protocol::epp::{self, redact, PluginLine};
@@ -125,8 +126,6 @@ fn handshake_timeout() -> Duration {
 /// Crashes within [`CRASH_WINDOW`] that disable a plugin.
 const CRASH_LIMIT: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
-/// Notifications queued per stream before the plugin's reader waits.
-const STREAM_QUEUE: usize = 1024;
 
 /// Everything needed to start the child.
 #[derive(Clone, Debug)]
@@ -158,6 +157,8 @@ pub struct Spec {
     /// Where private copies go when the plugin runs without namespaces (0700, in the
     /// runtime dir).
     pub copies: PathBuf,
+    /// Where the plugin's own `sandbox/changed` reports go.
+    pub events: crate::events::Events,
 }
 
 /// What a started child told us in its handshake.
@@ -170,11 +171,6 @@ struct Pending {
     reply: ReplyTx,
     conn: Option<ConnHandle>,
     replied: Option<CancellationToken>,
-}
-
-/// A per-stream forwarder: the notifications of one exec or watch, in order, to its owner.
-struct Route {
-    tx: mpsc::Sender<Vec<u8>>,
 }
 
 struct Running {
@@ -468,12 +464,43 @@ impl Host {
         )
     }
 
-    /// True when a stream id (exec or watch) is routed through this host.
+    /// True when a stream id (exec or watch) is routed through this host and has not
+    /// ended (an exec's `exec/exit` not seen yet).
     pub async fn has_route(&self, stream: &str) -> bool {
         let st = self.state.lock().await;
-        st.running
-            .as_ref()
-            .is_some_and(|r| r.routes.lock().expect("routes").contains_key(stream))
+        st.running.as_ref().is_some_and(|r| {
+            r.routes
+                .lock()
+                .expect("routes")
+                .get(stream)
+                .is_some_and(|r| !r.ended)
+        })
+    }
+
+    /// `exec/attach` served by the host: when the running plugin's exec `exec_id` has a
+    /// route (it runs, or its exit reached no client yet), its stream goes to `conn` from
+    /// now on and what was kept while nobody received it is replayed after the reply
+    /// (`replied`). `None`: no such route (the plugin is asked instead).
+    pub async fn attach(
+        &self,
+        exec_id: &str,
+        conn: ConnHandle,
+        replied: CancellationToken,
+    ) -> Option<Value> {
+        let running = self.state.lock().await.running.clone()?;
+        let tx = running
+            .routes
+            .lock()
+            .expect("routes")
+            .get(exec_id)
+            .map(|r| r.tx.clone())?;
+        let a = stream::attach(&tx, conn, replied).await?;
+        Some(json!({
+            "execId": exec_id,
+            "running": a.running,
+            "replayed": a.replayed,
+            "droppedBytes": a.dropped_bytes,
+        }))
     }
 
     /// Stop the child: `shutdown`, `exit`, then kill after a grace period.
@@ -746,11 +773,13 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         let writer = running.writer.clone();
         let tail = stderr_tail.clone();
         let secrets = spec.secrets.clone();
+        let events = spec.events.clone();
         tokio::spawn(async move {
             let plugin = PluginIo {
                 id: &id,
                 secrets: &secrets,
                 writer: &writer,
+                events: &events,
             };
             let why = read_loop(&plugin, stdout, &pending, &routes, &kill, &mut child).await;
             // Give stderr a moment to deliver the last words.
@@ -928,11 +957,13 @@ async fn read_status(fd: std::os::fd::OwnedFd, limit: Duration) -> String {
     }
 }
 
-/// Who the reader reads for: the plugin's id, its secrets (redacted) and its stdin.
+/// Who the reader reads for: the plugin's id, its secrets (redacted), its stdin, and where
+/// its sandbox change reports go.
 struct PluginIo<'a> {
     id: &'a str,
     secrets: &'a [String],
     writer: &'a mpsc::UnboundedSender<Vec<u8>>,
+    events: &'a crate::events::Events,
 }
 
 /// Read the child's stdout until it ends or misbehaves. Returns why it ended.
@@ -1003,22 +1034,38 @@ async fn read_loop(
                 };
                 if let (Ok(raw), Some(conn)) = (&outcome, &p.conn) {
                     if let Some(key) = epp::stream_key(&p.method, raw) {
-                        let route = spawn_forwarder(conn.clone(), p.replied.clone());
-                        routes.lock().expect("routes").insert(key, route);
+                        let mut r = routes.lock().expect("routes");
+                        // An attach the plugin answered (the broker had no route): a new
+                        // route only when the exec still runs.
+                        let attach = p.method == "exec/attach";
+                        if !(attach && (r.contains_key(&key) || !still_running(raw))) {
+                            let route = stream::spawn(
+                                key.clone(),
+                                conn.clone(),
+                                p.replied.clone(),
+                                routes.clone(),
+                            );
+                            r.insert(key, route);
+                        }
                     }
                 }
                 let _ = p.reply.send(outcome);
             }
             PluginLine::Stream { key, end, body } => {
+                // After its exit a stream takes nothing more; its route stays (parked)
+                // until the exit reached a client.
                 let tx = {
                     let mut r = routes.lock().expect("routes");
-                    if end {
-                        r.remove(&key).map(|r| r.tx)
-                    } else {
-                        r.get(&key).map(|r| r.tx.clone())
+                    match r.get_mut(&key) {
+                        Some(route) if !route.ended => {
+                            route.ended |= end;
+                            Some(route.tx.clone())
+                        }
+                        _ => None,
                     }
                 };
                 match tx {
+                    Some(tx) if end => tx.exit(body).await,
                     Some(tx) => {
                         let _ = tx.send(body).await;
                     }
@@ -1038,6 +1085,17 @@ async fn read_loop(
                 warn!(provider = %id, method = %method, "plugin sent a request");
                 let _ = writer.send(answer);
             }
+            PluginLine::SandboxChanged {
+                sandbox,
+                change,
+                mut info,
+            } => {
+                // The broker's form: `provider` filled in, as its sandbox/* results have it.
+                if let Some(Value::Object(o)) = &mut info {
+                    o.insert("provider".into(), json!(id));
+                }
+                io.events.emit(id, &sandbox, &change, info.as_ref());
+            }
             PluginLine::Ignore { method } => {
                 debug!(provider = %id, method = %method, "ignoring plugin notification")
             }
@@ -1046,20 +1104,9 @@ async fn read_loop(
     }
 }
 
-fn spawn_forwarder(conn: ConnHandle, replied: Option<CancellationToken>) -> Route {
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
-    tokio::spawn(async move {
-        if let Some(r) = replied {
-            let _ = tokio::time::timeout(Duration::from_secs(10), r.cancelled()).await;
-        }
-        while let Some(body) = rx.recv().await {
-            if !conn.send(body).await {
-                // The owner is gone: keep draining so the plugin is never blocked.
-                continue;
-            }
-        }
-    });
-    Route { tx }
+/// An `exec/attach` result that says the exec still runs.
+fn still_running(raw: &RawValue) -> bool {
+    serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v["running"] != false)
 }
 
 #[cfg(test)]

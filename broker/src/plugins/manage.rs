@@ -12,13 +12,16 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// Load every installed plugin as a provider (at daemon start).
-pub fn load_installed(paths: &crate::Paths) -> Vec<Arc<dyn Provider>> {
+pub fn load_installed(
+    paths: &crate::Paths,
+    events: &crate::events::Events,
+) -> Vec<Arc<dyn Provider>> {
     let _ = registry::cleanup_orphans(&paths.data_dir);
     registry::load(&paths.data_dir)
         .into_iter()
         .filter_map(|rec| {
             let id = rec.id.clone();
-            match ExecProvider::new(rec, paths) {
+            match ExecProvider::new(rec, paths, events) {
                 Ok(p) => Some(Arc::new(p) as Arc<dyn Provider>),
                 Err(e) => {
                     tracing::warn!(provider = %id, "cannot load installed provider: {e}");
@@ -83,7 +86,7 @@ pub async fn install(b: &Arc<Broker>, req: Request) -> Result<Value, AbxError> {
         if let Ok(old) = b.registry.get(&plan.id) {
             old.shutdown().await;
         }
-        let p = ExecProvider::new(rec, &b.paths)?;
+        let p = ExecProvider::new(rec, &b.paths, &b.events)?;
         b.registry.upsert(Arc::new(p));
     }
     serde_json::to_value(&plan).map_err(AbxError::internal)

@@ -8,6 +8,8 @@
 //!   rewriting, stream routing, cancellation, timeouts, restarts.
 //! - [`launch`]: the launcher each plugin process starts as: its own user, PID and mount
 //!   namespaces (broker state hidden), run from a private copy hashed as it is made.
+//! - [`stream`]: a stream's route to its client, kept (bounded) while no client receives
+//!   it, re-routed and replayed by `exec/attach`.
 //! - [`permissions`]: the `[security]` declarations enforced on the child (Landlock,
 //!   seccomp) through [`crate::confine`].
 //! - [`provider`]: an installed plugin as a [`crate::provider::Provider`]: integrity before
@@ -21,3 +23,4 @@ pub mod manage;
 pub mod permissions;
 pub mod provider;
 pub mod registry;
+pub mod stream;

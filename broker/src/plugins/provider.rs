@@ -75,6 +75,7 @@ pub struct ExecProvider {
     /// lock: checks of one provider run one at a time, and a waiting call holds no worker.
     verified: tokio::sync::Mutex<Option<(Vec<Stamp>, bool)>>,
     paths: Paths,
+    events: crate::events::Events,
 }
 
 impl ExecProvider {
@@ -119,9 +120,14 @@ impl ExecProvider {
         });
     }
 
-    /// Wrap an installed record (the process starts on first use).
-    pub fn new(record: Installed, paths: &Paths) -> Result<ExecProvider, AbxError> {
-        let spec = spec_for(&record, paths)?;
+    /// Wrap an installed record (the process starts on first use); the sandbox changes the
+    /// plugin reports go to `events`.
+    pub fn new(
+        record: Installed,
+        paths: &Paths,
+        events: &crate::events::Events,
+    ) -> Result<ExecProvider, AbxError> {
+        let spec = spec_for(&record, paths, events)?;
         Ok(ExecProvider {
             summary: ProviderSummary {
                 id: record.id.clone(),
@@ -136,6 +142,7 @@ impl ExecProvider {
             record,
             verified: tokio::sync::Mutex::new(None),
             paths: paths.clone(),
+            events: events.clone(),
         })
     }
 
@@ -184,7 +191,7 @@ impl ExecProvider {
 
     /// Re-read the stored configuration (after `provider/configure`).
     pub async fn reconfigure(&self) -> Result<(), AbxError> {
-        let spec = spec_for(&self.record, &self.paths)?;
+        let spec = spec_for(&self.record, &self.paths, &self.events)?;
         self.host.respec(spec).await;
         Ok(())
     }
@@ -338,7 +345,11 @@ fn integrity(id: &str) -> AbxError {
 }
 
 /// The start spec of a plugin from its record and stored configuration.
-fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
+fn spec_for(
+    rec: &Installed,
+    paths: &Paths,
+    events: &crate::events::Events,
+) -> Result<Spec, AbxError> {
     // The registry's copy has no secret defaults: read them from the (verified) tree.
     let manifest = registry::full_manifest(rec).unwrap_or_else(|_| rec.manifest.clone());
     let stored = registry::load_config(&paths.config_dir, &rec.id);
@@ -396,6 +407,7 @@ fn spec_for(rec: &Installed, paths: &Paths) -> Result<Spec, AbxError> {
             paths.data_dir.clone(),
         ],
         copies: paths.runtime_dir.join("plugins"),
+        events: events.clone(),
     })
 }
 
@@ -453,6 +465,15 @@ impl Provider for ExecProvider {
                     .and_then(|o| o.remove("escalate"))
                     .is_none_or(|v| v != Value::Bool(false));
             self.verify().await?;
+            // `exec/attach` of a stream the broker routes is the broker's: re-routed, and
+            // what was kept while no client received it replayed (the plugin is not asked).
+            if method == "exec/attach" {
+                let exec_id = params["execId"].as_str().unwrap_or_default();
+                let conn = cx.conn.clone();
+                if let Some(v) = self.host.attach(exec_id, conn, cx.replied.clone()).await {
+                    return serde_json::value::to_raw_value(&v).map_err(AbxError::internal);
+                }
+            }
             let has = |f: &str| self.summary.features.iter().any(|x| x == f);
             let mut v = match method {
                 "sandbox/capabilities" => json!({

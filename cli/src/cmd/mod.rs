@@ -98,6 +98,7 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             Some(BrokerAction::Stop) => broker::stop(cx).await,
             Some(BrokerAction::Run { .. }) => unreachable!("handled in run"),
         },
+        Command::Events { count } => sandbox::events(cx, count).await,
         Command::Rpc => {
             crate::rpc::run(&cx.paths).await?;
             Ok(0)

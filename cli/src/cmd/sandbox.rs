@@ -394,6 +394,69 @@ pub async fn command_run(
     Ok(code)
 }
 
+/// `abx events`: subscribe and print each `sandbox/changed` (human: `TIME CHANGE
+/// provider:id` plus status and expiry when known; `-j`: the notification's params, one
+/// JSON object per line), until interrupted or `count` changes.
+pub async fn events(cx: &Ctx, count: Option<u64>) -> Result<u8, Failure> {
+    let mut c = cx.connect().await?;
+    call(&mut c, "sandbox/subscribe", json!({})).await?;
+    if count == Some(0) {
+        return Ok(0);
+    }
+    let mut seen = 0u64;
+    loop {
+        let note = match c.notifications.pop_front() {
+            Some(n) => n,
+            None => match c.next_message().await? {
+                Some(abx_protocol::message::Message::Notification(n)) => n,
+                Some(_) => continue,
+                None => {
+                    return Err(Failure::from(abx_protocol::AbxError::detail(
+                        abx_protocol::ErrorCode::BrokerUnreachable,
+                        "the daemon closed the connection",
+                    )))
+                }
+            },
+        };
+        if note.method != "sandbox/changed" {
+            continue;
+        }
+        let p: Value = note
+            .params
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+            .unwrap_or(Value::Null);
+        if cx.json {
+            crate::output::line(&p.to_string());
+        } else {
+            crate::output::line(&change_line(&p));
+        }
+        seen += 1;
+        if count.is_some_and(|n| seen >= n) {
+            return Ok(0);
+        }
+    }
+}
+
+/// One human line of a `sandbox/changed`.
+fn change_line(p: &Value) -> String {
+    let now = abx_broker::util::rfc3339(abx_broker::util::now_ms() / 1000);
+    let mut s = format!(
+        "{now}  {:<8} {}:{}",
+        text(&p["change"]),
+        text(&p["provider"]),
+        text(&p["sandbox"])
+    );
+    let info = &p["sandboxInfo"];
+    if info.is_object() {
+        s.push_str(&format!("  {}", text(&info["status"])));
+        if !info["expiresAt"].is_null() {
+            s.push_str(&format!("  expires {}", show_time(&info["expiresAt"])));
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,6 +40,11 @@ export const COMMANDS = [
   'abx.refreshProviders',
 ] as const;
 
+/** Whether `a` and `b` name the same sandbox (`provider:id`, or a bare id and a `provider:id`). */
+function sameSandbox(a: string, b: string): boolean {
+  return a === b || (!a.includes(':') && b.endsWith(`:${a}`)) || (!b.includes(':') && a.endsWith(`:${b}`));
+}
+
 type Arg = SandboxNode | ProviderNode | vscode.Uri | string | undefined;
 
 /** Shows a broker error: `[E2009] message` with its suggestion, and a way to the fix. */
@@ -59,6 +64,10 @@ export class Commands {
   private run: vscode.OutputChannel | undefined;
   private kit: vscode.OutputChannel | undefined;
   private lastCommand = '';
+  /** The terminals open on each sandbox (`provider:id`): they close when it goes. */
+  private readonly terminals = new Map<string, Set<vscode.Terminal>>();
+  /** Sandboxes whose editors were closed already (a kill from here, then its event). */
+  private readonly closed = new Set<string>();
 
   constructor(
     private readonly service: AbxService,
@@ -100,7 +109,28 @@ export class Commands {
       c('abx.providerDoctor', this.providerDoctor),
       c('abx.setDefaultProvider', this.setDefaultProvider),
       c('abx.refreshProviders', () => this.providers.refresh()),
+      // Killed by anyone (the CLI, an agent, another window) or its lifetime ended.
+      this.service.onDidEndSandbox((sb) => void this.sandboxGone(sb)),
     ];
+  }
+
+  /** A sandbox is gone (once per sandbox): its editors, folder and terminals close. */
+  async sandboxGone(sb: string): Promise<void> {
+    for (const c of this.closed) if (sameSandbox(c, sb)) return;
+    this.closed.add(sb);
+    if (this.closed.size > 1024) this.closed.delete(this.closed.values().next().value as string);
+    for (const [key, terms] of this.terminals) {
+      if (!sameSandbox(key, sb)) continue;
+      for (const t of terms) {
+        try {
+          t.dispose();
+        } catch {
+          /* already gone */
+        }
+      }
+      this.terminals.delete(key);
+    }
+    await this.closeSandboxViews(sb);
   }
 
   /** The user asked for something: connect now, even while waiting to retry. */
@@ -277,14 +307,16 @@ export class Commands {
     if (ok !== 'Kill') return;
     const r = await (await this.client()).sandboxKill(sb);
     await this.service.refreshSandboxes();
-    await this.closeSandboxViews(sb);
+    await this.sandboxGone(sb);
     void vscode.window.showInformationMessage(r.killed ? `Sandbox ${sb} killed.` : `Sandbox ${sb} was already gone.`);
   }
 
   /** A sandbox is gone: its editors close and its workspace folder goes. */
   private async closeSandboxViews(sb: string): Promise<void> {
-    const authority = encodeAuthority(sb);
-    const mine = (u: vscode.Uri | undefined) => u?.scheme === SCHEME && u.authority === authority;
+    // Opened as `provider:id` (from the views) or as the bare id (typed).
+    const bare = sb.slice(sb.indexOf(':') + 1);
+    const authorities = new Set([encodeAuthority(sb), encodeAuthority(bare)]);
+    const mine = (u: vscode.Uri | undefined) => u?.scheme === SCHEME && authorities.has(u.authority);
     try {
       const tabs = (vscode.window.tabGroups?.all ?? []).flatMap((g) =>
         g.tabs.filter((t) => {
@@ -404,12 +436,16 @@ export class Commands {
     }
     const pty = new AbxTerminal(() => this.client(), { sandbox: sb, cwd, command: this.service.settings.terminalCommand || undefined });
     const term = vscode.window.createTerminal({ name: `abx: ${sb}`, pty, iconPath: new vscode.ThemeIcon('vm') });
+    const open = this.terminals.get(sb) ?? new Set<vscode.Terminal>();
+    this.terminals.set(sb, open.add(term));
     // The terminal goes (closed, or lost with the window): its command in the sandbox ends
     // too, instead of running on with nobody attached.
     const subs = [
       this.service.onShutdown(() => pty.hangUp()),
       vscode.window.onDidCloseTerminal((t) => {
-        if (t === term) void pty.hangUp();
+        if (t !== term) return;
+        void pty.hangUp();
+        open.delete(term);
       }),
     ];
     void pty.exited.then(() => subs.forEach((d) => d.dispose()));

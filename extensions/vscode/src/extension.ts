@@ -63,7 +63,7 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
   const providers = new ProvidersProvider(service);
   const providerView = vscode.window.createTreeView('abx.providers', { treeDataProvider: providers });
   providers.view = providerView;
-  parts.push(sandboxView, providerView);
+  parts.push(sandboxes, sandboxView, providerView);
 
   const commands = new Commands(service, sandboxes, providers, documents);
   parts.push(...commands.register());

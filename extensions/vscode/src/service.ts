@@ -3,7 +3,8 @@
 import * as vscode from 'vscode';
 import { BrokerClient } from './client/broker';
 import { AbxError } from './client/errors';
-import type { Sandbox } from './client/types';
+import { applySandboxChange, changedRef, changeEndsSandbox } from './client/format';
+import type { Sandbox, SandboxChanged } from './client/types';
 import { abxEnv, readSettings, Settings } from './config';
 
 export type BrokerState =
@@ -15,6 +16,8 @@ export type BrokerState =
 /** First wait before connecting again after a failed attempt; doubles up to RETRY_MAX_MS. */
 export const RETRY_BASE_MS = 1000;
 export const RETRY_MAX_MS = 60_000;
+/** `sandbox/changed` events within this window repaint the views once. */
+export const EVENT_DEBOUNCE_MS = 100;
 
 export interface GetClientOptions {
   /**
@@ -41,7 +44,25 @@ export class AbxService implements vscode.Disposable {
   private listAttempted = false;
   /** Why the last sandbox/list failed, if it did. */
   listError: AbxError | undefined;
+  /** The fallback poll (only on a broker without `sandbox/subscribe`). */
   private timer: NodeJS.Timeout | undefined;
+  /**
+   * Whether this connection gets `sandbox/changed`: true once `sandbox/subscribe` answered,
+   * false when the broker lacks it (then the list is polled), undefined while not connected.
+   */
+  private liveValue: boolean | undefined;
+  /** Debounces the repaint after events (and the reload some events ask for). */
+  private eventTimer: NodeJS.Timeout | undefined;
+  private reloadAfterEvents = false;
+  /** `sandbox/list` requests in flight, and the events that came meanwhile (replayed on their result). */
+  private listsInFlight = 0;
+  private changesDuringList: SandboxChanged[] = [];
+  private readonly endedEmitter = new vscode.EventEmitter<string>();
+  /**
+   * Fires with `provider:id` when a sandbox is killed (by anyone) or its lifetime ends, as
+   * the broker reports it: its editors, folder and terminals go.
+   */
+  readonly onDidEndSandbox = this.endedEmitter.event;
   private settingsValue: Settings;
   /** Failed connection attempts in a row, and what the last one said. */
   private failures = 0;
@@ -68,6 +89,11 @@ export class AbxService implements vscode.Disposable {
 
   get sandboxes(): Sandbox[] | undefined {
     return this.sandboxesValue;
+  }
+
+  /** Whether the list follows `sandbox/changed` (true) or is polled (false; undefined: offline). */
+  get live(): boolean | undefined {
+    return this.liveValue;
   }
 
   get sandboxesAttempted(): boolean {
@@ -158,6 +184,15 @@ export class AbxService implements vscode.Disposable {
         // Views come back by themselves once the broker is there again.
         this.planRetry(RETRY_BASE_MS);
       });
+      client.onSandboxChanged((c) => {
+        if (this.client === client) this.sandboxChanged(c);
+      });
+      // Before the first list: nothing that happens after it is missed.
+      this.liveValue = await this.subscribe(client);
+      if (this.client !== client) {
+        // It closed meanwhile: the close handler has planned the next attempt.
+        throw new AbxError('E1007', 'The abx broker connection closed while subscribing to sandbox changes.');
+      }
       this.log(`connected to abx-broker ${client.serverVersion} (abx ${client.binaryVersion})`);
       this.setState({ kind: 'connected', version: client.serverVersion });
       this.schedule();
@@ -180,8 +215,67 @@ export class AbxService implements vscode.Disposable {
     }
   }
 
+  /**
+   * `sandbox/subscribe` on a new connection: true when the broker will send `sandbox/changed`;
+   * false when it lacks the method (an older broker: the list is polled instead).
+   */
+  private async subscribe(client: BrokerClient): Promise<boolean> {
+    const every = this.settingsValue.refreshInterval;
+    const fallback = every > 0 ? `the Sandboxes view refreshes every ${every} s instead (abx.refreshInterval)` : 'the Sandboxes view refreshes on demand only (abx.refreshInterval is 0)';
+    if (client.offers('sandbox/subscribe') === false) {
+      this.log(`the broker has no sandbox/subscribe (abx ${client.serverVersion}): ${fallback}`);
+      return false;
+    }
+    try {
+      await client.sandboxSubscribe();
+      return true;
+    } catch (err) {
+      const e = AbxError.from(err);
+      if (e.code === -32601 || e.abx === 'E1003') {
+        this.log(`the broker has no sandbox/subscribe (abx ${client.serverVersion}): ${fallback}`);
+      } else {
+        this.log(`sandbox/subscribe failed: ${e.headline}; ${fallback}`);
+      }
+      return false;
+    }
+  }
+
+  /** One `sandbox/changed`: the list follows it; the views repaint once per burst. */
+  private sandboxChanged(c: SandboxChanged): void {
+    if (this.shutdownPromise) return;
+    if (this.listsInFlight > 0) this.changesDuringList.push(c);
+    if (this.sandboxesValue) {
+      const r = applySandboxChange(this.sandboxesValue, c);
+      this.sandboxesValue = r.list;
+      if (r.reload) this.reloadAfterEvents = true;
+    }
+    if (changeEndsSandbox(c)) {
+      try {
+        this.endedEmitter.fire(changedRef(c));
+      } catch (err) {
+        this.log(`closing what showed ${changedRef(c)}: ${(err as Error)?.message ?? err}`);
+      }
+    }
+    if (this.eventTimer) return;
+    this.eventTimer = setTimeout(() => {
+      this.eventTimer = undefined;
+      if (this.shutdownPromise) return;
+      if (this.reloadAfterEvents) {
+        this.reloadAfterEvents = false;
+        void this.refreshSandboxes();
+      } else if (this.sandboxesValue) {
+        this.sandboxesEmitter.fire(this.sandboxesValue);
+      }
+    }, EVENT_DEBOUNCE_MS);
+  }
+
   /** The connection is gone: what it showed is no longer known. */
   private lost(): void {
+    this.liveValue = undefined;
+    if (this.timer) clearInterval(this.timer);
+    if (this.eventTimer) clearTimeout(this.eventTimer);
+    this.timer = this.eventTimer = undefined;
+    this.reloadAfterEvents = false;
     this.featuresValue = undefined;
     this.listAttempted = false;
     if (this.sandboxesValue !== undefined) {
@@ -237,8 +331,13 @@ export class AbxService implements vscode.Disposable {
   /** Reloads the sandbox list (connecting when needed). */
   async refreshSandboxes(opts: GetClientOptions = {}): Promise<Sandbox[] | undefined> {
     this.listAttempted = true;
+    let counted = false;
     try {
       const client = await this.getClient(opts);
+      // Events that come while the list is on its way are applied on top of it.
+      this.listsInFlight++;
+      counted = true;
+      const seen = this.changesDuringList.length;
       const [list, features] = await Promise.all([
         client.sandboxList(),
         this.featuresValue
@@ -248,23 +347,31 @@ export class AbxService implements vscode.Disposable {
               () => undefined,
             ),
       ]);
-      this.sandboxesValue = list;
+      let current = list;
+      for (const c of this.changesDuringList.slice(seen)) current = applySandboxChange(current, c).list;
+      this.sandboxesValue = current;
       this.featuresValue = features;
       this.listError = undefined;
     } catch (err) {
       this.listError = AbxError.from(err);
       if (this.stateValue.kind !== 'error') this.log(`sandbox/list: ${this.listError.headline}`);
       this.sandboxesValue = undefined;
+    } finally {
+      if (counted && --this.listsInFlight === 0) this.changesDuringList = [];
     }
     if (!this.shutdownPromise) this.sandboxesEmitter.fire(this.sandboxesValue);
     return this.sandboxesValue;
   }
 
+  /**
+   * The fallback poll: only on a broker without `sandbox/subscribe` (live === false). A live
+   * connection needs none: every change, by anyone, comes as an event.
+   */
   private schedule(): void {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
     const every = this.settingsValue.refreshInterval;
-    if (every > 0 && !this.shutdownPromise) {
+    if (this.liveValue === false && every > 0 && !this.shutdownPromise) {
       this.timer = setInterval(() => {
         // Only while connected: a missing binary is retried on the backoff schedule.
         if (this.client && !this.client.isClosed) void this.refreshSandboxes();
@@ -293,7 +400,8 @@ export class AbxService implements vscode.Disposable {
   private async doShutdown(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.timer = this.retryTimer = undefined;
+    if (this.eventTimer) clearTimeout(this.eventTimer);
+    this.timer = this.retryTimer = this.eventTimer = undefined;
     const hooks = [...this.shutdownHooks];
     this.shutdownHooks.clear();
     if (hooks.length) {
@@ -312,5 +420,6 @@ export class AbxService implements vscode.Disposable {
     void this.shutdown();
     this.stateEmitter.dispose();
     this.sandboxesEmitter.dispose();
+    this.endedEmitter.dispose();
   }
 }

@@ -23,15 +23,29 @@ export function sandboxIcon(status: string): vscode.ThemeIcon {
   }
 }
 
-export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode> {
+/** How often the rows' time left ("expires in 4m 58s") is repainted: no broker request. */
+export const REPAINT_MS = 10_000;
+
+export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, vscode.Disposable {
   private readonly emitter = new vscode.EventEmitter<SandboxNode | undefined>();
   readonly onDidChangeTreeData = this.emitter.event;
   /** Set by extension.ts: shows why the list is empty (an error) or clears it. */
   view: vscode.TreeView<SandboxNode> | undefined;
+  private readonly repaint: NodeJS.Timeout;
 
   constructor(private readonly service: AbxService) {
     service.onDidChangeSandboxes(() => this.emitter.fire(undefined));
     service.onDidChangeState(() => this.emitter.fire(undefined));
+    // The list itself follows the broker's events; only the clock moves on its own.
+    this.repaint = setInterval(() => {
+      if (this.service.sandboxes?.some((s) => s.expiresAt)) this.emitter.fire(undefined);
+    }, REPAINT_MS);
+    this.repaint.unref?.();
+  }
+
+  dispose(): void {
+    clearInterval(this.repaint);
+    this.emitter.dispose();
   }
 
   refresh(): void {

@@ -8,7 +8,8 @@ import { CancellationTokenSource } from 'vscode-jsonrpc/node';
 import { BrokerClient } from '../src/client/broker';
 import { AbxError } from '../src/client/errors';
 import type { OutputChunk } from '../src/client/exec';
-import type { FilesChanged, FilesProgress, TestResultNote } from '../src/client/types';
+import { changedRef } from '../src/client/format';
+import type { FilesChanged, FilesProgress, SandboxChanged, TestResultNote } from '../src/client/types';
 import { ABX_BIN, freshHome, Home, until } from './helpers';
 
 describe('broker client (real broker)', { timeout: 180_000 }, () => {
@@ -195,6 +196,57 @@ describe('broker client (real broker)', { timeout: 180_000 }, () => {
     assert.equal(r.failed, 0);
     assert.equal(notes.length, r.results.length);
     assert.deepEqual(new Set(notes.map((n) => n.name)), new Set(r.results.map((x) => x.name)));
+  });
+
+  test('sandbox/subscribe: what another client does comes as sandbox/changed; after unsubscribe nothing does', async () => {
+    const watcher = await home.connect();
+    const sentinel = await home.connect();
+    const seen: SandboxChanged[] = [];
+    const sentinelSeen: SandboxChanged[] = [];
+    watcher.onSandboxChanged((c) => seen.push(c));
+    sentinel.onSandboxChanged((c) => sentinelSeen.push(c));
+    assert.equal(watcher.offers('sandbox/subscribe'), true);
+    assert.deepEqual(await watcher.sandboxSubscribe(), {});
+    assert.deepEqual(await sentinel.sandboxSubscribe(), {});
+    // `client` is another connection (as the CLI or an agent would be).
+    const s = await client.sandboxCreate({ timeout: 600 });
+    const ref = `${s.provider}:${s.id}`;
+    const event = (list: SandboxChanged[], change: string) => list.find((c) => changedRef(c) === ref && c.change === change);
+    const created = await until(() => event(seen, 'created'), 'created');
+    assert.equal(created.provider, 'local');
+    assert.equal(created.sandboxInfo?.id, s.id);
+    assert.equal(created.sandboxInfo?.status, 'running');
+    await client.sandboxPause(ref);
+    assert.equal((await until(() => event(seen, 'paused'), 'paused')).sandboxInfo?.status ?? 'paused', 'paused');
+    await client.sandboxResume(ref);
+    assert.equal((await until(() => event(seen, 'resumed'), 'resumed')).sandboxInfo?.status ?? 'running', 'running');
+    await client.sandboxSetTimeout(ref, 900);
+    assert.equal((await until(() => event(seen, 'timeout'), 'timeout')).sandboxInfo?.timeout, 900);
+    await client.sandboxKill(ref);
+    await until(() => event(seen, 'killed'), 'killed');
+    // Unsubscribed: the sentinel (still subscribed) hears of the next sandbox, the watcher not.
+    assert.deepEqual(await watcher.sandboxUnsubscribe(), {});
+    const n = seen.length;
+    const t = await client.sandboxCreate({ timeout: 600 });
+    await until(() => sentinelSeen.some((c) => c.sandbox.endsWith(t.id) && c.change === 'created'), 'the sentinel saw it');
+    await watcher.ping(); // whatever was sent to the watcher before this reply has been read
+    assert.equal(seen.length, n, JSON.stringify(seen.slice(n)));
+    await client.sandboxKill(`${t.provider}:${t.id}`);
+    watcher.dispose();
+    sentinel.dispose();
+  });
+
+  test('a lifetime that ends is reported as well', async () => {
+    const watcher = await home.connect();
+    const seen: SandboxChanged[] = [];
+    watcher.onSandboxChanged((c) => seen.push(c));
+    await watcher.sandboxSubscribe();
+    const s = await client.sandboxCreate({ timeout: 3 });
+    const ref = `${s.provider}:${s.id}`;
+    const ended = await until(() => seen.find((c) => changedRef(c) === ref && c.change === 'expired'), 'expired', 90_000);
+    assert.ok(!ended.sandboxInfo || ended.sandboxInfo.id === s.id);
+    assert.ok(!(await client.sandboxList()).some((x) => x.id === s.id));
+    watcher.dispose();
   });
 
   test('kill is idempotent and the sandbox is gone after', async () => {

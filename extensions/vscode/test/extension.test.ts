@@ -2,7 +2,7 @@
 // the code agree, and the commands, views, status bar and MCP registration do what they say.
 import './register-vscode';
 import * as assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as readline from 'node:readline';
@@ -13,7 +13,9 @@ import { COMMANDS } from '../src/commands';
 import { readSettings } from '../src/config';
 import { activate, AbxExtensionApi, deactivate } from '../src/extension';
 import { MCP_PROVIDER_ID, registerMcp } from '../src/mcp';
-import { RETRY_BASE_MS } from '../src/service';
+import { EVENT_DEBOUNCE_MS, RETRY_BASE_MS } from '../src/service';
+import type { BrokerClient } from '../src/client/broker';
+import type { Sandbox } from '../src/client/types';
 import type { ProviderNode, SandboxNode } from '../src/views';
 import { ABX_BIN, EXT_DIR, freshHome, Home, REPO_ROOT, until } from './helpers';
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -698,6 +700,206 @@ describe('extension host shutdown', { timeout: 120_000 }, () => {
       assert.doesNotMatch(fake.recorded.output.get('abx')!.join(''), /Channel has been closed/);
     } finally {
       dispose(ctx);
+      home.cleanup();
+    }
+  });
+});
+
+/** The `abx` CLI of `home` (another client of the same daemon), `--json`; its parsed output. */
+function cli(home: Home, ...args: string[]): Promise<Record<string, unknown>> {
+  return new Promise((resolve, reject) => {
+    execFile(ABX_BIN, ['--json', ...args], { env: home.env, timeout: 120_000 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`abx ${args.join(' ')}: ${err.message} ${stdout} ${stderr}`));
+      else resolve(stdout.trim() ? JSON.parse(stdout) : {});
+    });
+  });
+}
+
+/** The Sandboxes view's rows as the tree shows them, by `provider:id` (no request is made). */
+async function rows(api: AbxExtensionApi): Promise<Map<string, vscode.TreeItem>> {
+  const out = new Map<string, vscode.TreeItem>();
+  for (const g of await api.sandboxes.getChildren()) {
+    for (const k of await api.sandboxes.getChildren(g)) {
+      if (k.kind === 'sandbox') out.set(`${k.sandbox.provider}:${k.sandbox.id}`, api.sandboxes.getTreeItem(k));
+    }
+  }
+  return out;
+}
+
+/** Counts the `sandbox/list` requests `client` sends from now on. */
+function countLists(client: BrokerClient): { n: number } {
+  const count = { n: 0 };
+  const orig = client.sandboxList.bind(client);
+  client.sandboxList = (provider?: string) => {
+    count.n++;
+    return orig(provider);
+  };
+  return count;
+}
+
+describe('the Sandboxes view follows sandbox/changed (no polling)', { timeout: 240_000 }, () => {
+  let home: Home;
+  let ctx: ReturnType<typeof context>;
+  let api: AbxExtensionApi;
+  let lists: { n: number };
+
+  before(async () => {
+    home = freshHome();
+    fake.configuration.set('abx.path', ABX_BIN);
+    fake.configuration.set('abx.home', home.dir);
+    // A poll would only come after an hour: whatever shows up below came as an event.
+    fake.configuration.set('abx.refreshInterval', 3600);
+    ctx = context();
+    api = activate(ctx as unknown as vscode.ExtensionContext);
+    await until(() => api.service.state.kind === 'connected' && api.service.sandboxes, 'connected with a sandbox list');
+    lists = countLists(await api.service.getClient());
+  });
+
+  after(async () => {
+    const done = deactivate();
+    dispose(ctx);
+    await done;
+    fake.configuration.set('abx.refreshInterval', 0);
+    home.cleanup();
+  });
+
+  test('connected to a current broker: subscribed, so no poll is planned', () => {
+    assert.equal(api.service.live, true);
+    assert.doesNotMatch(fake.recorded.output.get('abx')!.join(''), /no sandbox\/subscribe|sandbox\/subscribe failed/);
+  });
+
+  test('sandboxes created, paused, resumed, extended by the CLI show in the view from the events alone', async () => {
+    const before = lists.n;
+    const s = (await cli(home, 'create', '--timeout', '600')) as unknown as Sandbox;
+    const ref = `${s.provider}:${s.id}`;
+    const created = await until(async () => (await rows(api)).get(ref), `${ref} in the view`);
+    assert.equal(created.contextValue, 'sandbox-running:pty');
+    // The status bar follows the (debounced) repaint.
+    await until(() => fake.recorded.statusBar.at(-1).text === '$(vm) abx: 1', 'the status bar to count it');
+    await cli(home, 'pause', ref);
+    await until(async () => (await rows(api)).get(ref)?.contextValue === 'sandbox-paused:pty', `${ref} paused in the view`);
+    await cli(home, 'resume', ref);
+    await until(async () => (await rows(api)).get(ref)?.contextValue === 'sandbox-running:pty', `${ref} running again`);
+    await cli(home, 'set-timeout', ref, '2h');
+    await until(() => api.service.sandboxes?.find((x) => `${x.provider}:${x.id}` === ref)?.timeout === 7200, 'the new lifetime');
+    assert.match(String((await rows(api)).get(ref)!.description), /expires in (1h 59m|2h)/);
+    assert.equal(lists.n, before, 'no sandbox/list was needed');
+    await cli(home, 'kill', '--yes', ref);
+    await until(async () => !(await rows(api)).has(ref), `${ref} gone from the view`);
+  });
+
+  test('killed by another client: the row goes, and its editors, folder and terminals close', async () => {
+    const s = (await cli(home, 'create', '--timeout', '600')) as unknown as Sandbox;
+    const ref = `${s.provider}:${s.id}`;
+    await until(async () => (await rows(api)).get(ref), `${ref} in the view`);
+    await vscode.commands.executeCommand('abx.openTerminal', ref);
+    const term = fake.recorded.terminals.at(-1)!;
+    term.pty.open({ columns: 80, rows: 24 });
+    const proj = { uri: vscode.Uri.file('/home/u/proj'), name: 'proj', index: 0 };
+    fake.workspace.workspaceFolders = [proj, { uri: sandboxUri(ref), name: `abx: ${ref}`, index: 1 }];
+    const mine = { label: 'a.txt', input: new fake.TabInputText(sandboxUri(ref, '/workspace/a.txt')) };
+    const other = { label: 'x.txt', input: new fake.TabInputText(vscode.Uri.file('/home/u/proj/x.txt')) };
+    fake.window.tabGroups.all = [{ tabs: [mine, other] }];
+    const closedBefore = fake.recorded.closedTabs.length;
+    const before = lists.n;
+    try {
+      await cli(home, 'kill', '--yes', ref);
+      await until(async () => !(await rows(api)).has(ref), `${ref} gone from the view`);
+      await until(() => term.terminal.disposed, 'its terminal closed');
+      await until(() => fake.recorded.closedTabs.length > closedBefore, 'its editor closed');
+      assert.deepEqual(fake.recorded.closedTabs.slice(closedBefore), [mine]);
+      assert.deepEqual(fake.workspace.workspaceFolders, [proj]);
+      assert.equal(lists.n, before, 'no sandbox/list was needed');
+    } finally {
+      fake.workspace.workspaceFolders = undefined;
+      fake.window.tabGroups.all = [];
+    }
+  });
+
+  test('a lifetime that ends: the sandbox leaves the view by itself', async () => {
+    const before = lists.n;
+    const s = (await cli(home, 'create', '--timeout', '5')) as unknown as Sandbox;
+    const ref = `${s.provider}:${s.id}`;
+    await until(() => api.service.sandboxes?.some((x) => `${x.provider}:${x.id}` === ref), `${ref} in the list`);
+    await until(async () => !(await rows(api)).has(ref), `${ref} expired and gone from the view`, 90_000);
+    assert.equal(lists.n, before, 'no sandbox/list was needed');
+  });
+
+  test('a burst of events repaints the view once', async () => {
+    const client = await api.service.getClient();
+    let fires = 0;
+    const sub = api.service.onDidChangeSandboxes(() => fires++);
+    try {
+      // The broker's notifications as they come in one read (route is what the reader calls).
+      const route = (client as unknown as { route(m: string, p: unknown): void }).route.bind(client);
+      for (let i = 0; i < 20; i++) {
+        route('sandbox/changed', {
+          sandbox: `sb-burst-${i}`,
+          provider: 'local',
+          change: 'created',
+          sandboxInfo: { id: `sb-burst-${i}`, provider: 'local', status: 'running', template: 'base' },
+        });
+      }
+      for (let i = 0; i < 20; i++) route('sandbox/changed', { sandbox: `sb-burst-${i}`, provider: 'local', change: 'killed' });
+      await until(() => fires > 0, 'a repaint');
+      await new Promise((r) => setTimeout(r, EVENT_DEBOUNCE_MS * 3));
+      assert.equal(fires, 1);
+      assert.ok(!(await rows(api)).has('local:sb-burst-0'));
+    } finally {
+      sub.dispose();
+    }
+  });
+
+  test('after abx rpc dies the extension reconnects, subscribes again, and events flow', async () => {
+    const old = await api.service.getClient();
+    const pid = old.pid!;
+    process.kill(pid, 'SIGKILL');
+    await until(() => old.isClosed, 'the old connection closed');
+    const fresh = await until(
+      () => api.service.state.kind === 'connected' && api.service.live === true && api.service.getClient().then((c) => (c !== old ? c : undefined)),
+      'reconnected and subscribed',
+    );
+    // The list that follows a reconnect comes first (events were missed meanwhile), then only events.
+    await until(() => api.service.sandboxes, 'the list after the reconnect');
+    const after = countLists(fresh);
+    const s = (await cli(home, 'create', '--timeout', '600')) as unknown as Sandbox;
+    const ref = `${s.provider}:${s.id}`;
+    await until(async () => (await rows(api)).get(ref), `${ref} in the view after the reconnect`);
+    assert.equal(after.n, 0, 'no sandbox/list was needed');
+    await cli(home, 'kill', '--yes', ref);
+    await until(async () => !(await rows(api)).has(ref), `${ref} gone`);
+  });
+});
+
+describe('on a broker without sandbox/subscribe the view polls', { timeout: 120_000 }, () => {
+  test('subscribe answers -32601: logged once, the list is refreshed every abx.refreshInterval seconds', async () => {
+    const home = freshHome();
+    // An `abx` whose broker lacks the method: the real one behind test/old-broker.ts.
+    const old = path.join(home.dir, 'old-abx');
+    fs.writeFileSync(old, `#!/bin/sh\nABX_REAL_BIN='${ABX_BIN}' exec '${process.execPath}' '${path.join(__dirname, 'old-broker.js')}' "$@"\n`, { mode: 0o755 });
+    fake.configuration.set('abx.path', old);
+    fake.configuration.set('abx.home', home.dir);
+    fake.configuration.set('abx.refreshInterval', 1);
+    const ctx = context();
+    try {
+      const api = activate(ctx as unknown as vscode.ExtensionContext);
+      await until(() => api.service.state.kind === 'connected' && api.service.sandboxes, 'connected with a sandbox list');
+      assert.equal(api.service.live, false);
+      const log = fake.recorded.output.get('abx')!.join('');
+      assert.match(log, /the broker has no sandbox\/subscribe \(abx [\d.]+\): the Sandboxes view refreshes every 1 s instead \(abx\.refreshInterval\)/);
+      const lists = countLists(await api.service.getClient());
+      const s = (await cli(home, 'create', '--timeout', '600')) as unknown as Sandbox;
+      const ref = `${s.provider}:${s.id}`;
+      await until(async () => (await rows(api)).get(ref), `${ref} in the view (by the poll)`);
+      assert.ok(lists.n > 0, 'it came through sandbox/list');
+      await cli(home, 'kill', '--yes', ref);
+      await until(async () => !(await rows(api)).has(ref), `${ref} gone (by the poll)`);
+    } finally {
+      const done = deactivate();
+      dispose(ctx);
+      await done;
+      fake.configuration.set('abx.refreshInterval', 0);
+      fake.configuration.set('abx.path', ABX_BIN);
       home.cleanup();
     }
   });

@@ -373,7 +373,18 @@ export const window = {
     return new Disposable(() => undefined);
   },
   createTerminal: (opts: any) => {
-    const terminal = { name: opts.name, show: () => undefined, dispose: () => undefined };
+    // As VS Code does: dispose closes the Pseudoterminal, then onDidCloseTerminal fires.
+    const terminal: any = {
+      name: opts.name,
+      disposed: false,
+      show: () => undefined,
+      dispose: () => {
+        if (terminal.disposed) return;
+        terminal.disposed = true;
+        opts.pty?.close?.();
+        setImmediate(() => closeTerminal.fire(terminal));
+      },
+    };
     recorded.terminals.push({ ...opts, terminal });
     return terminal;
   },

@@ -2,10 +2,32 @@
 import * as assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { AbxError } from '../src/client/errors';
-import { formatExpiry, formatPlanText, formatRemaining, groupByProvider, groupFeatures, parseDuration, parsePort, plural, sandboxRef, templateNames } from '../src/client/format';
+import { applySandboxChange, changedRef, changeEndsSandbox, formatExpiry, formatPlanText, formatRemaining, groupByProvider, groupFeatures, parseDuration, parsePort, plural, sandboxRef, templateNames } from '../src/client/format';
 import { compareVersions, parseVersion } from '../src/client/version';
 
 describe('format helpers', () => {
+  test('sandbox/changed applied to a list: upsert with sandboxInfo, removal when gone, reload when it says too little', () => {
+    const a = { id: 'sb-a', provider: 'local', status: 'running' };
+    const b = { id: 'sb-b', provider: 'e2b', status: 'running' };
+    const list = [a, b];
+    assert.equal(changedRef({ sandbox: 'sb-a', provider: 'local' }), 'local:sb-a');
+    assert.equal(changedRef({ sandbox: 'local:sb-a', provider: 'local' }), 'local:sb-a');
+    assert.ok(changeEndsSandbox({ change: 'killed' }) && changeEndsSandbox({ change: 'expired' }));
+    assert.ok(!changeEndsSandbox({ change: 'timeout' }));
+    const created = applySandboxChange(list, { sandbox: 'sb-c', provider: 'local', change: 'created', sandboxInfo: { id: 'sb-c', provider: 'local', status: 'running' } });
+    assert.deepEqual(created, { list: [a, b, { id: 'sb-c', provider: 'local', status: 'running' }], reload: false });
+    assert.equal(list.length, 2, 'the list given is not changed');
+    const extended = applySandboxChange(list, { sandbox: 'sb-a', provider: 'local', change: 'timeout', sandboxInfo: { ...a, timeout: 900 } });
+    assert.equal(extended.list[0].timeout, 900);
+    assert.deepEqual(applySandboxChange(list, { sandbox: 'sb-b', provider: 'e2b', change: 'killed' }), { list: [a], reload: false });
+    assert.deepEqual(applySandboxChange(list, { sandbox: 'sb-x', provider: 'e2b', change: 'expired' }), { list, reload: false });
+    // The same id on another provider is another sandbox.
+    assert.deepEqual(applySandboxChange(list, { sandbox: 'sb-a', provider: 'e2b', change: 'killed' }).list, list);
+    assert.equal(applySandboxChange(list, { sandbox: 'sb-a', provider: 'local', change: 'paused' }).list[0].status, 'paused');
+    assert.equal(applySandboxChange(list, { sandbox: 'sb-x', provider: 'local', change: 'created' }).reload, true);
+    assert.equal(applySandboxChange(list, { sandbox: 'sb-a', provider: 'local', change: 'resync' }).reload, true);
+  });
+
   test('durations as the CLI takes them, within 1 s .. 30 days', () => {
     assert.equal(parseDuration('600'), 600);
     assert.equal(parseDuration('90s'), 90);

@@ -71,6 +71,13 @@ M.subcommands = {
     end,
     args = { "provider" },
   },
+  sandboxes = {
+    help = "sandboxes",
+    run = function()
+      require("abx.sandboxes").open()
+    end,
+    args = {},
+  },
   info = {
     help = "info [SANDBOX]",
     run = function(ws)

@@ -13,6 +13,11 @@
 -- detached exec's output and replays it on attach). An exec that cannot be re-attached
 -- gets `on_lost`.
 --
+-- Requests made with `persist` (subscriptions such as `sandbox/subscribe`) belong to the
+-- connection, not to one request: they are sent on every new bridge, first, and a bridge
+-- that exits on its own after it had answered is started again at once when there are any,
+-- so their notifications keep coming.
+--
 -- Messages are handled from a queue drained in a vim.schedule() callback, never inside
 -- the job's stdout callback: a handler may then wait for another reply (vim.wait), and
 -- the lines that arrive meanwhile are handled in order by a nested drain.
@@ -43,6 +48,9 @@ function M.new(opts)
   self.queue, self.qhead, self.qtail = {}, 1, 0
   self.scheduled = false
   self.stderr = {}
+  self.persistent = {} -- key -> {method, params, cb, after_undo}
+  self.undoing = {} -- key -> true while forget's undo request waits for its reply
+  self.answered = {} -- job -> true once it sent a message
   return self
 end
 
@@ -176,11 +184,25 @@ function Client:start()
         end
       end
       local err = self:_unreachable(detail)
+      local worked = self.answered[j]
+      self.answered[j] = nil
       vim.schedule(function()
         -- replies that arrived before the exit are delivered first
         self:_drain()
         self.partial[j] = nil
         self:_fail_job(j, err, unexpected)
+        -- subscriptions live on in a new bridge; one that never answered is not restarted
+        -- (that would be a loop), the next request tries again
+        if unexpected and worked and next(self.persistent) and not self.job then
+          local ok, serr = self:start()
+          if not ok then
+            for _, p in pairs(self.persistent) do
+              if p.cb then
+                pcall(p.cb, serr, nil)
+              end
+            end
+          end
+        end
       end)
     end,
   }
@@ -195,7 +217,52 @@ function Client:start()
   end
   self.job = job
   self.partial[job] = {}
+  -- before whatever request started this bridge: a subscription precedes the list it guards
+  for _, p in pairs(self.persistent) do
+    if not p.after_undo then
+      self:request(p.method, p.params, p.cb)
+    end
+  end
   return true
+end
+
+--- Send `method` now and on every new bridge (a subscription of this connection, e.g.
+--- `sandbox/subscribe`); `cb(err, result)` after each. `key` names it for `forget`.
+function Client:persist(key, method, params, cb)
+  local p = { method = method, params = params, cb = cb }
+  self.persistent[key] = p
+  if self.undoing[key] then
+    -- the broker serves requests concurrently: an unsubscribe still on its way could land
+    -- after this subscribe and undo it; it is sent once the undo has answered
+    p.after_undo = true
+  elseif self.job then
+    self:request(method, params, cb)
+  else
+    local ok, err = self:start() -- sends it
+    if not ok and cb then
+      cb(err, nil)
+    end
+  end
+end
+
+--- Stop re-sending what `persist(key, ...)` sent; `undo` ({method, params}) is sent once now
+--- when the bridge runs.
+function Client:forget(key, undo)
+  if not self.persistent[key] then
+    return
+  end
+  self.persistent[key] = nil
+  if undo and self.job and not self.undoing[key] then
+    self.undoing[key] = true
+    self:request(undo[1], undo[2], function()
+      self.undoing[key] = nil
+      local p = self.persistent[key]
+      if p and p.after_undo then
+        p.after_undo = nil
+        self:request(p.method, p.params, p.cb)
+      end
+    end)
+  end
 end
 
 --- Close the bridge: stdin is closed (the bridge then exits) and the job stopped.
@@ -208,6 +275,7 @@ function Client:stop(silent)
   self.job = nil
   pcall(vim.fn.chanclose, job, "stdin")
   pcall(vim.fn.jobstop, job)
+  self.persistent, self.undoing = {}, {}
   if silent then
     self.pending, self.execs, self.held = {}, {}, {}
   else
@@ -267,6 +335,7 @@ function Client:_on_line(job, line)
   if line == "" or line == "\r" then
     return
   end
+  self.answered[job] = true
   local ok, msg = pcall(vim.json.decode, line)
   if not ok or type(msg) ~= "table" then
     return

@@ -38,6 +38,8 @@ import type {
   ProviderInfo,
   ProviderSummary,
   Sandbox,
+  SandboxChanged,
+  SandboxSubscribeResult,
   SystemInfo,
   TestResult,
   TestResultNote,
@@ -100,6 +102,9 @@ export class BrokerClient implements Disposable {
   private readonly earlyWatch = new Map<string, FilesChanged[]>();
   private readonly progress = new Set<(p: FilesProgress) => void>();
   private readonly testResults = new Set<(n: TestResultNote) => void>();
+  private readonly sandboxChangedEmitter = new Emitter<SandboxChanged>();
+  /** `sandbox/changed` notifications (after `sandboxSubscribe()`). */
+  readonly onSandboxChanged: Event<SandboxChanged> = this.sandboxChangedEmitter.event;
 
   private constructor(opts: BrokerOptions, env: NodeJS.ProcessEnv, child: ChildProcess) {
     this.abxPath = opts.abxPath || 'abx';
@@ -311,6 +316,15 @@ export class BrokerClient implements Disposable {
       case 'provider/testResult':
         for (const l of this.testResults) l(p as unknown as TestResultNote);
         break;
+      case 'sandbox/changed':
+        if (p && typeof p.sandbox === 'string' && typeof p.change === 'string') {
+          try {
+            this.sandboxChangedEmitter.fire(p as unknown as SandboxChanged);
+          } catch (e) {
+            this.log(`a sandbox/changed listener failed: ${(e as Error)?.message ?? e}`);
+          }
+        }
+        break;
     }
     this.notifyEmitter.fire({ method, params });
   }
@@ -339,6 +353,7 @@ export class BrokerClient implements Disposable {
     }
     this.closeEmitter.dispose();
     this.notifyEmitter.dispose();
+    this.sandboxChangedEmitter.dispose();
   }
 
   /**
@@ -432,6 +447,28 @@ export class BrokerClient implements Disposable {
 
   async sandboxList(provider?: string): Promise<Sandbox[]> {
     return (await this.request<{ sandboxes: Sandbox[] }>('sandbox/list', provider ? { provider } : {})).sandboxes;
+  }
+
+  /**
+   * `sandbox/subscribe`: from now on this connection gets `sandbox/changed` (onSandboxChanged)
+   * for every sandbox of every provider. A broker without it rejects with -32601 (E1003).
+   */
+  sandboxSubscribe(): Promise<SandboxSubscribeResult> {
+    return this.request('sandbox/subscribe');
+  }
+
+  /** `sandbox/unsubscribe`: no more `sandbox/changed` on this connection. */
+  sandboxUnsubscribe(): Promise<SandboxSubscribeResult> {
+    return this.request('sandbox/unsubscribe');
+  }
+
+  /**
+   * Whether the broker offers `method` (its `initialize` method list); undefined when it does
+   * not send one.
+   */
+  offers(method: string): boolean | undefined {
+    const methods = this.server?.capabilities?.methods;
+    return Array.isArray(methods) ? methods.includes(method) : undefined;
   }
 
   sandboxInfo(sandbox: string): Promise<Sandbox> {

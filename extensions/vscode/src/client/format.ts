@@ -1,6 +1,6 @@
 // Small pure helpers for what the views show and what the prompts accept. No `vscode` import.
 
-import type { Sandbox } from './types';
+import type { Sandbox, SandboxChanged } from './types';
 
 /** `sandbox(lifecycle,timeout,pause) exec(run,stream) pty` grouping, as the CLI shows features. */
 export function groupFeatures(features: string[]): string[] {
@@ -66,6 +66,43 @@ export function plural(n: number, one: string, many = `${one}s`): string {
 /** `provider:id`: the reference that routes without the broker's index. */
 export function sandboxRef(s: Pick<Sandbox, 'id' | 'provider'>): string {
   return s.id.includes(':') ? s.id : `${s.provider}:${s.id}`;
+}
+
+/** The `provider:id` a `sandbox/changed` names. */
+export function changedRef(c: Pick<SandboxChanged, 'sandbox' | 'provider'>): string {
+  return c.sandbox.includes(':') || !c.provider ? c.sandbox : `${c.provider}:${c.sandbox}`;
+}
+
+/** Whether a `sandbox/changed` says the sandbox is gone (killed, or its lifetime ended). */
+export function changeEndsSandbox(c: Pick<SandboxChanged, 'change'>): boolean {
+  return c.change === 'killed' || c.change === 'expired';
+}
+
+/**
+ * `list` with one `sandbox/changed` applied (a new array; `list` is not touched). `reload`:
+ * the event does not say enough (no `sandboxInfo` for a sandbox not in the list, or a change
+ * this version does not know): ask `sandbox/list` again.
+ */
+export function applySandboxChange(list: Sandbox[], c: SandboxChanged): { list: Sandbox[]; reload: boolean } {
+  const ref = changedRef(c);
+  const i = list.findIndex((s) => sandboxRef(s) === ref);
+  if (changeEndsSandbox(c)) {
+    return { list: i < 0 ? list : list.filter((_, k) => k !== i), reload: false };
+  }
+  const info = c.sandboxInfo;
+  if (info && typeof info === 'object' && typeof info.id === 'string') {
+    const s: Sandbox = { ...info, provider: info.provider || c.provider };
+    const out = list.slice();
+    if (i < 0) out.push(s);
+    else out[i] = s;
+    return { list: out, reload: false };
+  }
+  if (i >= 0 && (c.change === 'paused' || c.change === 'resumed')) {
+    const out = list.slice();
+    out[i] = { ...out[i], status: c.change === 'paused' ? 'paused' : 'running' };
+    return { list: out, reload: false };
+  }
+  return { list, reload: true };
 }
 
 /** Sandboxes grouped by provider, providers and ids sorted. */

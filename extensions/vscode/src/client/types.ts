@@ -130,6 +130,27 @@ export interface Sandbox {
   metadata?: Record<string, unknown>;
 }
 
+/** What happened to a sandbox (`sandbox/changed`'s `change`). */
+export type SandboxChange = 'created' | 'killed' | 'paused' | 'resumed' | 'expired' | 'timeout';
+
+/** `sandbox/subscribe` / `sandbox/unsubscribe` params (none) and result (`{}`). */
+export type SandboxSubscribeParams = Record<string, never>;
+export type SandboxSubscribeResult = Record<string, never>;
+
+/**
+ * `sandbox/changed` notification params, sent after `sandbox/subscribe` for every sandbox of
+ * every provider (changes made by other clients and lifetimes that end included).
+ */
+export interface SandboxChanged {
+  /** The sandbox id (bare, or `provider:id`). */
+  sandbox: string;
+  provider: string;
+  /** A SandboxChange; a newer broker may send others (treated as "reload"). */
+  change: SandboxChange | string;
+  /** The sandbox as it is now, where the broker has it (absent or null once it is gone). */
+  sandboxInfo?: Sandbox | null;
+}
+
 export interface CreateParams {
   provider?: string;
   template?: string;
