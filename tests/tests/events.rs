@@ -484,3 +484,42 @@ fn abx_events_prints_each_change_as_a_line() {
         subscribers(&mut c) == 0
     });
 }
+
+#[test]
+fn a_lazy_subscriber_is_bounded_in_bytes_too_when_sandboxes_carry_large_metadata() {
+    let home = Home::new();
+    let pid = home.start();
+    let mut lazy = home.connect();
+    subscribe(&mut lazy);
+    let mut b = home.connect();
+    // 1 MB of metadata: every notification of this sandbox carries it.
+    let blob = "m".repeat(1_000_000);
+    let sb = b.create(json!({"timeout": 600, "metadata": {"blob": blob}}));
+    let before = abx_tests::rss_kib(pid);
+    const ROUNDS: u64 = 50;
+    for n in 1..=ROUNDS {
+        b.call(
+            "sandbox/setTimeout",
+            json!({"sandbox": sb, "timeout": 1000 + n}),
+        );
+    }
+    eprintln!(
+        "daemon RSS with a lazy subscriber: {} KiB before, {} KiB after {ROUNDS} changes of 1 MB each",
+        before,
+        abx_tests::rss_kib(pid)
+    );
+    let mut got = 0;
+    loop {
+        let c = next_change(&mut lazy, &sb);
+        if c["change"] == "timeout" {
+            got += 1;
+            if c["sandboxInfo"]["timeout"] == 1000 + ROUNDS {
+                break;
+            }
+        }
+    }
+    eprintln!("the lazy subscriber kept {got} of {ROUNDS}");
+    // 16 MiB on its connection and 4 MiB in its queue at most: about 20 of the 50 MB.
+    assert!(got < 30, "{got} of {ROUNDS} kept: not bounded in bytes");
+    b.call("sandbox/kill", json!({"sandbox": sb}));
+}
