@@ -523,3 +523,33 @@ fn a_lazy_subscriber_is_bounded_in_bytes_too_when_sandboxes_carry_large_metadata
     assert!(got < 30, "{got} of {ROUNDS} kept: not bounded in bytes");
     b.call("sandbox/kill", json!({"sandbox": sb}));
 }
+
+#[test]
+fn the_node_plugin_reports_its_expiries_too() {
+    if std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("node is not installed: skipping");
+        return;
+    }
+    let (home, mut b) = started(&[]);
+    let _repo = install_pinned(&mut b, "node-local");
+    let mut a = home.connect();
+    subscribe(&mut a);
+    let sb = b.call(
+        "sandbox/create",
+        json!({"provider": "node-local", "timeout": 1}),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(next_change(&mut a, &sb)["change"], "created");
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["provider"]),
+        (&json!("expired"), &json!("node-local")),
+        "{c}"
+    );
+}
