@@ -71,6 +71,8 @@ pub struct Events(Arc<Hub>);
 struct Hub {
     subs: Mutex<HashMap<u64, Arc<Sub>>>,
     cap: usize,
+    /// The broker's sandbox index, kept up to date with every change.
+    index: std::sync::OnceLock<Arc<crate::index::Index>>,
 }
 
 struct Sub {
@@ -111,12 +113,30 @@ impl Events {
         Events(Arc::new(Hub {
             subs: Mutex::new(HashMap::new()),
             cap: cap.max(1),
+            index: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Keep `index` (sandbox id -> provider) up to date with the changes emitted: created
+    /// sandboxes are recorded, killed and expired ones forgotten, also those no client
+    /// made or killed through the broker.
+    pub fn set_index(&self, index: Arc<crate::index::Index>) {
+        let _ = self.0.index.set(index);
     }
 
     /// Report a change of `sandbox` (the id as `sandbox/list` shows it) of `provider`.
     /// `info` is the sandbox as `sandbox/info` returns it, when known. Never waits.
     pub fn emit(&self, provider: &str, sandbox: &str, change: &str, info: Option<&Value>) {
+        if let Some(ix) = self.0.index.get() {
+            match change {
+                "created" => ix.insert(sandbox, provider),
+                // Only the provider's own entry: a bare id another provider holds stays.
+                "killed" | "expired" if ix.get(sandbox).as_deref() == Some(provider) => {
+                    ix.remove(sandbox)
+                }
+                _ => {}
+            }
+        }
         let subs: Vec<Arc<Sub>> = self
             .0
             .subs

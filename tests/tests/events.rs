@@ -159,6 +159,7 @@ fn a_lifetime_that_ends_with_no_client_acting_is_reported_expired() {
         // b goes away: nobody acts on the sandbox any more.
     };
     assert_eq!(next_change(&mut a, &sb)["change"], "created");
+    assert_eq!(index_entry(&home, &sb).as_deref(), Some("local"));
     let c = next_change(&mut a, &sb);
     assert_eq!(
         (&c["change"], &c["provider"]),
@@ -166,6 +167,8 @@ fn a_lifetime_that_ends_with_no_client_acting_is_reported_expired() {
         "{c}"
     );
     assert!(c.get("sandboxInfo").is_none(), "{c}");
+    // The broker's index (bare id -> provider) forgets it too.
+    assert_eq!(index_entry(&home, &sb), None);
     let listed = a.call("sandbox/list", json!({"provider": "local"}));
     assert!(
         !listed["sandboxes"]
@@ -224,12 +227,19 @@ fn plugin_sandboxes_are_reported_both_by_the_broker_and_by_the_plugin() {
         (&json!("py-local"), &json!(adopted), &json!("py-local")),
         "{c}"
     );
-    // ...and a client can use it by the id it was given.
-    let info = b.call(
-        "sandbox/info",
-        json!({"sandbox": format!("py-local:{adopted}")}),
-    );
+    // ...the broker records whose it is, and a client can use it by its bare id.
+    assert_eq!(index_entry(&home, &adopted).as_deref(), Some("py-local"));
+    let info = b.call("sandbox/info", json!({"sandbox": adopted}));
     assert_eq!(info["id"], adopted.as_str());
+    // The expired one is forgotten.
+    assert_eq!(index_entry(&home, &sb), None);
+}
+
+/// The provider the broker's persisted index (`data/sandboxes.json`) names for `sandbox`.
+fn index_entry(home: &Home, sandbox: &str) -> Option<String> {
+    let text = std::fs::read_to_string(home.path.join("data/sandboxes.json")).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v[sandbox].as_str().map(str::to_owned)
 }
 
 fn plugin_data_dir(home: &Home, id: &str) -> std::path::PathBuf {
