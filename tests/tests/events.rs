@@ -420,6 +420,10 @@ fn a_detached_plugin_exec_keeps_at_most_a_mebibyte_and_counts_what_it_dropped() 
     assert!(dropped > 1_000_000, "{r}");
     let s = b.collect(&e);
     let text = String::from_utf8_lossy(&s.stdout).into_owned();
+    eprintln!(
+        "detached plugin exec: {} bytes of output replayed, {dropped} bytes of notifications dropped",
+        text.len()
+    );
     assert!(
         text.ends_with("\nthe-end\n"),
         "{}",
