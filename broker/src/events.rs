@@ -11,8 +11,9 @@
 //! Each subscribed connection has its own forwarder task that moves its queue onto the
 //! connection's outbound queue ([`crate::conn::ConnHandle`], bounded in bytes), at most
 //! [`IN_FLIGHT`] notifications at a time that the client has not read yet. A subscriber that
-//! stops reading therefore holds at most [`IN_FLIGHT`] notifications on its connection and
-//! [`queue_cap`] in its own queue; beyond that the oldest queued notification is dropped
+//! stops reading therefore holds at most [`IN_FLIGHT`] notifications on its connection (and
+//! never more than the connection's byte budget) and [`queue_cap`] (at most [`QUEUE_BYTES`])
+//! in its own queue; beyond that the oldest queued notification is dropped
 //! (counted and logged), so it never blocks an emitter, another client, or grows the
 //! daemon's memory.
 
@@ -38,6 +39,10 @@ pub const IN_FLIGHT: usize = 64;
 /// Default number of notifications a subscriber's own queue holds before the oldest is
 /// dropped (`ABX_EVENT_QUEUE` overrides it).
 pub const DEFAULT_QUEUE: usize = 1024;
+
+/// Bytes a subscriber's own queue holds before the oldest is dropped (the newest is always
+/// kept): a sandbox's metadata may be large, so the count alone would not bound it.
+pub const QUEUE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The per-subscriber queue bound: `ABX_EVENT_QUEUE`, else [`DEFAULT_QUEUE`] (at least 1).
 pub fn queue_cap() -> usize {
@@ -66,6 +71,8 @@ pub struct Events(Arc<Hub>);
 struct Hub {
     subs: Mutex<HashMap<u64, Arc<Sub>>>,
     cap: usize,
+    /// The broker's sandbox index, kept up to date with every change.
+    index: std::sync::OnceLock<Arc<crate::index::Index>>,
 }
 
 struct Sub {
@@ -82,6 +89,8 @@ struct Sub {
 #[derive(Default)]
 struct Queue {
     items: VecDeque<Arc<Vec<u8>>>,
+    /// Bytes of `items`.
+    bytes: usize,
     /// Dropped since the subscriber last caught up (logged then).
     dropped: u64,
 }
@@ -104,12 +113,30 @@ impl Events {
         Events(Arc::new(Hub {
             subs: Mutex::new(HashMap::new()),
             cap: cap.max(1),
+            index: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Keep `index` (sandbox id -> provider) up to date with the changes emitted: created
+    /// sandboxes are recorded, killed and expired ones forgotten, also those no client
+    /// made or killed through the broker.
+    pub fn set_index(&self, index: Arc<crate::index::Index>) {
+        let _ = self.0.index.set(index);
     }
 
     /// Report a change of `sandbox` (the id as `sandbox/list` shows it) of `provider`.
     /// `info` is the sandbox as `sandbox/info` returns it, when known. Never waits.
     pub fn emit(&self, provider: &str, sandbox: &str, change: &str, info: Option<&Value>) {
+        if let Some(ix) = self.0.index.get() {
+            match change {
+                "created" => ix.insert(sandbox, provider),
+                // Only the provider's own entry: a bare id another provider holds stays.
+                "killed" | "expired" if ix.get(sandbox).as_deref() == Some(provider) => {
+                    ix.remove(sandbox)
+                }
+                _ => {}
+            }
+        }
         let subs: Vec<Arc<Sub>> = self
             .0
             .subs
@@ -140,8 +167,11 @@ impl Events {
         for s in subs {
             {
                 let mut q = s.queue.lock().expect("event queue");
-                if q.items.len() >= self.0.cap {
-                    q.items.pop_front();
+                q.items.push_back(body.clone());
+                q.bytes += body.len();
+                while (q.items.len() > self.0.cap || q.bytes > QUEUE_BYTES) && q.items.len() > 1 {
+                    let old = q.items.pop_front().expect("non-empty");
+                    q.bytes -= old.len();
                     if q.dropped == 0 {
                         warn!(
                             conn = s.conn.id,
@@ -151,7 +181,6 @@ impl Events {
                     }
                     q.dropped += 1;
                 }
-                q.items.push_back(body.clone());
             }
             s.wake.notify_one();
         }
@@ -210,6 +239,9 @@ async fn forward(hub: Weak<Hub>, sub: Arc<Sub>, replied: CancellationToken) {
         let next = {
             let mut q = sub.queue.lock().expect("event queue");
             let next = q.items.pop_front();
+            if let Some(b) = &next {
+                q.bytes -= b.len();
+            }
             if next.is_none() && q.dropped > 0 {
                 info!(
                     conn = sub.conn.id,

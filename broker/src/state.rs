@@ -19,7 +19,7 @@ pub struct Broker {
     /// The providers.
     pub registry: crate::provider::Registry,
     /// Which provider owns which sandbox.
-    pub index: crate::index::Index,
+    pub index: Arc<crate::index::Index>,
     /// Exec and watch ids -> provider.
     pub handles: crate::provider::Handles,
     /// Sandbox change events (`sandbox/subscribe`).
@@ -58,7 +58,12 @@ impl Broker {
                 tracing::warn!(provider = %p, "ABX_PROVIDER names a provider that is not installed");
             }
         }
-        let index = crate::index::Index::load(paths.data_dir.join("sandboxes.json"));
+        let index = Arc::new(crate::index::Index::load(
+            paths.data_dir.join("sandboxes.json"),
+        ));
+        // What providers report on their own (expiries, sandboxes made on their backend)
+        // keeps the index right too.
+        events.set_index(index.clone());
         let version = std::env::var("ABX_BROKER_VERSION")
             .ok()
             .filter(|v| !v.is_empty())

@@ -159,6 +159,7 @@ fn a_lifetime_that_ends_with_no_client_acting_is_reported_expired() {
         // b goes away: nobody acts on the sandbox any more.
     };
     assert_eq!(next_change(&mut a, &sb)["change"], "created");
+    assert_eq!(index_entry(&home, &sb).as_deref(), Some("local"));
     let c = next_change(&mut a, &sb);
     assert_eq!(
         (&c["change"], &c["provider"]),
@@ -166,6 +167,8 @@ fn a_lifetime_that_ends_with_no_client_acting_is_reported_expired() {
         "{c}"
     );
     assert!(c.get("sandboxInfo").is_none(), "{c}");
+    // The broker's index (bare id -> provider) forgets it too.
+    assert_eq!(index_entry(&home, &sb), None);
     let listed = a.call("sandbox/list", json!({"provider": "local"}));
     assert!(
         !listed["sandboxes"]
@@ -224,12 +227,19 @@ fn plugin_sandboxes_are_reported_both_by_the_broker_and_by_the_plugin() {
         (&json!("py-local"), &json!(adopted), &json!("py-local")),
         "{c}"
     );
-    // ...and a client can use it by the id it was given.
-    let info = b.call(
-        "sandbox/info",
-        json!({"sandbox": format!("py-local:{adopted}")}),
-    );
+    // ...the broker records whose it is, and a client can use it by its bare id.
+    assert_eq!(index_entry(&home, &adopted).as_deref(), Some("py-local"));
+    let info = b.call("sandbox/info", json!({"sandbox": adopted}));
     assert_eq!(info["id"], adopted.as_str());
+    // The expired one is forgotten.
+    assert_eq!(index_entry(&home, &sb), None);
+}
+
+/// The provider the broker's persisted index (`data/sandboxes.json`) names for `sandbox`.
+fn index_entry(home: &Home, sandbox: &str) -> Option<String> {
+    let text = std::fs::read_to_string(home.path.join("data/sandboxes.json")).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v[sandbox].as_str().map(str::to_owned)
 }
 
 fn plugin_data_dir(home: &Home, id: &str) -> std::path::PathBuf {
@@ -410,6 +420,10 @@ fn a_detached_plugin_exec_keeps_at_most_a_mebibyte_and_counts_what_it_dropped() 
     assert!(dropped > 1_000_000, "{r}");
     let s = b.collect(&e);
     let text = String::from_utf8_lossy(&s.stdout).into_owned();
+    eprintln!(
+        "detached plugin exec: {} bytes of output replayed, {dropped} bytes of notifications dropped",
+        text.len()
+    );
     assert!(
         text.ends_with("\nthe-end\n"),
         "{}",
@@ -483,4 +497,73 @@ fn abx_events_prints_each_change_as_a_line() {
     wait_until("the subscriptions to end", DEADLINE, || {
         subscribers(&mut c) == 0
     });
+}
+
+#[test]
+fn a_lazy_subscriber_is_bounded_in_bytes_too_when_sandboxes_carry_large_metadata() {
+    let home = Home::new();
+    let pid = home.start();
+    let mut lazy = home.connect();
+    subscribe(&mut lazy);
+    let mut b = home.connect();
+    // 1 MB of metadata: every notification of this sandbox carries it.
+    let blob = "m".repeat(1_000_000);
+    let sb = b.create(json!({"timeout": 600, "metadata": {"blob": blob}}));
+    let before = abx_tests::rss_kib(pid);
+    const ROUNDS: u64 = 50;
+    for n in 1..=ROUNDS {
+        b.call(
+            "sandbox/setTimeout",
+            json!({"sandbox": sb, "timeout": 1000 + n}),
+        );
+    }
+    eprintln!(
+        "daemon RSS with a lazy subscriber: {} KiB before, {} KiB after {ROUNDS} changes of 1 MB each",
+        before,
+        abx_tests::rss_kib(pid)
+    );
+    let mut got = 0;
+    loop {
+        let c = next_change(&mut lazy, &sb);
+        if c["change"] == "timeout" {
+            got += 1;
+            if c["sandboxInfo"]["timeout"] == 1000 + ROUNDS {
+                break;
+            }
+        }
+    }
+    eprintln!("the lazy subscriber kept {got} of {ROUNDS}");
+    // 16 MiB on its connection and 4 MiB in its queue at most: about 20 of the 50 MB.
+    assert!(got < 30, "{got} of {ROUNDS} kept: not bounded in bytes");
+    b.call("sandbox/kill", json!({"sandbox": sb}));
+}
+
+#[test]
+fn the_node_plugin_reports_its_expiries_too() {
+    if std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("node is not installed: skipping");
+        return;
+    }
+    let (home, mut b) = started(&[]);
+    let _repo = install_pinned(&mut b, "node-local");
+    let mut a = home.connect();
+    subscribe(&mut a);
+    let sb = b.call(
+        "sandbox/create",
+        json!({"provider": "node-local", "timeout": 1}),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(next_change(&mut a, &sb)["change"], "created");
+    let c = next_change(&mut a, &sb);
+    assert_eq!(
+        (&c["change"], &c["provider"]),
+        (&json!("expired"), &json!("node-local")),
+        "{c}"
+    );
 }
