@@ -391,6 +391,28 @@ pub fn parse_all(bytes: &[u8], f: Framing) -> Vec<Value> {
 }
 
 /// The `error.data.abx` code of an error object.
+/// The broker's sandbox index as the daemon sees it: the snapshot (`data/sandboxes.json`)
+/// with the journal (`data/sandboxes.log`, `["+", id, provider]` / `["-", id]` lines)
+/// replayed on top. Read only: the files stay as they are.
+pub fn sandbox_index(home: &Path) -> serde_json::Map<String, Value> {
+    let mut map: serde_json::Map<String, Value> = std::fs::read(home.join("data/sandboxes.json"))
+        .map(|b| serde_json::from_slice(&b).expect("the index snapshot is valid JSON"))
+        .unwrap_or_default();
+    let journal = std::fs::read_to_string(home.join("data/sandboxes.log")).unwrap_or_default();
+    for line in journal.lines() {
+        match serde_json::from_str::<Vec<String>>(line).as_deref() {
+            Ok([op, id, provider]) if op == "+" => {
+                map.insert(id.clone(), Value::String(provider.clone()));
+            }
+            Ok([op, id]) if op == "-" => {
+                map.remove(id);
+            }
+            _ => {}
+        }
+    }
+    map
+}
+
 pub fn abx_code(err: &Value) -> &str {
     err["data"]["abx"]
         .as_str()

@@ -237,9 +237,10 @@ fn plugin_sandboxes_are_reported_both_by_the_broker_and_by_the_plugin() {
 
 /// The provider the broker's persisted index (`data/sandboxes.json`) names for `sandbox`.
 fn index_entry(home: &Home, sandbox: &str) -> Option<String> {
-    let text = std::fs::read_to_string(home.path.join("data/sandboxes.json")).ok()?;
-    let v: Value = serde_json::from_str(&text).ok()?;
-    v[sandbox].as_str().map(str::to_owned)
+    abx_tests::sandbox_index(&home.path)
+        .get(sandbox)?
+        .as_str()
+        .map(str::to_owned)
 }
 
 fn plugin_data_dir(home: &Home, id: &str) -> std::path::PathBuf {

@@ -641,10 +641,8 @@ fn sandboxes_consistent(home: &Home, c: &mut Client) -> BTreeSet<String> {
             "{id} works by its bare id"
         );
     }
-    let index: Value = std::fs::read(home.path.join("data/sandboxes.json"))
-        .map(|b| serde_json::from_slice(&b).expect("the index is valid JSON"))
-        .unwrap_or(json!({}));
-    for (id, provider) in index.as_object().expect("the index is an object") {
+    let index = abx_tests::sandbox_index(&home.path);
+    for (id, provider) in &index {
         if provider == "local" && !listed.contains(id) {
             let e = c.call_err("sandbox/info", json!({"sandbox": id}));
             assert_eq!(

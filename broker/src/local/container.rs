@@ -330,7 +330,13 @@ static SPARE: Mutex<Option<Spare>> = Mutex::new(None);
 pub fn take_spare(limits: &super::limits::Limits) -> Option<Spare> {
     let mut g = SPARE.lock().unwrap_or_else(|e| e.into_inner());
     let sp = g.take()?;
-    if &sp.limits == limits && !sp.outer.wait_blocking(0) {
+    if sp.outer.wait_blocking(0) {
+        // It died (its cgroup could not be joined, say): not usable.
+        drop(g);
+        std::thread::spawn(move || sp.discard());
+        return None;
+    }
+    if &sp.limits == limits {
         return Some(sp);
     }
     *g = Some(sp);
@@ -342,7 +348,9 @@ pub fn take_spare(limits: &super::limits::Limits) -> Option<Spare> {
 pub fn make_spare(limits: super::limits::Limits) {
     {
         let g = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        if g.as_ref().is_some_and(|s| s.limits == limits) {
+        if g.as_ref()
+            .is_some_and(|s| s.limits == limits && !s.outer.wait_blocking(0))
+        {
             return;
         }
     }

@@ -199,6 +199,23 @@ fn v1_mounts() -> Vec<(&'static str, PathBuf)> {
     out
 }
 
+/// Remove empty spare cgroups (`spare-*`) a daemon that died left behind. A spare in use
+/// has a process in it, and removing a cgroup with a process fails: only the empty ones go.
+pub fn remove_stale_spares() {
+    let mut bases: Vec<PathBuf> = v2_base().into_iter().collect();
+    bases.extend(v1_mounts().into_iter().map(|(_, m)| m.join("abx")));
+    for base in bases {
+        let Ok(rd) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("spare-") {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+}
+
 impl Cgroup {
     /// Make the cgroup of sandbox `id` with `limits`; None when no cgroup can be made here
     /// (then only rlimits apply).

@@ -409,11 +409,15 @@ impl Inner {
     }
 
     fn load(&self) {
-        // Directories a killed sandbox left in the trash (the daemon ended while removing).
+        // Directories a killed sandbox left in the trash (the daemon ended while removing),
+        // and the empty cgroups of spares whose daemon died.
         let trash = self.trash();
-        if trash.exists() {
-            std::thread::spawn(move || std::fs::remove_dir_all(trash));
-        }
+        std::thread::spawn(move || {
+            if trash.exists() {
+                let _ = std::fs::remove_dir_all(trash);
+            }
+            limits::remove_stale_spares();
+        });
         let Ok(rd) = std::fs::read_dir(&self.root) else {
             return;
         };
