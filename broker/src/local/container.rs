@@ -363,6 +363,7 @@ pub fn make_spare(limits: super::limits::Limits) {
     let Some(cgroup) = super::limits::Cgroup::create(&name, &limits) else {
         return;
     };
+    cgroup.allow_outer_process(&limits);
     let procs = cgroup.open_procs();
     let fds: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
     let made = socketpair()

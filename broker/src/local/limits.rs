@@ -383,6 +383,20 @@ impl Cgroup {
         }
     }
 
+    /// Count one process more than `limits` allow: a spare's outer process waits in the
+    /// cgroup (it joined before the sandbox existed), so the sandbox's own processes still get
+    /// exactly the limit.
+    pub fn allow_outer_process(&self, limits: &Limits) {
+        if let (Some(p), Some(dir)) = (limits.pids, self.dir_of("pids")) {
+            let file = if matches!(self.kind, Kind::V2(_)) || dir.join("pids.max").exists() {
+                dir.join("pids.max")
+            } else {
+                return;
+            };
+            let _ = write(&file, &(p + 1).to_string());
+        }
+    }
+
     /// Give the cgroup sandbox `id`'s name (a spare made ahead of time). cgroup v1 can
     /// rename a cgroup; v2 cannot, and the cgroup keeps its name.
     pub fn rename(&mut self, id: &str) {
