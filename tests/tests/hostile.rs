@@ -651,8 +651,10 @@ fn two_hundred_connections_with_full_queues() {
             s
         })
         .collect();
-    wait_alive("replies waiting in 16 sockets", pid, || {
-        conns.iter().filter(|s| unread(s) >= 64 * 1024).count() >= 16
+    // The budget holds about 22 of these replies (two per connection, in the order they
+    // were asked): at least 8 connections have one waiting.
+    wait_alive("replies waiting in 8 sockets", pid, || {
+        conns.iter().filter(|s| unread(s) >= 64 * 1024).count() >= 8
     });
     w.pings_answered(300);
     assert_eq!(c.call("broker/ping", Value::Null), json!({}));
@@ -669,13 +671,13 @@ fn many_streamed_execs_whose_output_nobody_reads() {
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     let w = Watch::start(&home, pid);
-    // 250 x 1.5 MiB of text (3 processes each, under the sandbox's 1024).
-    let lines: Vec<String> = (0..250)
+    // 300 x 1.5 MiB (one process each; NUL bytes, sent as base64).
+    let lines: Vec<String> = (0..300)
         .map(|i| {
             req(
                 i,
                 "exec/start",
-                json!({"sandbox": sb, "command": "head -c 1572864 /dev/zero | tr '\\0' a"}),
+                json!({"sandbox": sb, "argv": ["head", "-c", "1572864", "/dev/zero"]}),
             )
         })
         .collect();
@@ -692,5 +694,31 @@ fn many_streamed_execs_whose_output_nobody_reads() {
     w.pings_answered(50);
     let st = c.call("broker/status", Value::Null);
     assert!(st["pid"].is_number(), "{st}");
-    w.check("250 streamed execs of 1.5 MiB, never read, then detached");
+    w.check("300 streamed execs of 1.5 MiB, never read, then detached");
+}
+
+/// `exec/run` output the broker-wide budget cannot hold is dropped and said so
+/// (`truncated`, `memoryLimited`), never waited for (commands cannot deadlock each other) nor
+/// held beyond it; once the budget is free again output is whole.
+#[test]
+fn exec_run_output_beyond_the_budget_is_dropped_and_said_so() {
+    let (_home, _pid, mut c) = home_with_daemon(&[("ABX_MEMORY_BUDGET", "8M")]);
+    let sb = c.create(json!({}));
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": sb, "command": "head -c 16777216 /dev/zero | tr '\\0' a"}),
+    );
+    assert_eq!(r["truncated"], true, "{}", r["exitCode"]);
+    assert_eq!(r["memoryLimited"], true);
+    assert_eq!(r["exitCode"], 0);
+    let kept = r["stdout"].as_str().unwrap().len();
+    assert!(kept > 0 && kept < 8 << 20, "{kept}");
+    // The budget came back with the reply: the next one is whole, and says nothing.
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": sb, "command": "head -c 1048576 /dev/zero | tr '\\0' b"}),
+    );
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 1 << 20);
+    assert_eq!(r["truncated"], false);
+    assert!(r.get("memoryLimited").is_none(), "{}", r["truncated"]);
 }
