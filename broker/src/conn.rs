@@ -1158,3 +1158,72 @@ fn notification(conn: &Conn, n: Notification) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(pool: &Pool) -> (ConnHandle, mpsc::UnboundedReceiver<Outbound>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let h = ConnHandle {
+            id: 1,
+            tx,
+            budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
+            own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
+            pool: pool.clone(),
+            closed: CancellationToken::new(),
+        };
+        (h, rx)
+    }
+
+    /// With the pool held by someone else, small messages still go (their connection's own
+    /// allowance); a large one waits for the pool without holding its connection's budget, and
+    /// goes once the pool frees.
+    #[tokio::test]
+    async fn small_messages_pass_a_full_pool_and_large_ones_wait_for_it() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let hog = pool.try_take(pool.cap()).expect("the whole pool");
+        assert_eq!(pool.available(), 0);
+        for _ in 0..100 {
+            assert!(
+                h.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}".to_vec())
+                    .await
+            );
+            drop(rx.recv().await.expect("queued"));
+        }
+        let big = h.clone();
+        let waiter = tokio::spawn(async move { big.send(vec![b'x'; 256 * 1024]).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        // Waiting for the pool, it holds none of its connection's budget.
+        assert_eq!(h.budget.available_permits(), OUTBOUND_BUDGET);
+        drop(hog);
+        assert!(waiter.await.unwrap());
+        let m = rx.recv().await.expect("the large one");
+        assert_eq!(m.body.len(), 256 * 1024);
+        assert!(pool.available() < pool.cap());
+        drop(m);
+        assert_eq!(pool.available(), pool.cap());
+    }
+
+    /// A reply counted while it was built (a hold) is queued against those bytes: nothing is
+    /// taken twice, and what the hold has beyond the reply goes back.
+    #[tokio::test]
+    async fn a_held_reply_is_queued_against_its_hold() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let res = h.reserve(16 * 1024).await.expect("reserved");
+        let hold = pool.try_take(600 * 1024).expect("held");
+        let free = pool.available();
+        assert!(
+            h.send_reserved(vec![b'y'; 500 * 1024], res, Some(hold))
+                .await
+        );
+        // The reservation's 16 KiB and the hold's extra came back; the body is counted once.
+        assert_eq!(pool.available(), pool.cap() - (500 * 1024 + MSG_OVERHEAD));
+        assert!(pool.available() > free);
+        drop(rx.recv().await.expect("queued"));
+        assert_eq!(pool.available(), pool.cap());
+    }
+}

@@ -857,14 +857,12 @@ pub async fn run(
     };
     // The output is in the reply now: its own share of the pool goes back (the reply's
     // share stays held until the reply is written).
-    let raw = out.out.len() + err.out.len();
     drop((std::mem::take(&mut out.out), err.out));
     if let Some(mut h) = out.held.take() {
         let keep = reply.get().len() + 1024;
         if h.num_permits() > keep {
             drop(h.split(h.num_permits() - keep));
         }
-        let _ = raw;
         *hold.lock().expect("hold") = Some(h);
     }
     Ok(reply)
@@ -1546,6 +1544,41 @@ fn frame(exec_id: &str, stream: &str, p: Payload<'_>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sink() -> Sink {
+        Sink {
+            conn: None,
+            buffer: VecDeque::new(),
+            buffered: 0,
+            dropped: 0,
+            next: 0,
+            exit: None,
+        }
+    }
+
+    /// Detached streams keep at most 1 MiB each and DETACHED_TOTAL together (the oldest of
+    /// the stream that adds goes first); an exit is always kept; dropping a stream uncounts it.
+    #[test]
+    fn detached_output_is_bounded_per_stream_and_in_total() {
+        let mut sinks: Vec<Sink> = (0..64).map(|_| sink()).collect();
+        for (i, s) in sinks.iter_mut().enumerate() {
+            for seq in 0..8 {
+                s.keep(seq, vec![b'x'; 256 * 1024]);
+                assert!(s.buffered <= DETACHED_BUFFER, "stream {i}");
+            }
+            s.exit = Some(8);
+            s.keep(8, b"exit".to_vec());
+            assert!(detached_bytes() <= DETACHED_TOTAL + 256 * 1024);
+        }
+        let kept: usize = sinks.iter().map(|s| s.buffered).sum();
+        assert!(kept <= DETACHED_TOTAL, "{kept}");
+        assert!(sinks
+            .iter()
+            .all(|s| s.buffer.back().map(|b| b.0) == Some(8)));
+        assert!(sinks.iter().map(|s| s.dropped).sum::<u64>() > 0);
+        drop(sinks);
+        assert_eq!(detached_bytes(), 0);
+    }
 
     #[test]
     fn output_frames_are_byte_exact_and_cheap() {
