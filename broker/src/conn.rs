@@ -50,7 +50,15 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// Bytes queued for one connection before its producers wait.
 pub const OUTBOUND_BUDGET: usize = 16 * 1024 * 1024;
 /// Accounting overhead per queued message.
-const MSG_OVERHEAD: usize = 64;
+pub const MSG_OVERHEAD: usize = 64;
+/// Queued bytes of small messages each connection may hold outside the broker-wide pool:
+/// its small replies (pings, acks, errors) never wait for other connections.
+pub const OWN_ALLOWANCE: usize = 64 * 1024;
+/// Messages up to this cost (body + overhead) may use the connection's own allowance.
+pub const SMALL_MESSAGE: usize = 8 * 1024;
+/// Default broker-wide cap on queued outbound bytes and large result buffers
+/// (`ABX_MEMORY_BUDGET`).
+pub const DEFAULT_POOL: usize = 128 * 1024 * 1024;
 /// Bodies above this are written straight from their buffer, not copied.
 const DIRECT_WRITE: usize = 64 * 1024;
 /// Largest inbound budget (the semaphore counts in u32).
@@ -91,9 +99,122 @@ pub fn trim_now() {
     }
 }
 
+/// The broker-wide memory budget: bytes of queued outbound messages (beyond each
+/// connection's own small allowance) and of large result buffers being built (`exec/run`
+/// output, stream chunks). Whoever needs more waits (or, for `exec/run` output, stops
+/// keeping it), so the sum stays under the cap whatever clients do.
+#[derive(Clone)]
+pub struct Pool {
+    sem: Arc<Semaphore>,
+    cap: usize,
+}
+
+impl Pool {
+    /// A pool of `cap` bytes (at least 1 MiB, at most 2 GiB).
+    pub fn new(cap: usize) -> Pool {
+        let cap = cap.clamp(1 << 20, 1 << 31);
+        Pool {
+            sem: Arc::new(Semaphore::new(cap)),
+            cap,
+        }
+    }
+
+    /// The cap in bytes.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Bytes free right now.
+    pub fn available(&self) -> usize {
+        self.sem.available_permits()
+    }
+
+    fn units(&self, bytes: usize) -> u32 {
+        bytes.clamp(1, self.cap) as u32
+    }
+
+    /// Take `bytes` (at most the cap) if free now.
+    pub fn try_take(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        self.sem
+            .clone()
+            .try_acquire_many_owned(self.units(bytes))
+            .ok()
+    }
+
+    /// Take `bytes` (at most the cap), waiting for them.
+    pub async fn take(&self, bytes: usize) -> OwnedSemaphorePermit {
+        self.sem
+            .clone()
+            .acquire_many_owned(self.units(bytes))
+            .await
+            .expect("the pool is never closed")
+    }
+}
+
+/// A permit of a request's reply hold: bytes of the pool that already cover the memory of
+/// its reply (an `exec/run` whose output was counted while it was collected). The handler
+/// deposits it; the reply is queued against it, so the bytes stay counted, never twice.
+pub type Hold = Arc<Mutex<Option<OwnedSemaphorePermit>>>;
+
+/// What a queued message (or a reservation) holds: its share of the connection's budget,
+/// and of its own small allowance or of the broker-wide pool.
+pub struct Permits {
+    conn: OwnedSemaphorePermit,
+    own: Option<OwnedSemaphorePermit>,
+    pool: Option<OwnedSemaphorePermit>,
+}
+
+impl Permits {
+    /// Bytes of the pool or allowance held.
+    fn shared(&self) -> usize {
+        self.own.as_ref().map_or(0, |p| p.num_permits())
+            + self.pool.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Add pool bytes (a handler's hold).
+    fn add_pool(&mut self, p: OwnedSemaphorePermit) {
+        match &mut self.pool {
+            Some(mine) => mine.merge(p),
+            None => self.pool = Some(p),
+        }
+    }
+
+    /// Keep `conn` of the connection's budget and `shared` of the allowance or pool,
+    /// giving the rest back; false when it holds less than that.
+    fn fit(&mut self, conn: usize, shared: usize) -> bool {
+        if self.conn.num_permits() < conn || self.shared() < shared {
+            return false;
+        }
+        trim(&mut self.conn, conn);
+        let own = self.own.as_ref().map_or(0, |p| p.num_permits());
+        if own >= shared {
+            self.pool = None;
+            trim_opt(&mut self.own, shared);
+        } else if let Some(p) = &mut self.pool {
+            trim(p, shared - own);
+        }
+        true
+    }
+}
+
+fn trim(p: &mut OwnedSemaphorePermit, keep: usize) {
+    let have = p.num_permits();
+    if have > keep && keep > 0 {
+        drop(p.split(have - keep));
+    }
+}
+
+fn trim_opt(p: &mut Option<OwnedSemaphorePermit>, keep: usize) {
+    match p {
+        Some(_) if keep == 0 => *p = None,
+        Some(x) => trim(x, keep),
+        None => {}
+    }
+}
+
 struct Outbound {
     body: Bytes,
-    _permit: OwnedSemaphorePermit,
+    _permit: Permits,
     /// Told whether the body reached the client (see [`ConnHandle::send_tracked`]).
     ack: Option<Ack>,
 }
@@ -132,55 +253,144 @@ pub struct ConnHandle {
     pub id: u64,
     tx: mpsc::UnboundedSender<Outbound>,
     budget: Arc<Semaphore>,
+    /// The connection's own allowance for small messages (outside the pool).
+    own: Arc<Semaphore>,
+    /// The broker-wide pool.
+    pool: Pool,
     closed: CancellationToken,
 }
 
+/// What a message of `bytes` costs: of the connection's budget, and of the allowance or pool.
+fn costs(bytes: usize, pool: &Pool) -> (usize, usize) {
+    let cost = bytes.saturating_add(MSG_OVERHEAD);
+    (cost.min(OUTBOUND_BUDGET), cost.min(pool.cap()))
+}
+
 impl ConnHandle {
+    /// The broker-wide pool this connection's messages count against.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// Queue one already-encoded message body. Waits while the queue is over budget.
     /// Returns false when the connection is gone.
     pub async fn send(&self, body: Vec<u8>) -> bool {
         self.send_or_keep(body).await.is_ok()
     }
 
-    /// Reserve `bytes` of the outbound budget (at most all of it) for a reply not built yet.
-    /// Waits while the queue is over budget; `None` once the connection is gone.
-    pub async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let cost = (bytes + MSG_OVERHEAD).min(OUTBOUND_BUDGET) as u32;
-        if let Ok(p) = self.budget.clone().try_acquire_many_owned(cost) {
-            return Some(p);
-        }
-        tokio::select! {
-            p = self.budget.clone().acquire_many_owned(cost) => p.ok(),
-            _ = self.closed.cancelled() => None,
+    async fn conn_units(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        match self.budget.clone().try_acquire_many_owned(n as u32) {
+            Ok(p) => Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
+                p = self.budget.clone().acquire_many_owned(n as u32) => p.ok(),
+                _ = self.closed.cancelled() => None,
+            },
         }
     }
 
-    /// Queue `body` against a reservation from [`ConnHandle::reserve`]: what it does not
-    /// need goes back at once; when the body is larger, the rest is taken if free, else the
-    /// reservation is given back and the whole cost waited for (a waiter never holds budget
-    /// while it waits, so replies larger than their reservations cannot deadlock).
-    pub async fn send_reserved(&self, body: Vec<u8>, mut permit: OwnedSemaphorePermit) -> bool {
-        let cost = (body.len() + MSG_OVERHEAD).min(OUTBOUND_BUDGET);
-        let have = permit.num_permits();
-        if have > cost {
-            drop(permit.split(have - cost));
-        } else if have < cost {
-            match self
-                .budget
-                .clone()
-                .try_acquire_many_owned((cost - have) as u32)
-            {
-                Ok(more) => permit.merge(more),
-                Err(_) => {
-                    drop(permit);
+    /// The shared part of a message's cost, if free now: the connection's own allowance
+    /// when the message is small and there is room, else the pool.
+    fn try_shared(
+        &self,
+        n: usize,
+    ) -> Option<(Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>)> {
+        if n <= SMALL_MESSAGE {
+            if let Ok(own) = self.own.clone().try_acquire_many_owned(n as u32) {
+                return Some((Some(own), None));
+            }
+        }
+        self.pool.try_take(n).map(|p| (None, Some(p)))
+    }
+
+    /// Take what a message of `bytes` costs: the connection's budget, then its allowance or
+    /// the pool. Never waits for one while holding the other (so no two waiters can block
+    /// each other): the connection's part is waited for first (a client that does not read
+    /// waits here, never taking pool bytes it could not use); when the pool is short, the
+    /// connection's part goes back while the pool is waited for. `None` once the connection
+    /// is gone.
+    async fn take(&self, bytes: usize) -> Option<Permits> {
+        self.take_with(bytes, 0).await
+    }
+
+    /// [`ConnHandle::take`] with `work` more bytes of the shared part (memory the work holds
+    /// beside the reply for a moment; given back when the reply is queued).
+    async fn take_with(&self, bytes: usize, work: usize) -> Option<Permits> {
+        let (c, sh) = costs(bytes, &self.pool);
+        let sh = sh.saturating_add(work).min(self.pool.cap());
+        loop {
+            let conn = self.conn_units(c).await?;
+            if let Some((own, pool)) = self.try_shared(sh) {
+                return Some(Permits { conn, own, pool });
+            }
+            drop(conn);
+            let pool = tokio::select! {
+                p = self.pool.take(sh) => p,
+                _ = self.closed.cancelled() => return None,
+            };
+            if let Ok(conn) = self.budget.clone().try_acquire_many_owned(c as u32) {
+                return Some(Permits {
+                    conn,
+                    own: None,
+                    pool: Some(pool),
+                });
+            }
+        }
+    }
+
+    /// Reserve `bytes` (of the connection's budget and of the allowance or broker-wide pool)
+    /// for a reply not built yet. Waits while either is short; `None` once the connection is
+    /// gone.
+    pub async fn reserve(&self, bytes: usize) -> Option<Permits> {
+        self.take(bytes).await
+    }
+
+    /// [`ConnHandle::reserve`] with `work` bytes more of the shared budget, for memory the
+    /// work holds beside its reply while it builds it (see [`limits::work_reserve`]).
+    pub async fn reserve_with(&self, bytes: usize, work: usize) -> Option<Permits> {
+        self.take_with(bytes, work).await
+    }
+
+    /// Queue `body` against a reservation from [`ConnHandle::reserve`] and a handler's
+    /// `hold` (pool bytes that already count the body's memory): what they do not need goes
+    /// back at once. When the connection's part is short, it is given back and the whole of
+    /// it waited for (a waiter never holds connection budget while it waits, so replies
+    /// larger than their reservations cannot deadlock), keeping the pool part: the body
+    /// exists, its bytes stay counted. When the pool part is short and no more is free now,
+    /// everything is given back and the whole cost waited for.
+    pub async fn send_reserved(
+        &self,
+        body: Vec<u8>,
+        mut permits: Permits,
+        hold: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        if let Some(h) = hold {
+            permits.add_pool(h);
+        }
+        let (c, sh) = costs(body.len(), &self.pool);
+        if permits.shared() < sh {
+            match self.pool.try_take(sh - permits.shared()) {
+                Some(more) => permits.add_pool(more),
+                None => {
+                    drop(permits);
                     return self.send(body).await;
                 }
             }
         }
+        if !permits.fit(c, sh) {
+            // The connection's part is short: wait for all of it, holding none of it.
+            let Permits { conn, own, pool } = permits;
+            drop(conn);
+            let Some(conn) = self.conn_units(c).await else {
+                return false;
+            };
+            permits = Permits { conn, own, pool };
+            permits.fit(c, sh);
+        }
         self.tx
             .send(Outbound {
                 body: Bytes::from(body),
-                _permit: permit,
+                _permit: permits,
                 ack: None,
             })
             .is_ok()
@@ -189,7 +399,7 @@ impl ConnHandle {
     /// [`ConnHandle::send`] that hands the body back when the connection has closed (a
     /// stream keeps it for a later attach without copying every body up front).
     pub async fn send_or_keep(&self, body: Vec<u8>) -> Result<(), Vec<u8>> {
-        self.queue(body, None).await
+        self.queue(body, None, None).await
     }
 
     /// [`ConnHandle::send_or_keep`] that also reports whether the body reached the client:
@@ -197,23 +407,29 @@ impl ConnHandle {
     /// client turned out to be gone (a write failed, or the connection closed with the body
     /// still queued). `Err(body)` here: not queued at all, `report` is not called.
     /// A stream uses it so that nothing written to a dead client is lost for a later
-    /// `exec/attach`.
-    pub async fn send_tracked(&self, body: Vec<u8>, report: Delivery) -> Result<(), Vec<u8>> {
-        self.queue(body, Some(report)).await
+    /// `exec/attach`. `permits` (from [`ConnHandle::reserve`]) are used when given.
+    pub async fn send_tracked(
+        &self,
+        body: Vec<u8>,
+        report: Delivery,
+        permits: Option<Permits>,
+    ) -> Result<(), Vec<u8>> {
+        self.queue(body, Some(report), permits).await
     }
 
-    async fn queue(&self, body: Vec<u8>, report: Option<Delivery>) -> Result<(), Vec<u8>> {
-        let cost = (body.len() + MSG_OVERHEAD).min(OUTBOUND_BUDGET) as u32;
-        // Fast path: budget available (no cancellation bookkeeping per message).
-        let permit = match self.budget.clone().try_acquire_many_owned(cost) {
-            Ok(p) => p,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(body),
-            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
-                p = self.budget.clone().acquire_many_owned(cost) => match p {
-                    Ok(p) => p,
-                    Err(_) => return Err(body),
-                },
-                _ = self.closed.cancelled() => return Err(body),
+    async fn queue(
+        &self,
+        body: Vec<u8>,
+        report: Option<Delivery>,
+        permits: Option<Permits>,
+    ) -> Result<(), Vec<u8>> {
+        let (c, sh) = costs(body.len(), &self.pool);
+        let fitted = permits.and_then(|mut p| p.fit(c, sh).then_some(p));
+        let permits = match fitted {
+            Some(p) => p,
+            None => match self.take(body.len()).await {
+                Some(p) => p,
+                None => return Err(body),
             },
         };
         let body = Bytes::from(body);
@@ -224,7 +440,7 @@ impl ConnHandle {
         self.tx
             .send(Outbound {
                 body,
-                _permit: permit,
+                _permit: permits,
                 ack,
             })
             .map_err(|e| {
@@ -358,6 +574,27 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    serve_hangup(broker, reader, writer, None).await
+}
+
+/// Tells, once the client's side reads as ended, whether the client is gone altogether (a
+/// socket closed both ways) rather than only done sending (half-closed, waiting for its
+/// replies).
+pub type HungUp = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// [`serve`] where a client that closed its socket altogether is noticed at its EOF: its
+/// requests still running or waiting for budget are cancelled at once instead of being
+/// served to nobody (a burst of closed connections frees its memory promptly).
+pub async fn serve_hangup<R, W>(
+    broker: Arc<Broker>,
+    reader: R,
+    writer: W,
+    hung_up: Option<HungUp>,
+) -> ConnEnd
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (conn_id, _counted) = broker.conn_opened();
     let framing = Arc::new(AtomicU8::new(0));
     let (tx, rx) = mpsc::unbounded_channel();
@@ -365,6 +602,8 @@ where
         id: conn_id,
         tx,
         budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
+        own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
+        pool: broker.pool.clone(),
         closed: CancellationToken::new(),
     };
     let writer_task = tokio::spawn(write_loop(
@@ -457,6 +696,11 @@ where
     };
     debug!(conn = conn_id, ?end, "connection reader done");
     match end {
+        ConnEnd::Eof if hung_up.as_ref().is_some_and(|gone| gone()) => {
+            debug!(conn = conn_id, "client gone: cancelling its requests");
+            conn.cancel_all();
+            conn.handle.closed.cancel();
+        }
         ConnEnd::Eof => {
             // Half-closed: answer everything already asked before closing.
             tokio::select! {
@@ -565,6 +809,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             drop(acks);
             rx.close();
             while let Ok(m) = rx.try_recv() {
+                released += m.body.len();
                 drop(m);
             }
             break;
@@ -576,6 +821,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             buf = BytesMut::with_capacity(64 * 1024);
         }
     }
+    // What was queued and never written counts as freed too (a client that went away with
+    // a full queue).
+    while let Ok(m) = rx.try_recv() {
+        released += m.body.len();
+        drop(m);
+    }
+    note_released(released, true);
     let _ = w.shutdown().await;
 }
 
@@ -668,6 +920,7 @@ async fn batch(
     let mut futs = Vec::new();
     let mut bodies: Vec<Option<Vec<u8>>> = Vec::with_capacity(items.len());
     let mut reserve = 0usize;
+    let mut work = 0usize;
     let replied = CancellationToken::new();
     for item in items {
         match item {
@@ -689,6 +942,7 @@ async fn batch(
                     continue;
                 }
                 reserve += need;
+                work += limits::work_reserve(&req.method, req.params.as_deref());
                 slots.push(acquire(conn).await);
                 let token = register(conn, &req.id);
                 let idx = bodies.len();
@@ -712,11 +966,13 @@ async fn batch(
         let reservation = if futs.is_empty() {
             None
         } else {
-            conn2.handle.reserve(reserve).await
+            conn2.handle.reserve_with(reserve, work).await
         };
+        let mut holds = Vec::new();
         if reservation.is_some() || futs.is_empty() {
-            for (idx, body) in futures::future::join_all(futs).await {
+            for (idx, (body, hold)) in futures::future::join_all(futs).await {
                 bodies[idx] = Some(body);
+                holds.extend(hold);
             }
         }
         let bodies: Vec<Vec<u8>> = bodies.into_iter().flatten().collect();
@@ -724,9 +980,16 @@ async fn batch(
             let body = message::encode_batch(&bodies);
             let len = body.len() + bodies.iter().map(Vec::len).sum::<usize>();
             drop(bodies);
+            let hold = holds.into_iter().reduce(|mut a, b| {
+                a.merge(b);
+                a
+            });
             match reservation {
-                Some(r) => conn2.handle.send_reserved(body, r).await,
-                None => conn2.handle.send(body).await,
+                Some(r) => conn2.handle.send_reserved(body, r, hold).await,
+                None => {
+                    drop(hold);
+                    conn2.handle.send(body).await
+                }
             };
             if len >= DIRECT_WRITE {
                 note_released(len, false);
@@ -751,17 +1014,25 @@ async fn take_inbound(conn: &Conn, size: usize) -> Option<OwnedSemaphorePermit> 
 /// Run one request and queue its reply: the reply's bytes are reserved before it runs.
 async fn serve_one(broker: &Arc<Broker>, conn: &Arc<Conn>, req: Request, token: CancellationToken) {
     let need = limits::reply_reserve(&req.method, req.params.as_deref());
+    let work = limits::work_reserve(&req.method, req.params.as_deref());
     let reservation = tokio::select! {
-        r = conn.handle.reserve(need) => r,
+        r = conn.handle.reserve_with(need, work) => r,
         _ = token.cancelled() => None,
     };
-    let replied = CancellationToken::new();
-    let body = run_request(broker, conn, req, token, replied.clone()).await;
-    let len = body.len();
-    match reservation {
-        Some(r) => conn.handle.send_reserved(body, r).await,
-        None => conn.handle.send(body).await,
+    let Some(reservation) = reservation else {
+        // Cancelled (or the client went away) while waiting for room: never run it, so
+        // requests that were waiting for budget cannot all run at once without any.
+        conn.pending.lock().expect("pending lock").remove(&req.id);
+        let err = AbxError::new(ErrorCode::RequestCancelled, &[]);
+        conn.handle
+            .send(message::encode_response(Some(&req.id), Err(&err.to_rpc())))
+            .await;
+        return;
     };
+    let replied = CancellationToken::new();
+    let (body, hold) = run_request(broker, conn, req, token, replied.clone()).await;
+    let len = body.len();
+    conn.handle.send_reserved(body, reservation, hold).await;
     replied.cancel();
     if len >= DIRECT_WRITE {
         note_released(len, false);
@@ -804,7 +1075,8 @@ fn inline(broker: &Arc<Broker>, conn: &Conn, req: &Request) -> Option<Vec<u8>> {
 
 fn encode_outcome(id: &Id, outcome: Result<Box<RawValue>, AbxError>) -> Vec<u8> {
     match outcome {
-        Ok(v) => message::encode_response(Some(id), Ok(&v)),
+        // In place: a large result is not copied a second time.
+        Ok(v) => message::encode_response_owned(id, v),
         Err(e) => message::encode_response(Some(id), Err(&e.to_rpc())),
     }
 }
@@ -815,32 +1087,40 @@ async fn run_request(
     req: Request,
     token: CancellationToken,
     replied: CancellationToken,
-) -> Vec<u8> {
+) -> (Vec<u8>, Option<OwnedSemaphorePermit>) {
     let _counted = broker.request_started();
+    let hold: Hold = Arc::new(Mutex::new(None));
     let outcome = if conn.shutting_down.load(Ordering::Relaxed) {
         Err(AbxError::new(
             ErrorCode::ShuttingDown,
             &[("method", &req.method)],
         ))
+    } else if token.is_cancelled() {
+        // Cancelled before it started: not started at all.
+        Err(AbxError::new(ErrorCode::RequestCancelled, &[]))
     } else {
         let cx = Cx {
             broker: broker.clone(),
             conn: conn.clone(),
             cancel: token.clone(),
             replied,
+            hold: hold.clone(),
         };
         let call = std::panic::AssertUnwindSafe(dispatch::call(&cx, &req.method, req.params))
             .catch_unwind();
         tokio::select! {
-            r = call => r.unwrap_or_else(|panic| Err(panicked(&req.method, conn.handle.id, &*panic))),
+            biased;
             _ = token.cancelled() => Err(AbxError::new(ErrorCode::RequestCancelled, &[])),
+            r = call => r.unwrap_or_else(|panic| Err(panicked(&req.method, conn.handle.id, &*panic))),
         }
     };
     conn.pending.lock().expect("pending lock").remove(&req.id);
     if req.method == methods::SHUTDOWN {
         conn.shutting_down.store(true, Ordering::Relaxed);
     }
-    encode_outcome(&req.id, outcome)
+    let body = encode_outcome(&req.id, outcome);
+    let hold = hold.lock().expect("hold lock").take();
+    (body, hold)
 }
 
 /// The E9001 answer to a handler that panicked; the panic is logged with its method.
@@ -878,5 +1158,74 @@ fn notification(conn: &Conn, n: Notification) -> bool {
             debug!(method = other, "ignoring unknown notification");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(pool: &Pool) -> (ConnHandle, mpsc::UnboundedReceiver<Outbound>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let h = ConnHandle {
+            id: 1,
+            tx,
+            budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
+            own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
+            pool: pool.clone(),
+            closed: CancellationToken::new(),
+        };
+        (h, rx)
+    }
+
+    /// With the pool held by someone else, small messages still go (their connection's own
+    /// allowance); a large one waits for the pool without holding its connection's budget, and
+    /// goes once the pool frees.
+    #[tokio::test]
+    async fn small_messages_pass_a_full_pool_and_large_ones_wait_for_it() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let hog = pool.try_take(pool.cap()).expect("the whole pool");
+        assert_eq!(pool.available(), 0);
+        for _ in 0..100 {
+            assert!(
+                h.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}".to_vec())
+                    .await
+            );
+            drop(rx.recv().await.expect("queued"));
+        }
+        let big = h.clone();
+        let waiter = tokio::spawn(async move { big.send(vec![b'x'; 256 * 1024]).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        // Waiting for the pool, it holds none of its connection's budget.
+        assert_eq!(h.budget.available_permits(), OUTBOUND_BUDGET);
+        drop(hog);
+        assert!(waiter.await.unwrap());
+        let m = rx.recv().await.expect("the large one");
+        assert_eq!(m.body.len(), 256 * 1024);
+        assert!(pool.available() < pool.cap());
+        drop(m);
+        assert_eq!(pool.available(), pool.cap());
+    }
+
+    /// A reply counted while it was built (a hold) is queued against those bytes: nothing is
+    /// taken twice, and what the hold has beyond the reply goes back.
+    #[tokio::test]
+    async fn a_held_reply_is_queued_against_its_hold() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let res = h.reserve(16 * 1024).await.expect("reserved");
+        let hold = pool.try_take(600 * 1024).expect("held");
+        let free = pool.available();
+        assert!(
+            h.send_reserved(vec![b'y'; 500 * 1024], res, Some(hold))
+                .await
+        );
+        // The reservation's 16 KiB and the hold's extra came back; the body is counted once.
+        assert_eq!(pool.available(), pool.cap() - (500 * 1024 + MSG_OVERHEAD));
+        assert!(pool.available() > free);
+        drop(rx.recv().await.expect("queued"));
+        assert_eq!(pool.available(), pool.cap());
     }
 }

@@ -20,6 +20,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
+/// Whether the peer of a Unix socket has closed it both ways (`POLLHUP`), not only shut
+/// down its sending side.
+fn peer_hung_up(s: &impl std::os::fd::AsRawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on a descriptor we own; no timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// The environment variable naming the fd on which the daemon writes `ready <pid>\n`.
 pub const READY_FD_ENV: &str = "ABX_READY_FD";
 
@@ -214,10 +227,16 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
             continue;
         }
         let stream = Arc::new(stream);
-        let (r, w) = (SocketHalf(stream.clone()), SocketHalf(stream));
+        let (r, w) = (SocketHalf(stream.clone()), SocketHalf(stream.clone()));
         let b = broker.clone();
+        let probe = stream;
+        let hung_up: conn::HungUp = Box::new(move || match &*probe {
+            interprocess::local_socket::tokio::Stream::UdSocket(s) => peer_hung_up(s.inner()),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        });
         tasks.spawn(async move {
-            conn::serve(b, r, w).await;
+            conn::serve_hangup(b, r, w, Some(hung_up)).await;
         });
         while tasks.try_join_next().is_some() {}
     }

@@ -27,6 +27,8 @@ pub struct Cx {
     /// Fired once this request's reply is queued (streams wait for it, so a client always
     /// sees `exec/start`'s reply before the stream's first notification).
     pub replied: CancellationToken,
+    /// Pool bytes that already count this request's reply (deposited by its handler).
+    pub hold: crate::conn::Hold,
 }
 
 /// A handler's result: raw JSON, so no `Value` tree is ever built for big results.
@@ -303,6 +305,7 @@ async fn resolve_sandbox(cx: &Cx, s: &str) -> Result<(Arc<dyn Provider>, String)
         conn: cx.conn.handle.clone(),
         cancel: cx.cancel.clone(),
         replied: cx.replied.clone(),
+        hold: cx.hold.clone(),
     };
     let mut found = crate::provider::probe_owners(&b.registry, &ccx, s).await;
     match found.len() {
@@ -417,6 +420,7 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         conn: cx.conn.handle.clone(),
         cancel: cx.cancel.clone(),
         replied: cx.replied.clone(),
+        hold: cx.hold.clone(),
     };
     let res = provider.call(&ccx, method, params).await;
     match (&res, method) {
@@ -497,6 +501,7 @@ async fn list_all(cx: &Cx) -> Reply {
         conn: cx.conn.handle.clone(),
         cancel: cx.cancel.clone(),
         replied: cx.replied.clone(),
+        hold: cx.hold.clone(),
     };
     let providers: Vec<Arc<dyn Provider>> = cx.broker.registry.with_feature("sandbox.lifecycle");
     let replies = futures::future::join_all(providers.iter().map(|p| {

@@ -274,7 +274,7 @@ async fn forward(hub: Weak<Hub>, sub: Arc<Sub>, replied: CancellationToken) {
         let body = Arc::try_unwrap(body).unwrap_or_else(|b| (*b).clone());
         // The permit goes back once the client has it (or cannot get it).
         let report: crate::conn::Delivery = Box::new(move |_| drop(permit));
-        if sub.conn.send_tracked(body, report).await.is_err() {
+        if sub.conn.send_tracked(body, report, None).await.is_err() {
             break;
         }
     }

@@ -36,6 +36,9 @@ pub struct CallCx {
     pub cancel: CancellationToken,
     /// Fired once the reply to this call is queued: stream notifications wait for it.
     pub replied: CancellationToken,
+    /// Where a handler deposits the pool bytes that already count its reply's memory
+    /// (see [`crate::conn::Hold`]).
+    pub hold: crate::conn::Hold,
 }
 
 /// How a provider is run.

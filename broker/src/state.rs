@@ -24,6 +24,9 @@ pub struct Broker {
     pub handles: crate::provider::Handles,
     /// Sandbox change events (`sandbox/subscribe`).
     pub events: crate::events::Events,
+    /// The broker-wide memory budget (`ABX_MEMORY_BUDGET`, default 128 MiB): queued
+    /// outbound bytes and large result buffers of every connection.
+    pub pool: crate::conn::Pool,
     started: Instant,
     started_wall: SystemTime,
     next_conn: AtomicU64,
@@ -72,8 +75,19 @@ impl Broker {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(abx_protocol::DEFAULT_MAX_MESSAGE_SIZE);
+        let pool = std::env::var("ABX_MEMORY_BUDGET")
+            .ok()
+            .and_then(|v| {
+                let n = crate::local::limits::parse_size(&v);
+                if n.is_none() {
+                    tracing::warn!(value = %v, "ignoring ABX_MEMORY_BUDGET: not a size");
+                }
+                n
+            })
+            .map_or(crate::conn::DEFAULT_POOL, |n| n as usize);
         Broker {
             version,
+            pool: crate::conn::Pool::new(pool),
             paths,
             shutdown: CancellationToken::new(),
             max_message,

@@ -72,6 +72,22 @@ pub fn reply_reserve(method: &str, params: Option<&RawValue>) -> usize {
     }
 }
 
+/// Bytes `method` holds for a moment while it builds its reply, beyond the reply itself
+/// (counted in the broker-wide budget with the reply's reservation, given back once the reply
+/// is queued): a `files/read` holds the chunk it read and its encoded copy.
+pub fn work_reserve(method: &str, params: Option<&RawValue>) -> usize {
+    match method {
+        "files/read" => {
+            let len = sizing(params)
+                .length
+                .unwrap_or(MAX_READ_LENGTH)
+                .min(MAX_READ_LENGTH);
+            (len + base64_len(len)) as usize
+        }
+        _ => 0,
+    }
+}
+
 /// The largest reply a plugin may send for `method`: the same bounds as the builtin
 /// provider's replies (two streams of [`MAX_EXEC_OUTPUT`] as base64, a chunk of
 /// [`MAX_READ_LENGTH`] as base64 or escaped text), [`PLUGIN_REPLY_MAX`] for the rest.

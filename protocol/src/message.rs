@@ -284,6 +284,24 @@ pub fn encode_response(id: Option<&Id>, outcome: Result<&RawValue, &RpcError>) -
     .expect("a response always serializes")
 }
 
+/// [`encode_response`] of a result, reusing the result's buffer: the envelope is written
+/// around it in place, so a large result (an `exec/run`'s output, a `files/read` chunk) is
+/// never held twice. Byte-identical to `encode_response(Some(id), Ok(&result))`.
+pub fn encode_response_owned(id: &Id, result: Box<RawValue>) -> Vec<u8> {
+    if result.get().len() < 64 * 1024 {
+        return encode_response(Some(id), Ok(&result));
+    }
+    let raw: Box<str> = result.into();
+    let mut head = br#"{"jsonrpc":"2.0","id":"#.to_vec();
+    serde_json::to_writer(&mut head, id).expect("an id always serializes");
+    head.extend_from_slice(br#","result":"#);
+    let mut body = String::from(raw).into_bytes();
+    body.reserve_exact(head.len() + 1);
+    body.splice(0..0, head);
+    body.push(b'}');
+    body
+}
+
 /// Serialize a request body (no framing).
 pub fn encode_request<P: Serialize + ?Sized>(id: &Id, method: &str, params: Option<&P>) -> Vec<u8> {
     serde_json::to_vec(&OutRequest {
@@ -333,6 +351,19 @@ impl Message {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn owned_responses_are_byte_identical() {
+        for id in [super::Id::Num(7), super::Id::Str("a\"b".into())] {
+            for len in [3, 70_000] {
+                let text = "x\u{e9}\n".repeat(len);
+                let v =
+                    serde_json::value::to_raw_value(&serde_json::json!({"data": text})).unwrap();
+                let want = super::encode_response(Some(&id), Ok(&v));
+                assert_eq!(super::encode_response_owned(&id, v), want);
+            }
+        }
+    }
+
     use super::*;
 
     fn single(s: &str) -> Result<Message, Invalid> {

@@ -752,9 +752,14 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// How long it ran.
     pub duration_ms: u64,
-    /// Output beyond `maxOutput` was dropped.
+    /// Output beyond `maxOutput` was dropped (or beyond what the broker's memory budget
+    /// could hold then: see `memoryLimited`).
     #[serde(default)]
     pub truncated: bool,
+    /// Output was dropped because the broker-wide memory budget (`ABX_MEMORY_BUDGET`) was
+    /// in use by other results: run it again, or stream it with `exec/start`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_limited: bool,
     /// The signal that ended it (`SIGKILL`).
     #[serde(default)]
     pub signal: Option<String>,

@@ -557,3 +557,168 @@ fn a_panicking_handler_is_answered_e9001() {
     let v = c2.request("$/abx/test/panic", json!({}));
     assert_eq!(v["error"]["code"], -32601, "{v}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Broker-wide budget (issue 18, second part): what many connections or many commands hold
+// together
+// ---------------------------------------------------------------------------------------------
+
+/// The daemon is running (not gone, not a zombie).
+fn daemon_up(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| s.contains("VmRSS:"))
+}
+
+/// Wait for `f`, failing at once (instead of at the timeout) when the daemon is gone.
+fn wait_alive(what: &str, pid: u32, mut f: impl FnMut() -> bool) {
+    wait_until(what, LONG, || {
+        assert!(daemon_up(pid), "the daemon died while waiting for {what}");
+        f()
+    });
+}
+
+/// Commands of the sandbox whose command line contains `needle`.
+fn running(c: &mut Client, sb: &str, needle: &str) -> usize {
+    let r = c.call("process/list", json!({"sandbox": sb}));
+    r["processes"].as_array().map_or(0, |ps| {
+        ps.iter()
+            .filter(|p| p["command"].as_str().is_some_and(|c| c.contains(needle)))
+            .count()
+    })
+}
+
+/// Many concurrent `exec/run` with 16 MiB of output each, on connections that never read:
+/// each command's output is counted in the broker-wide budget as it arrives (what does not
+/// fit is dropped and said so: `truncated` and `memoryLimited`), so they cannot add up to
+/// gigabytes.
+#[test]
+fn many_exec_runs_with_large_output_on_connections_that_never_read() {
+    let (home, pid, mut c) = home_with_daemon(&[]);
+    let sb = c.create(json!({}));
+    let w = Watch::start(&home, pid);
+    let conns: Vec<UnixStream> = (0..4)
+        .map(|k| {
+            let lines: Vec<String> = (0..16)
+                .map(|i| {
+                    req(
+                        k * 100 + i,
+                        "exec/run",
+                        json!({"sandbox": sb, "command": "head -c 16777216 /dev/zero | tr '\\0' a"}),
+                    )
+                })
+                .collect();
+            let mut s = UnixStream::connect(home.socket()).unwrap();
+            s.write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // Every connection got a reply (it waits in its socket) and every command has ended.
+    wait_alive("replies on every connection", pid, || {
+        conns.iter().all(|s| unread(s) >= 64 * 1024)
+    });
+    wait_alive("every command ended", pid, || {
+        running(&mut c, &sb, "head -c") == 0 && running(&mut c, &sb, "tr ") == 0
+    });
+    w.pings_answered(50);
+    // A neighbour's own exec/run still works meanwhile (small output).
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": sb, "command": "echo neighbour"}),
+    );
+    assert_eq!(r["stdout"], "neighbour\n");
+    drop(conns);
+    w.check("64 exec/run of 16 MiB on 4 connections, never read");
+}
+
+/// 200 connections each with a full outbound queue (a `files/read` of 4 MiB as base64, never
+/// read): the replies count against one broker-wide budget, not 200 connection budgets;
+/// the pings of others keep being answered from their connections' own small allowance.
+#[test]
+fn two_hundred_connections_with_full_queues() {
+    let (home, pid, mut c) = home_with_daemon(&[]);
+    let sb = c.create(json!({}));
+    c.sh(&sb, "head -c 4194304 /dev/urandom > big.bin");
+    let w = Watch::start(&home, pid);
+    let line = req(
+        1,
+        "files/read",
+        json!({"sandbox": sb, "path": "big.bin", "length": 4194304, "encoding": "base64"}),
+    ) + "\n";
+    let conns: Vec<UnixStream> = (0..200)
+        .map(|_| {
+            let mut s = UnixStream::connect(home.socket()).unwrap();
+            let two = format!("{line}{}", line.replace("\"id\":1", "\"id\":2"));
+            s.write_all(two.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // The budget holds about 22 of these replies (two per connection, in the order they
+    // were asked): at least 8 connections have one waiting.
+    wait_alive("replies waiting in 8 sockets", pid, || {
+        conns.iter().filter(|s| unread(s) >= 64 * 1024).count() >= 8
+    });
+    w.pings_answered(300);
+    assert_eq!(c.call("broker/ping", Value::Null), json!({}));
+    drop(conns);
+    w.check("200 connections x 2 reads of 4 MiB, never read");
+}
+
+/// Many streamed execs producing output nobody reads: first on a connection that never
+/// reads (each stream waits for room before it reads a chunk, holding no buffer), then
+/// detached (the connection went away: what is kept for a later `exec/attach` is bounded
+/// per exec and in total).
+#[test]
+fn many_streamed_execs_whose_output_nobody_reads() {
+    let (home, pid, mut c) = home_with_daemon(&[]);
+    let sb = c.create(json!({}));
+    let w = Watch::start(&home, pid);
+    // 300 x 1.5 MiB (one process each; NUL bytes, sent as base64).
+    let lines: Vec<String> = (0..300)
+        .map(|i| {
+            req(
+                i,
+                "exec/start",
+                json!({"sandbox": sb, "argv": ["head", "-c", "1572864", "/dev/zero"]}),
+            )
+        })
+        .collect();
+    let h = never_reading(&home, &w, &lines, 50);
+    wait_alive("the commands started", pid, || {
+        running(&mut c, &sb, "head -c") >= 200
+    });
+    w.pings_answered(100);
+    // Gone: every stream detaches and keeps what it can for an attach.
+    drop(h);
+    wait_alive("every command ended", pid, || {
+        running(&mut c, &sb, "head -c") == 0
+    });
+    w.pings_answered(50);
+    let st = c.call("broker/status", Value::Null);
+    assert!(st["pid"].is_number(), "{st}");
+    w.check("300 streamed execs of 1.5 MiB, never read, then detached");
+}
+
+/// `exec/run` output the broker-wide budget cannot hold is dropped and said so
+/// (`truncated`, `memoryLimited`), never waited for (commands cannot deadlock each other) nor
+/// held beyond it; once the budget is free again output is whole.
+#[test]
+fn exec_run_output_beyond_the_budget_is_dropped_and_said_so() {
+    let (_home, _pid, mut c) = home_with_daemon(&[("ABX_MEMORY_BUDGET", "8M")]);
+    let sb = c.create(json!({}));
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": sb, "command": "head -c 16777216 /dev/zero | tr '\\0' a"}),
+    );
+    assert_eq!(r["truncated"], true, "{}", r["exitCode"]);
+    assert_eq!(r["memoryLimited"], true);
+    assert_eq!(r["exitCode"], 0);
+    let kept = r["stdout"].as_str().unwrap().len();
+    assert!(kept > 0 && kept < 8 << 20, "{kept}");
+    // The budget came back with the reply: the next one is whole, and says nothing.
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": sb, "command": "head -c 1048576 /dev/zero | tr '\\0' b"}),
+    );
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 1 << 20);
+    assert_eq!(r["truncated"], false);
+    assert!(r.get("memoryLimited").is_none(), "{}", r["truncated"]);
+}

@@ -12,7 +12,7 @@
 //! buffer (oldest dropped) until `exec/attach` replays it to a new connection.
 
 use super::{isolate, procs, SandboxDirs};
-use crate::conn::ConnHandle;
+use crate::conn::{ConnHandle, Permits, Pool};
 use abx_protocol::{AbxError, ErrorCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -23,16 +23,28 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::process::{Child, Command};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 /// Default cap of each captured stream of `exec/run`.
 pub const DEFAULT_MAX_OUTPUT: u64 = 16 * 1024 * 1024;
-/// Output kept for a detached stream.
+/// Output kept for a detached stream (oldest dropped beyond).
 const DETACHED_BUFFER: usize = 1024 * 1024;
+/// Output kept for all detached streams together (oldest of the stream that adds dropped
+/// beyond): many detached streams cannot add up.
+pub const DETACHED_TOTAL: usize = 16 * 1024 * 1024;
+/// Bytes kept by detached streams right now.
+static DETACHED_NOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Bytes all detached streams keep right now (for tests and `broker/status`).
+pub fn detached_bytes() -> usize {
+    DETACHED_NOW.load(std::sync::atomic::Ordering::Relaxed)
+}
 /// How long to keep reading after the main process exits (background children may hold
 /// the pipes open forever).
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
 const CHUNK: usize = 256 * 1024;
+/// The buffer a read waits with (a quiet command holds no more than this).
+const PROBE: usize = 4 * 1024;
 
 /// Pipe capacity asked for a command's stdout: fewer, larger reads and notifications when it
 /// writes fast (the default 64 KiB pipe wakes the reader for every 64 KiB).
@@ -107,6 +119,7 @@ pub fn decode_data(data: &str, encoding: Option<&str>) -> Result<Vec<u8>, AbxErr
     }
 }
 
+#[cfg(test)]
 fn b64(b: &[u8]) -> String {
     abx_protocol::b64::encode(b)
 }
@@ -525,45 +538,212 @@ impl Drop for TreeGuard {
     }
 }
 
-/// Read a stream to the end (or until told to stop), keeping at most `cap` bytes.
-async fn collect<R: AsyncRead + Unpin>(mut r: R, cap: u64, stop: Arc<Notify>) -> (Vec<u8>, bool) {
-    let mut out = Vec::new();
-    let mut truncated = false;
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = tokio::select! {
-            biased;
-            n = r.read(&mut buf) => n,
-            _ = stop.notified() => {
-                // Take what is already in the pipe (a slow reader under load must not lose
-                // output the command wrote before it exited), then stop.
-                while let Some(Ok(n)) = futures::FutureExt::now_or_never(r.read(&mut buf)) {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = cap.saturating_sub(out.len() as u64) as usize;
-                    truncated |= n > room;
-                    out.extend_from_slice(&buf[..n.min(room)]);
-                }
-                break;
+/// Pool bytes charged per kept byte of `exec/run` output: the byte itself and its share of
+/// the reply (base64, 4/3), so the reply is built within what was counted.
+fn run_cost(n: usize) -> usize {
+    n + abx_protocol::b64::encoded_len(n)
+}
+
+/// One captured stream of an `exec/run`.
+#[derive(Default)]
+struct Collected {
+    out: Vec<u8>,
+    /// Output was dropped: past `maxOutput`, or past what the broker-wide pool could hold.
+    truncated: bool,
+    /// The pool was short (some output was dropped for it).
+    pool_short: bool,
+    /// Pool bytes counting `out` and its share of the reply.
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl Collected {
+    fn merge_held(&mut self, p: OwnedSemaphorePermit) {
+        match &mut self.held {
+            Some(h) => h.merge(p),
+            None => self.held = Some(p),
+        }
+    }
+
+    /// Keep `data` (within `cap` and the pool), or drop it and say so.
+    fn keep(&mut self, data: &[u8], cap: u64, pool: &Pool) {
+        let room = cap.saturating_sub(self.out.len() as u64) as usize;
+        let n = data.len().min(room);
+        if n < data.len() {
+            self.truncated = true;
+        }
+        if n == 0 || self.pool_short {
+            self.truncated |= n > 0;
+            return;
+        }
+        match pool.try_take(run_cost(n)) {
+            Some(p) => {
+                self.merge_held(p);
+                self.out.reserve_exact(n);
+                self.out.extend_from_slice(&data[..n]);
             }
-        };
-        match n {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = cap.saturating_sub(out.len() as u64) as usize;
-                if n > room {
-                    truncated = true;
-                }
-                out.extend_from_slice(&buf[..n.min(room)]);
+            None => {
+                self.pool_short = true;
+                self.truncated = true;
             }
         }
     }
-    (out, truncated)
 }
 
-/// `exec/run`: run to completion and collect the output.
-pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
+/// Read a stream to the end (or until told to stop), keeping at most `cap` bytes, each
+/// counted in the broker-wide pool as it arrives. A read waits with a small buffer (a
+/// quiet command holds no large one); what else is ready then is read straight into the
+/// output, after its bytes were counted. When the pool is short the rest is read and
+/// dropped (`truncated`): never waiting for memory while holding some, so concurrent
+/// commands cannot deadlock each other.
+async fn collect<R: AsyncRead + Unpin>(
+    mut r: R,
+    cap: u64,
+    stop: Arc<Notify>,
+    pool: Pool,
+) -> Collected {
+    let mut c = Collected::default();
+    let mut probe = vec![0u8; PROBE];
+    let mut stopping = false;
+    loop {
+        let n = if stopping {
+            // Take what is already in the pipe (a slow reader under load must not lose
+            // output the command wrote before it exited), then stop.
+            match futures::FutureExt::now_or_never(r.read(&mut probe)) {
+                Some(Ok(n)) => n,
+                _ => 0,
+            }
+        } else {
+            tokio::select! {
+                biased;
+                n = r.read(&mut probe) => n.unwrap_or(0),
+                _ = stop.notified() => {
+                    stopping = true;
+                    continue;
+                }
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        c.keep(&probe[..n], cap, &pool);
+        // More ready: straight into the output once counted (no copy, no big buffer).
+        let mut eof = false;
+        loop {
+            let room = cap.saturating_sub(c.out.len() as u64) as usize;
+            if room == 0 || c.pool_short {
+                break;
+            }
+            let want = room.min(CHUNK);
+            let Some(grant) = pool.try_take(run_cost(want)) else {
+                c.pool_short = true;
+                break;
+            };
+            c.out.reserve_exact(want);
+            let before = c.out.len();
+            let got = {
+                use bytes::BufMut;
+                let mut lim = (&mut c.out).limit(want);
+                futures::FutureExt::now_or_never(r.read_buf(&mut lim))
+            };
+            let m = c.out.len() - before;
+            let mut grant = grant;
+            let keep = run_cost(m);
+            if keep == 0 {
+                drop(grant);
+            } else {
+                if grant.num_permits() > keep {
+                    drop(grant.split(grant.num_permits() - keep));
+                }
+                c.merge_held(grant);
+            }
+            match got {
+                Some(Ok(0)) | Some(Err(_)) => {
+                    eof = true;
+                    break;
+                }
+                Some(Ok(_)) => {}
+                None => break,
+            }
+        }
+        if eof {
+            break;
+        }
+    }
+    c
+}
+
+/// What `exec/run` answers, serialized straight from the collected output (no copies):
+/// text when both streams are UTF-8 and their escaped form fits in what was counted (or
+/// the pool has the difference now), base64 otherwise (`encoding: base64`).
+struct RunReply<'a> {
+    fields: &'a serde_json::Map<String, Value>,
+    stdout: &'a [u8],
+    stderr: &'a [u8],
+    base64: bool,
+}
+
+/// Bytes as a JSON string: as is (already checked UTF-8) or base64.
+struct Data<'a>(&'a [u8], bool);
+
+impl serde::Serialize for Data<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.1 {
+            s.collect_str(&B64Display(self.0))
+        } else {
+            s.serialize_str(std::str::from_utf8(self.0).map_err(serde::ser::Error::custom)?)
+        }
+    }
+}
+
+/// Base64 written in pieces (never the whole encoded string at once).
+struct B64Display<'a>(&'a [u8]);
+
+impl std::fmt::Display for B64Display<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut buf = Vec::with_capacity(4 * 1024);
+        for piece in self.0.chunks(3 * 1024) {
+            buf.clear();
+            abx_protocol::b64::encode_append(piece, &mut buf);
+            // SAFETY: base64 is ASCII.
+            f.write_str(unsafe { std::str::from_utf8_unchecked(&buf) })?;
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for RunReply<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        for (k, v) in self.fields {
+            m.serialize_entry(k, v)?;
+        }
+        if self.base64 {
+            m.serialize_entry("encoding", "base64")?;
+        }
+        m.serialize_entry("stderr", &Data(self.stderr, self.base64))?;
+        m.serialize_entry("stdout", &Data(self.stdout, self.base64))?;
+        m.end()
+    }
+}
+
+/// Bytes of `b` escaped as a JSON string (without the quotes).
+fn escaped_len(b: &[u8]) -> usize {
+    b.len()
+        + b.iter()
+            .map(|&x| ESCAPE_EXTRA[x as usize] as usize)
+            .sum::<usize>()
+}
+
+/// `exec/run`: run to completion and collect the output. The output is counted in the
+/// broker-wide pool as it arrives; the pool bytes that count the reply are deposited in
+/// `hold`, so the reply is queued against them.
+pub async fn run(
+    site: Site<'_>,
+    p: ExecParams,
+    pool: Pool,
+    hold: &crate::conn::Hold,
+) -> Result<Box<serde_json::value::RawValue>, AbxError> {
     // The output is held until the command ends: bounded (E1004 above 16 MiB per stream).
     abx_protocol::limits::check_max_output(p.max_output)?;
     let stdin_data = match &p.stdin {
@@ -588,8 +768,18 @@ pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
         });
     }
     let stop = Arc::new(Notify::new());
-    let out_task = tokio::spawn(collect(sp.stdout.take().expect("piped"), cap, stop.clone()));
-    let err_task = tokio::spawn(collect(sp.stderr.take().expect("piped"), cap, stop.clone()));
+    let out_task = tokio::spawn(collect(
+        sp.stdout.take().expect("piped"),
+        cap,
+        stop.clone(),
+        pool.clone(),
+    ));
+    let err_task = tokio::spawn(collect(
+        sp.stderr.take().expect("piped"),
+        cap,
+        stop.clone(),
+        pool.clone(),
+    ));
     let timeout = p.timeout.map(Duration::from_secs_f64);
     let waited = match timeout {
         Some(t) => tokio::time::timeout(t, sp.child.wait()).await.ok(),
@@ -608,7 +798,7 @@ pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
         (o.unwrap_or_default(), e.unwrap_or_default())
     };
     tokio::pin!(drain);
-    let ((stdout, t1), (stderr, t2)) = match tokio::time::timeout(DRAIN_GRACE, &mut drain).await {
+    let (mut out, err) = match tokio::time::timeout(DRAIN_GRACE, &mut drain).await {
         Ok(r) => r,
         Err(_) => {
             stop.notify_waiters();
@@ -622,26 +812,60 @@ pub async fn run(site: Site<'_>, p: ExecParams) -> Result<Value, AbxError> {
         "exitCode": code,
         "timedOut": timed_out,
         "durationMs": started.elapsed().as_millis() as u64,
-        "truncated": t1 || t2,
+        "truncated": out.truncated || err.truncated,
     });
+    if out.pool_short || err.pool_short {
+        tracing::warn!(
+            sandbox = site.id,
+            "exec/run: output dropped, the broker-wide memory budget is in use"
+        );
+        v["memoryLimited"] = json!(true);
+    }
     if let Some(s) = signal {
         if s == "SIGKILL" && oom_struck(site.cgroup.as_deref(), oom0) {
             v["oomKilled"] = json!(true);
         }
         v["signal"] = json!(s);
     }
-    match (std::str::from_utf8(&stdout), std::str::from_utf8(&stderr)) {
-        (Ok(o), Ok(e)) => {
-            v["stdout"] = json!(o);
-            v["stderr"] = json!(e);
-        }
-        _ => {
-            v["stdout"] = json!(b64(&stdout));
-            v["stderr"] = json!(b64(&stderr));
-            v["encoding"] = json!("base64");
+    if let Some(h) = err.held {
+        out.merge_held(h);
+    }
+    // Text when both are UTF-8 and their escaped form fits in what was counted (the
+    // base64 share), or the pool has the difference now; base64 otherwise.
+    let counted = abx_protocol::b64::encoded_len(out.out.len())
+        + abx_protocol::b64::encoded_len(err.out.len());
+    let mut base64 =
+        std::str::from_utf8(&out.out).is_err() || std::str::from_utf8(&err.out).is_err();
+    if !base64 {
+        let text = escaped_len(&out.out) + escaped_len(&err.out);
+        if text > counted {
+            match pool.try_take(text - counted) {
+                Some(more) => out.merge_held(more),
+                None => base64 = true,
+            }
         }
     }
-    Ok(v)
+    let reply = {
+        let fields = v.as_object().expect("an object");
+        serde_json::value::to_raw_value(&RunReply {
+            fields,
+            stdout: &out.out,
+            stderr: &err.out,
+            base64,
+        })
+        .map_err(AbxError::internal)?
+    };
+    // The output is in the reply now: its own share of the pool goes back (the reply's
+    // share stays held until the reply is written).
+    drop((std::mem::take(&mut out.out), err.out));
+    if let Some(mut h) = out.held.take() {
+        let keep = reply.get().len() + 1024;
+        if h.num_permits() > keep {
+            drop(h.split(h.num_permits() - keep));
+        }
+        *hold.lock().expect("hold") = Some(h);
+    }
+    Ok(reply)
 }
 
 fn exit_info(status: Option<std::process::ExitStatus>) -> (Value, Option<String>) {
@@ -697,17 +921,52 @@ struct Sink {
 }
 
 impl Sink {
-    /// Keep `body` (number `seq`) for a later attach, in order, within the bound.
+    /// Keep `body` (number `seq`) for a later attach, in order, within the bounds: this
+    /// stream's ([`DETACHED_BUFFER`]) and all detached streams' ([`DETACHED_TOTAL`]). The
+    /// oldest output of this stream goes first; its `exec/exit` is always kept.
     fn keep(&mut self, seq: u64, body: Vec<u8>) {
+        use std::sync::atomic::Ordering::Relaxed;
         self.buffered += body.len();
+        DETACHED_NOW.fetch_add(body.len(), Relaxed);
         let at = self.buffer.partition_point(|(n, _)| *n < seq);
         self.buffer.insert(at, (seq, body));
-        while self.buffered > DETACHED_BUFFER && self.buffer.len() > 1 {
-            let (_, old) = self.buffer.pop_front().expect("non-empty");
-            self.buffered -= old.len();
+        while self.buffered > DETACHED_BUFFER || DETACHED_NOW.load(Relaxed) > DETACHED_TOTAL {
+            let exit = self.exit;
+            let Some(i) = self.buffer.iter().position(|(n, _)| Some(*n) != exit) else {
+                break;
+            };
+            let (_, old) = self.buffer.remove(i).expect("in range");
+            self.forget(old.len());
             self.dropped += old.len() as u64;
         }
     }
+
+    fn forget(&mut self, n: usize) {
+        self.buffered -= n;
+        DETACHED_NOW.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Everything kept, in order, no longer counted.
+    fn take_all(&mut self) -> Vec<Vec<u8>> {
+        let n = self.buffered;
+        self.forget(n);
+        self.buffer.drain(..).map(|(_, b)| b).collect()
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let n = self.buffered;
+        self.forget(n);
+    }
+}
+
+/// Room for one output frame (see [`Stream::slot`]).
+enum Slot {
+    /// Of connection `id`'s budget (and the pool).
+    Conn(u64, Permits),
+    /// Of the pool (detached).
+    Pool { _held: OwnedSemaphorePermit },
 }
 
 /// One running (or finished, exit not yet delivered) `exec/start`.
@@ -728,6 +987,8 @@ pub struct Stream {
     pub done: std::sync::atomic::AtomicBool,
     /// Becomes true when its process has ended.
     ended: tokio::sync::watch::Sender<bool>,
+    /// The broker-wide pool its chunks are counted in while they are built.
+    pool: Pool,
 }
 
 impl Stream {
@@ -792,8 +1053,7 @@ impl Stream {
             s.conn = Some(conn.clone());
             let exit = s.exit;
             let exit_replayed = s.buffer.iter().any(|(n, _)| Some(*n) == exit);
-            let b: Vec<Vec<u8>> = s.buffer.drain(..).map(|(_, b)| b).collect();
-            s.buffered = 0;
+            let b = s.take_all();
             (b, std::mem::take(&mut s.dropped), exit_replayed)
         };
         let replayed = buffered.len();
@@ -815,6 +1075,7 @@ impl Stream {
         self: &Arc<Self>,
         body: Vec<u8>,
         delivered: Option<tokio::sync::oneshot::Sender<bool>>,
+        slot: Option<Slot>,
     ) {
         let (conn, seq) = {
             let mut s = self.sink.lock().expect("sink");
@@ -837,7 +1098,11 @@ impl Stream {
                         let _ = d.send(ok);
                     }
                 });
-                match c.send_tracked(body, report).await {
+                let permits = match slot {
+                    Some(Slot::Conn(id, p)) if id == conn_id => Some(p),
+                    _ => None,
+                };
+                match c.send_tracked(body, report, permits).await {
                     Ok(()) => return,
                     Err(body) => body,
                 }
@@ -849,8 +1114,30 @@ impl Stream {
         s.keep(seq, body);
     }
 
-    async fn emit(self: &Arc<Self>, body: Vec<u8>) {
-        self.emit_tracked(body, None).await
+    async fn emit(self: &Arc<Self>, body: Vec<u8>, slot: Option<Slot>) {
+        self.emit_tracked(body, None, slot).await
+    }
+
+    /// Room for one output frame of at most `bytes` (and the chunk it is built from), before
+    /// it is read: of the attached
+    /// connection's budget and the pool, or of the pool alone while detached. A stream whose
+    /// client does not read waits here, holding no buffer. `None`: the connection closed
+    /// while waiting (detached now; ask again).
+    async fn slot(&self, bytes: usize) -> Option<Slot> {
+        let conn = self.sink.lock().expect("sink").conn.clone();
+        match conn {
+            Some(c) if !c.is_closed() => c
+                .reserve_with(bytes, CHUNK)
+                .await
+                .map(|p| Slot::Conn(c.id, p)),
+            Some(_) => {
+                self.sink.lock().expect("sink").conn = None;
+                None
+            }
+            None => Some(Slot::Pool {
+                _held: self.pool.take(bytes + CHUNK).await,
+            }),
+        }
     }
 
     /// A notification connection `conn_id` did not receive: that connection is gone, so
@@ -933,7 +1220,7 @@ pub async fn start(
         pid: sp.pid,
         view_pid: sp.view_pid,
         sink: Mutex::new(Sink {
-            conn: Some(conn),
+            conn: Some(conn.clone()),
             buffer: VecDeque::new(),
             buffered: 0,
             dropped: 0,
@@ -945,6 +1232,7 @@ pub async fn start(
         attached: Notify::new(),
         done: std::sync::atomic::AtomicBool::new(false),
         ended: tokio::sync::watch::Sender::new(false),
+        pool: conn.pool().clone(),
     });
     if let Some(data) = initial_stdin {
         let s = stream.clone();
@@ -976,12 +1264,16 @@ async fn pump(
     let mut out = sp.stdout.take();
     let mut err = sp.stderr.take();
     let (mut carry_o, mut carry_e) = (Vec::new(), Vec::new());
-    let mut buf_o = vec![0u8; CHUNK];
-    let mut buf_e = vec![0u8; CHUNK];
+    // Reads wait with small buffers; a chunk's buffer exists only once room for its frame
+    // was had (see `send_read`).
+    let mut buf_o = vec![0u8; PROBE];
+    let mut buf_e = vec![0u8; PROBE];
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let mut status = None;
     let mut exited_at: Option<tokio::time::Instant> = None;
+    // Bytes read: freed once sent or dropped, told to the allocator at the end.
+    let mut produced = 0usize;
     let stream_name = if s.pty.is_some() { "pty" } else { "stdout" };
     loop {
         if out.is_none() && err.is_none() && status.is_some() {
@@ -1004,7 +1296,8 @@ async fn pump(
                     if exited_at.is_some() {
                         exited_at = Some(tokio::time::Instant::now());
                     }
-                    send_chunk(&s, stream_name, &mut carry_o, &buf_o[..n]).await
+                    let t = (deadline, pid, &mut timed_out);
+                    produced += send_read(&s, stream_name, &mut carry_o, &buf_o[..n], &mut out, t).await;
                 }
                 _ => out = None,
             },
@@ -1013,7 +1306,8 @@ async fn pump(
                     if exited_at.is_some() {
                         exited_at = Some(tokio::time::Instant::now());
                     }
-                    send_chunk(&s, "stderr", &mut carry_e, &buf_e[..n]).await
+                    let t = (deadline, pid, &mut timed_out);
+                    produced += send_read(&s, "stderr", &mut carry_e, &buf_e[..n], &mut err, t).await;
                 }
                 _ => err = None,
             },
@@ -1035,8 +1329,9 @@ async fn pump(
             send_raw(&s, name, &carry).await;
         }
     }
-    // The read buffers (2 x 256 KiB) are not kept while the exit waits for an attach.
+    // The read buffers are not kept while the exit waits for an attach.
     drop((buf_o, buf_e, out, err));
+    crate::conn::note_released(produced, true);
     let status = match status {
         Some(st) => st,
         None => sp.child.wait().await.ok(),
@@ -1058,6 +1353,7 @@ async fn pump(
     s.emit_tracked(
         abx_protocol::message::encode_notification("exec/exit", Some(&exit)),
         Some(tx),
+        None,
     )
     .await;
     // Delivered means written to the client: a client that died is found out by the write,
@@ -1078,26 +1374,71 @@ async fn read_opt(r: &mut Option<Reader>, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-/// Send what was read (after what was carried from the last read), keeping a character
-/// cut at the end in `carry` for the next one. No copy unless something was carried.
-async fn send_chunk(s: &Arc<Stream>, stream: &str, carry: &mut Vec<u8>, read: &[u8]) {
-    let joined;
-    let bytes = if carry.is_empty() {
-        read
-    } else {
-        carry.extend_from_slice(read);
-        joined = std::mem::take(carry);
-        &joined[..]
+/// The largest `exec/output` frame of one chunk (base64 of [`CHUNK`] bytes and the rest).
+fn frame_max(exec_id: &str) -> usize {
+    abx_protocol::b64::encoded_len(CHUNK) + 256 + exec_id.len()
+}
+
+/// Send what a read brought (after what was carried from the last one) and whatever else
+/// is ready, up to [`CHUNK`], as one frame: room for the frame is had first (the
+/// connection's budget and the pool; the pool alone while detached), so a stream whose
+/// client does not read waits holding a few KiB, never a chunk. A character cut at the end
+/// stays in `carry` for the next frame. The timeout still kills the command while it waits.
+async fn send_read(
+    s: &Arc<Stream>,
+    stream: &str,
+    carry: &mut Vec<u8>,
+    first: &[u8],
+    r: &mut Option<Reader>,
+    (deadline, pid, timed_out): (Option<tokio::time::Instant>, i32, &mut bool),
+) -> usize {
+    let max = frame_max(&s.id);
+    let slot = loop {
+        let wait = match deadline {
+            Some(d) if !*timed_out => d,
+            _ => tokio::time::Instant::now() + Duration::from_secs(3600),
+        };
+        tokio::select! {
+            sl = s.slot(max) => if let Some(sl) = sl { break sl },
+            _ = tokio::time::sleep_until(wait) => {
+                if deadline.is_some() && !*timed_out {
+                    *timed_out = true;
+                    procs::kill_tree(pid, libc::SIGKILL);
+                }
+            }
+        }
     };
-    let (p, used) = payload(bytes, true);
-    if used > 0 {
-        s.emit(frame(&s.id, stream, p)).await;
+    let mut buf = Vec::with_capacity(CHUNK.max(carry.len() + first.len()));
+    buf.append(carry);
+    buf.extend_from_slice(first);
+    if let Some(rd) = r.as_mut() {
+        while buf.len() < CHUNK {
+            let want = CHUNK - buf.len();
+            let got = {
+                use bytes::BufMut;
+                let mut lim = (&mut buf).limit(want);
+                futures::FutureExt::now_or_never(rd.read_buf(&mut lim))
+            };
+            match got {
+                Some(Ok(0)) | Some(Err(_)) => {
+                    *r = None;
+                    break;
+                }
+                Some(Ok(_)) => {}
+                None => break,
+            }
+        }
     }
-    carry.extend_from_slice(&bytes[used..]);
+    let (p, used) = payload(&buf, true);
+    if used > 0 {
+        s.emit(frame(&s.id, stream, p), Some(slot)).await;
+    }
+    carry.extend_from_slice(&buf[used..]);
+    buf.len()
 }
 
 async fn send_raw(s: &Arc<Stream>, stream: &str, bytes: &[u8]) {
-    s.emit(output_frame(&s.id, stream, bytes)).await;
+    s.emit(output_frame(&s.id, stream, bytes), None).await;
 }
 
 /// Extra bytes JSON escaping adds per input byte: 5 for control characters (`\u00XX`), 1
@@ -1203,6 +1544,41 @@ fn frame(exec_id: &str, stream: &str, p: Payload<'_>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sink() -> Sink {
+        Sink {
+            conn: None,
+            buffer: VecDeque::new(),
+            buffered: 0,
+            dropped: 0,
+            next: 0,
+            exit: None,
+        }
+    }
+
+    /// Detached streams keep at most 1 MiB each and DETACHED_TOTAL together (the oldest of
+    /// the stream that adds goes first); an exit is always kept; dropping a stream uncounts it.
+    #[test]
+    fn detached_output_is_bounded_per_stream_and_in_total() {
+        let mut sinks: Vec<Sink> = (0..64).map(|_| sink()).collect();
+        for (i, s) in sinks.iter_mut().enumerate() {
+            for seq in 0..8 {
+                s.keep(seq, vec![b'x'; 256 * 1024]);
+                assert!(s.buffered <= DETACHED_BUFFER, "stream {i}");
+            }
+            s.exit = Some(8);
+            s.keep(8, b"exit".to_vec());
+            assert!(detached_bytes() <= DETACHED_TOTAL + 256 * 1024);
+        }
+        let kept: usize = sinks.iter().map(|s| s.buffered).sum();
+        assert!(kept <= DETACHED_TOTAL, "{kept}");
+        assert!(sinks
+            .iter()
+            .all(|s| s.buffer.back().map(|b| b.0) == Some(8)));
+        assert!(sinks.iter().map(|s| s.dropped).sum::<u64>() > 0);
+        drop(sinks);
+        assert_eq!(detached_bytes(), 0);
+    }
 
     #[test]
     fn output_frames_are_byte_exact_and_cheap() {

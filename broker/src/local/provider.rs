@@ -375,6 +375,30 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 impl Inner {
+    /// `exec/run`, answered as raw JSON (see [`exec::run`]).
+    async fn exec_run(self: &Arc<Self>, cx: &CallCx, params: Value) -> Reply {
+        let method = "exec/run";
+        let p: ExecParams = parse(method, params)?;
+        let sb = self.running(&p.sandbox)?;
+        let env = sb.rec.lock().expect("record").env.clone();
+        let id = p.sandbox.clone();
+        let c = sb.container().await?;
+        let cg = sb.cgroup.lock().expect("cgroup").clone();
+        exec::run(
+            exec::Site {
+                dirs: &sb.dirs,
+                id: &id,
+                env: &env,
+                container: c.as_deref(),
+                cgroup: cg,
+            },
+            p,
+            cx.conn.pool().clone(),
+            &cx.hold,
+        )
+        .await
+    }
+
     fn start(data_dir: &Path, settings: Settings, events: crate::events::Events) -> Arc<Inner> {
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
@@ -734,25 +758,7 @@ impl Inner {
                 }
                 Ok(v)
             }
-            "exec/run" => {
-                let p: ExecParams = parse(method, params)?;
-                let sb = self.running(&p.sandbox)?;
-                let env = sb.rec.lock().expect("record").env.clone();
-                let id = p.sandbox.clone();
-                let c = sb.container().await?;
-                let cg = sb.cgroup.lock().expect("cgroup").clone();
-                exec::run(
-                    exec::Site {
-                        dirs: &sb.dirs,
-                        id: &id,
-                        env: &env,
-                        container: c.as_deref(),
-                        cgroup: cg,
-                    },
-                    p,
-                )
-                .await
-            }
+            "exec/run" => Err(AbxError::internal("exec/run is served by exec_run")),
             "exec/start" => {
                 let p: ExecParams = parse(method, params)?;
                 let sb = self.running(&p.sandbox)?;
@@ -1265,6 +1271,10 @@ impl Provider for LocalProvider {
 
     fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
         Box::pin(async move {
+            if method == "exec/run" {
+                // Built as raw JSON from the output itself: never a Value tree, never a copy.
+                return self.0.exec_run(cx, params).await;
+            }
             let v = self.0.dispatch(cx, method, params).await?;
             serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
         })

@@ -250,7 +250,7 @@ impl Forwarder {
             }
             shared.wake.notify_one();
         });
-        if let Err(body) = conn.send_tracked(body, report).await {
+        if let Err(body) = conn.send_tracked(body, report, None).await {
             self.conn = None;
             self.keep(seq, body);
         }
