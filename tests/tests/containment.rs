@@ -574,27 +574,27 @@ fn internet_without_the_helper_names_the_package() {
     assert_eq!(c.call("sandbox/list", json!({}))["sandboxes"], json!([]));
 }
 
+/// Fork `n` sleepers (in a subshell: dash gives up at the first refused fork), then count
+/// the sandbox's processes without forking: how many ran at once.
+fn fork_bomb(c: &mut Client, id: &str, n: u32) -> u64 {
+    let r = c.call(
+        "exec/run",
+        json!({"sandbox": id, "timeout": 20, "command": format!("( n=0; while [ $n -lt {n} ]; do sleep 30 & n=$((n+1)); done ) 2>/dev/null; set -- /proc/[0-9]*; echo $#")}),
+    );
+    r["stdout"]
+        .as_str()
+        .and_then(|o| o.trim().lines().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no count: {r}"))
+}
+
 #[test]
 fn a_fork_bomb_is_bounded_and_the_host_unharmed() {
     let (home, mut c, id) = setup_with(json!({"limits": {"pids": 40}}));
-    // Fork until refused (bounded in time), report how many ran at once.
-    let r = c.call(
-        "exec/run",
-        json!({"sandbox": id, "timeout": 20, "command": "( n=0; while [ $n -lt 200 ]; do sleep 30 & n=$((n+1)); done ) 2>/dev/null; set -- /proc/[0-9]*; echo $#"}),
-    );
-    let running: u64 = r["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("999")
-        .parse()
-        .unwrap_or(999);
+    let running = fork_bomb(&mut c, &id, 200);
     // Forks are refused at the limit (the count itself forks nothing), and the bomb did run.
     assert!(
         (30..=41).contains(&running),
-        "{running} processes ran under a limit of 40: {r}"
+        "{running} processes ran under a limit of 40"
     );
     // The host and the broker are fine, and the limit is reported.
     c.call("broker/ping", json!({}));
@@ -792,22 +792,10 @@ fn sandboxes_made_from_the_spare_get_their_own_cgroup_and_limits() {
     );
     let info = c.call("sandbox/systemInfo", json!({"sandbox": second}));
     assert_eq!(info["isolation"]["limits"]["pids"]["max"], 40, "{info}");
-    let bomb = c.call(
-        "exec/run",
-        json!({"sandbox": second, "timeout": 20, "command": "( n=0; while [ $n -lt 200 ]; do sleep 30 & n=$((n+1)); done ) 2>/dev/null; set -- /proc/[0-9]*; echo $#"}),
-    );
-    let running: u64 = bomb["stdout"]
-        .as_str()
-        .unwrap_or("")
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("999")
-        .parse()
-        .unwrap_or(999);
+    let running = fork_bomb(&mut c, &second, 200);
     assert!(
         (30..=41).contains(&running),
-        "{running} processes under a limit of 40: {bomb}"
+        "{running} processes under a limit of 40"
     );
     // Other limits: not the spare made for pids=40.
     wait_until("a spare again", Duration::from_secs(30), || {
@@ -816,19 +804,7 @@ fn sandboxes_made_from_the_spare_get_their_own_cgroup_and_limits() {
     let third = c.create(json!({"limits": {"pids": 80}}));
     let info = c.call("sandbox/systemInfo", json!({"sandbox": third}));
     assert_eq!(info["isolation"]["limits"]["pids"]["max"], 80, "{info}");
-    let bomb = c.call(
-        "exec/run",
-        json!({"sandbox": third, "timeout": 20, "command": "( n=0; while [ $n -lt 60 ]; do sleep 30 & n=$((n+1)); done ) 2>/dev/null; set -- /proc/[0-9]*; echo $#"}),
-    );
-    let running: u64 = bomb["stdout"]
-        .as_str()
-        .unwrap_or("")
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("0")
-        .parse()
-        .unwrap_or(0);
+    let running = fork_bomb(&mut c, &third, 60);
     assert!(
         running > 41,
         "pids=80 holds only {running}: the spare's limit leaked"

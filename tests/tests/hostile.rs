@@ -307,10 +307,19 @@ fn never_reading(home: &Home, w: &Watch, lines: &[String], pings: usize) -> Unix
 // The hostile clients
 // ---------------------------------------------------------------------------------------------
 
+/// These clients load the machine on purpose and measure the daemon under that load: they
+/// run one at a time whatever `--test-threads` says (two at once on 2 CPUs starve each
+/// other's daemons past the waits).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// (a) One newline-framed batch of 500,000 pings (26 MB, under the 64 MiB message limit):
 /// E1005 naming the limit, without decoding it; a batch at the limit is answered in full.
 #[test]
 fn a_batch_of_500000_pings_is_refused_and_one_of_1024_answered() {
+    let _one_at_a_time = serial();
     let (home, pid, _c) = home_with_daemon(&[]);
     let w = Watch::start(&home, pid);
     let mut h = home.connect();
@@ -348,6 +357,7 @@ fn a_batch_of_500000_pings_is_refused_and_one_of_1024_answered() {
 /// reserved from its connection's 16 MiB budget before it is built, so only a few exist.
 #[test]
 fn a_client_that_never_reads_1024_reads_of_4_mib() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     c.sh(&sb, "head -c 4194304 /dev/urandom > big.bin");
@@ -376,6 +386,7 @@ fn a_client_that_never_reads_1024_reads_of_4_mib() {
 /// 1.5 GB of output keeps 16 MiB.
 #[test]
 fn exec_run_max_output_is_bounded() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     let w = Watch::start(&home, pid);
@@ -405,6 +416,7 @@ fn exec_run_max_output_is_bounded() {
 /// in-flight limit, their output waits on the connection's budget.
 #[test]
 fn deep_batches_of_exec_start_to_a_client_that_never_reads() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     let w = Watch::start(&home, pid);
@@ -430,6 +442,7 @@ fn deep_batches_of_exec_start_to_a_client_that_never_reads() {
 /// Many `files/download` to a client that never reads its progress notifications.
 #[test]
 fn many_downloads_to_a_client_that_never_reads() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     c.sh(&sb, "head -c 2097152 /dev/urandom > f.bin");
@@ -456,6 +469,7 @@ fn many_downloads_to_a_client_that_never_reads() {
 /// client that never reads: the calls wait for budget before they reach the plugin.
 #[test]
 fn a_plugin_replying_large_results_to_a_client_that_never_reads() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let (_repo, _) = install_pinned(&mut c, "py-local");
     let (_, full) = plugin_sandbox(&mut c, "py-local");
@@ -484,6 +498,7 @@ fn a_plugin_replying_large_results_to_a_client_that_never_reads() {
 /// are answered E1005 (the rest run), never built.
 #[test]
 fn a_batch_of_large_reads_answers_what_fits_and_refuses_the_rest() {
+    let _one_at_a_time = serial();
     let (_home, _pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     c.sh(&sb, "head -c 4194304 /dev/urandom > big.bin");
@@ -522,6 +537,7 @@ fn a_batch_of_large_reads_answers_what_fits_and_refuses_the_rest() {
 /// connection and the other requests carry on.
 #[test]
 fn a_panicking_handler_is_answered_e9001() {
+    let _one_at_a_time = serial();
     let (home, _pid, mut c) = home_with_daemon(&[("ABX_TEST_HOOKS", "1")]);
     let v = c.request("$/abx/test/panic", json!({}));
     assert_eq!(abx_code(&v["error"]), "E9001", "{v}");
@@ -583,6 +599,7 @@ fn wait_alive(what: &str, pid: u32, mut f: impl FnMut() -> bool) {
 /// gigabytes.
 #[test]
 fn many_exec_runs_with_large_output_on_connections_that_never_read() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     let w = Watch::start(&home, pid);
@@ -625,6 +642,7 @@ fn many_exec_runs_with_large_output_on_connections_that_never_read() {
 /// the pings of others keep being answered from their connections' own small allowance.
 #[test]
 fn two_hundred_connections_with_full_queues() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     c.sh(&sb, "head -c 4194304 /dev/urandom > big.bin");
@@ -677,6 +695,7 @@ fn host_procs(needle: &str) -> usize {
 /// per exec and in total).
 #[test]
 fn many_streamed_execs_whose_output_nobody_reads() {
+    let _one_at_a_time = serial();
     let (home, pid, mut c) = home_with_daemon(&[]);
     let sb = c.create(json!({}));
     let w = Watch::start(&home, pid);
@@ -709,6 +728,7 @@ fn many_streamed_execs_whose_output_nobody_reads() {
 /// held beyond it; once the budget is free again output is whole.
 #[test]
 fn exec_run_output_beyond_the_budget_is_dropped_and_said_so() {
+    let _one_at_a_time = serial();
     let (_home, _pid, mut c) = home_with_daemon(&[("ABX_MEMORY_BUDGET", "8M")]);
     let sb = c.create(json!({}));
     let r = c.call(

@@ -335,41 +335,17 @@ pub struct ZygoteAnswer {
 /// The zygote: fork an outer process per request, reap them, exit when the daemon's end of
 /// the socket closes. It holds no descriptor but its socket between requests.
 fn zygote() -> ! {
-    // SAFETY: signal mask and signalfd on local sets.
-    let sfd = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
-    };
+    let sfd = sigchld_fd();
     let mut buf = vec![0u8; 4096];
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: SOCK_FD,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on a local array.
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+        let Some((sock, child)) = wait_sock_or_child(sfd) else {
             continue;
+        };
+        if child {
+            // SAFETY: reaping our own children.
+            unsafe { while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {} }
         }
-        if fds[1].revents != 0 {
-            let mut si = [0u8; 128];
-            // SAFETY: draining the signalfd, then reaping our own children.
-            unsafe {
-                while libc::read(sfd, si.as_mut_ptr().cast(), si.len()) > 0 {}
-                while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
-            }
-        }
-        if fds[0].revents == 0 {
+        if !sock {
             continue;
         }
         let (n, got) = match recv(SOCK_FD, &mut buf, libc::MSG_DONTWAIT) {
@@ -1123,43 +1099,59 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// The request loop of PID 1.
-fn serve() -> ! {
+/// Block SIGCHLD and get it as a signalfd (the zygote's and PID 1's loops).
+fn sigchld_fd() -> RawFd {
     // SAFETY: signal mask and signalfd on local sets.
-    let sfd = unsafe {
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
         libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
-    };
+    }
+}
+
+/// Wait for a message on the socket or a child's exit (the signalfd drained): which came,
+/// or None when interrupted.
+fn wait_sock_or_child(sfd: RawFd) -> Option<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd {
+            fd: SOCK_FD,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: sfd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: poll on a local array.
+    if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+        return None;
+    }
+    let child = fds[1].revents != 0;
+    if child {
+        let mut si = [0u8; 128];
+        // SAFETY: draining the signalfd into a local buffer.
+        while unsafe { libc::read(sfd, si.as_mut_ptr().cast(), si.len()) } > 0 {}
+    }
+    Some((fds[0].revents != 0, child))
+}
+
+/// The request loop of PID 1.
+fn serve() -> ! {
+    let sfd = sigchld_fd();
     let mut started: std::collections::HashSet<i32> = std::collections::HashSet::new();
     let mut buf = vec![0u8; MAX_MSG];
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: SOCK_FD,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on a local array.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
+        let Some((sock, child)) = wait_sock_or_child(sfd) else {
             continue;
-        }
-        if fds[1].revents != 0 {
-            let mut si = [0u8; 128];
-            // SAFETY: draining the signalfd into a local buffer.
-            while unsafe { libc::read(sfd, si.as_mut_ptr().cast(), si.len()) } > 0 {}
+        };
+        if child {
             reap(&mut started);
         }
-        if fds[0].revents != 0 {
+        if sock {
             match recv(SOCK_FD, &mut buf, libc::MSG_DONTWAIT) {
                 Ok((0, _)) => break,
                 Ok((n, fds)) => match serde_json::from_slice::<Request>(&buf[..n]) {
