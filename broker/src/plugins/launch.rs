@@ -246,9 +246,9 @@ enum Fail {
     Setup(String),
 }
 
-/// Entry point of `<binary> __abx-plugin-launch`. Never returns.
-pub fn main() -> ! {
-    let code = match launch() {
+/// The exit code of a launcher process; a failure is reported on the status line first.
+fn launcher_exit(r: Result<i32, Fail>) -> i32 {
+    match r {
         Ok(c) => c,
         Err(Fail::Integrity(why)) => {
             status(&format!("integrity {why}"));
@@ -259,7 +259,12 @@ pub fn main() -> ! {
             status(&format!("error {why}"));
             125
         }
-    };
+    }
+}
+
+/// Entry point of `<binary> __abx-plugin-launch`. Never returns.
+pub fn main() -> ! {
+    let code = launcher_exit(launch());
     std::process::exit(code)
 }
 
@@ -361,18 +366,7 @@ fn outer(cfg: &Config) -> Result<i32, Fail> {
             }
             libc::close(alive[0]);
         }
-        let code = match inner(cfg) {
-            Ok(c) => c,
-            Err(Fail::Integrity(why)) => {
-                status(&format!("integrity {why}"));
-                125
-            }
-            Err(Fail::Setup(why)) => {
-                let _ = writeln!(io::stderr(), "abx-plugin-launch: {why}");
-                status(&format!("error {why}"));
-                125
-            }
-        };
+        let code = launcher_exit(inner(cfg));
         // SAFETY: leaving the inner process.
         unsafe { libc::_exit(code) };
     }
