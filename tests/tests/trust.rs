@@ -482,6 +482,20 @@ fn a_provider_whose_server_is_down_beside_local_hides_nothing() {
 // ---------------------------------------------------------------------------------------
 // No way to the broker from a plugin, and what runs is what was verified.
 
+/// The kernel's Landlock ABI (0: none).
+fn landlock_abi() -> i64 {
+    // SAFETY: the version query (flag 1) takes no pointers.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    v.max(0)
+}
+
 /// sock-probe installed from its fixture dir and configured with what an attacker who knows
 /// the broker would use: the socket path, the daemon's pid, a local sandbox and a host path
 /// for `files/download` to write. Returns the home, a client, the marker path and the
@@ -568,6 +582,7 @@ fn a_plugin_cannot_reach_the_broker_socket_nor_see_its_state() {
     }
     // Its own /proc: a handful of pids, not the host's.
     assert!(p["pidsSeen"].as_u64().unwrap() < 10, "{p}");
+    assert_ne!(p["signalDaemon"], "delivered", "{p}");
     // The hard link reached the socket; the daemon refused the peer and said why.
     assert!(
         a["hardLinkInDataDir"]
@@ -601,6 +616,10 @@ fn without_namespaces_a_plugin_is_refused_by_ancestry_and_runs_from_a_private_co
     // refused.
     assert_eq!(p["socketVisible"], true, "{p}");
     assert_eq!(p["stateSeen"]["data/providers/installed.json"], true, "{p}");
+    // The daemon's pid exists in its view, but no signal reaches it (Landlock scoping).
+    if landlock_abi() >= 6 {
+        assert_eq!(p["signalDaemon"], "refused: EPERM", "{p}");
+    }
     assert!(
         p["attempts"]["configured"]
             .as_str()
