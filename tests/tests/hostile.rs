@@ -621,9 +621,11 @@ fn many_exec_runs_with_large_output_on_connections_that_never_read() {
             s
         })
         .collect();
-    // Every connection got a reply (it waits in its socket) and every command has ended.
+    // Every connection got a reply (it waits in its socket) and every command has ended. A
+    // reply may be small: while the others' output holds the budget, a connection's whole
+    // output can be dropped (`memoryLimited`), which is what the budget promises.
     wait_alive("replies on every connection", pid, || {
-        conns.iter().all(|s| unread(s) >= 64 * 1024)
+        conns.iter().all(|s| unread(s) > 0)
     });
     wait_alive("every command ended", pid, || host_procs(CMD) == 0);
     w.pings_answered(50);
