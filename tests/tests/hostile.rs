@@ -714,7 +714,9 @@ fn many_streamed_execs_whose_output_nobody_reads() {
         })
         .collect();
     let h = never_reading(&home, &w, &lines, 50);
-    wait_alive("the commands started", pid, || host_procs(CMD) >= 200);
+    // Most of them at once: those whose output fits the budget end (about 85), the others
+    // wait with their output unread.
+    wait_alive("the commands started", pid, || host_procs(CMD) >= 100);
     w.pings_answered(100);
     // Gone: every stream detaches and keeps what it can for an attach.
     drop(h);
