@@ -199,8 +199,9 @@ fn v1_mounts() -> Vec<(&'static str, PathBuf)> {
     out
 }
 
-/// Remove empty spare cgroups (`spare-*`) a daemon that died left behind. A spare in use
-/// has a process in it, and removing a cgroup with a process fails: only the empty ones go.
+/// Remove empty spare cgroups (`spare-*`, older than a minute) a daemon that died left
+/// behind. A spare in use has a process in it, and removing a cgroup with a process fails:
+/// only the empty ones go.
 pub fn remove_stale_spares() {
     let mut bases: Vec<PathBuf> = v2_base().into_iter().collect();
     bases.extend(v1_mounts().into_iter().map(|(_, m)| m.join("abx")));
@@ -209,7 +210,15 @@ pub fn remove_stale_spares() {
             continue;
         };
         for e in rd.flatten() {
-            if e.file_name().to_string_lossy().starts_with("spare-") {
+            // Only old ones: a live daemon's new spare is empty for the moment between its
+            // mkdir and its process joining.
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(60));
+            if old && e.file_name().to_string_lossy().starts_with("spare-") {
                 let _ = std::fs::remove_dir(e.path());
             }
         }

@@ -159,9 +159,25 @@ impl Sandbox {
             None => container::Start::Fresh(procs.iter().map(|f| f.as_raw_fd()).collect()),
         };
         let t1 = std::time::Instant::now();
-        let started =
-            Container::start(container::config(&self.dirs, &id, &network, nproc), how).await;
+        let cfg = container::config(&self.dirs, &id, &network, nproc);
+        let mut started = Container::start(cfg.clone(), how).await;
         drop(procs);
+        if from_spare && started.is_err() {
+            // The spare went away under us (its process died, its cgroup was removed): start
+            // afresh, in a cgroup of the sandbox's own.
+            tracing::warn!(sandbox = %id, "the spare sandbox process failed; starting afresh");
+            let stale = self.cgroup.lock().expect("cgroup").take();
+            if let Some(cg) = stale {
+                // Gone before the new one takes its name.
+                let _ = tokio::task::spawn_blocking(move || cg.remove_blocking()).await;
+            }
+            let cg = Cgroup::create(&id, &lim).map(Arc::new);
+            *self.cgroup.lock().expect("cgroup") = cg.clone();
+            let procs = cg.as_ref().map(|c| c.open_procs()).unwrap_or_default();
+            let fds = procs.iter().map(|f| f.as_raw_fd()).collect();
+            started = Container::start(cfg, container::Start::Fresh(fds)).await;
+            drop(procs);
+        }
         // The next sandbox's outer process, made while nobody waits for it.
         tokio::task::spawn_blocking(move || container::make_spare(lim));
         let c = started?;
