@@ -413,6 +413,20 @@ pub fn sandbox_index(home: &Path) -> serde_json::Map<String, Value> {
     map
 }
 
+/// The kernel's Landlock ABI (0: none).
+pub fn landlock_abi() -> i64 {
+    // SAFETY: the version query (flag 1) takes no pointers.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    v.max(0)
+}
+
 pub fn abx_code(err: &Value) -> &str {
     err["data"]["abx"]
         .as_str()

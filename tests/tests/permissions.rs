@@ -4,24 +4,10 @@
 //! allowed when declared.
 
 use abx_tests::fixtures::{copy_dir, fixture, started};
-use abx_tests::{abx_code, wait_until, Client, Home};
+use abx_tests::{abx_code, landlock_abi, wait_until, Client, Home};
 use serde_json::{json, Value};
 use std::net::TcpListener;
 use std::time::Duration;
-
-/// The kernel's Landlock ABI (0: none).
-fn landlock_abi() -> i64 {
-    // SAFETY: the version query (flag 1) takes no pointers.
-    let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32,
-        )
-    };
-    v.max(0)
-}
 
 /// Landlock with TCP rules (ABI 4) is what these tests are about; without it they say so.
 fn landlock_net() -> bool {

@@ -482,20 +482,6 @@ fn a_provider_whose_server_is_down_beside_local_hides_nothing() {
 // ---------------------------------------------------------------------------------------
 // No way to the broker from a plugin, and what runs is what was verified.
 
-/// The kernel's Landlock ABI (0: none).
-fn landlock_abi() -> i64 {
-    // SAFETY: the version query (flag 1) takes no pointers.
-    let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32,
-        )
-    };
-    v.max(0)
-}
-
 /// sock-probe installed from its fixture dir and configured with what an attacker who knows
 /// the broker would use: the socket path, the daemon's pid, a local sandbox and a host path
 /// for `files/download` to write. Returns the home, a client, the marker path and the
@@ -617,7 +603,7 @@ fn without_namespaces_a_plugin_is_refused_by_ancestry_and_runs_from_a_private_co
     assert_eq!(p["socketVisible"], true, "{p}");
     assert_eq!(p["stateSeen"]["data/providers/installed.json"], true, "{p}");
     // The daemon's pid exists in its view, but no signal reaches it (Landlock scoping).
-    if landlock_abi() >= 6 {
+    if abx_tests::landlock_abi() >= 6 {
         assert_eq!(p["signalDaemon"], "refused: EPERM", "{p}");
     }
     assert!(
