@@ -51,13 +51,7 @@ fn sizing(params: Option<&RawValue>) -> Sizing {
 /// reservation, topped up if it turns out larger).
 pub fn reply_reserve(method: &str, params: Option<&RawValue>) -> usize {
     match method {
-        "files/read" => {
-            let len = sizing(params)
-                .length
-                .unwrap_or(MAX_READ_LENGTH)
-                .min(MAX_READ_LENGTH);
-            base64_len(len) as usize + 512
-        }
+        "files/read" => base64_len(read_len(params)) as usize + 512,
         "exec/run" => {
             let out = sizing(params)
                 .max_output
@@ -72,16 +66,21 @@ pub fn reply_reserve(method: &str, params: Option<&RawValue>) -> usize {
     }
 }
 
+/// The bytes a `files/read` with these params reads at most.
+fn read_len(params: Option<&RawValue>) -> u64 {
+    sizing(params)
+        .length
+        .unwrap_or(MAX_READ_LENGTH)
+        .min(MAX_READ_LENGTH)
+}
+
 /// Bytes `method` holds for a moment while it builds its reply, beyond the reply itself
 /// (counted in the broker-wide budget with the reply's reservation, given back once the reply
 /// is queued): a `files/read` holds the chunk it read and its encoded copy.
 pub fn work_reserve(method: &str, params: Option<&RawValue>) -> usize {
     match method {
         "files/read" => {
-            let len = sizing(params)
-                .length
-                .unwrap_or(MAX_READ_LENGTH)
-                .min(MAX_READ_LENGTH);
+            let len = read_len(params);
             (len + base64_len(len)) as usize
         }
         _ => 0,

@@ -84,7 +84,38 @@ struct Sandbox {
     forwards: tokio::sync::Mutex<HashMap<u16, (u16, tokio::task::JoinHandle<()>)>>,
 }
 
+/// What an exec in a sandbox needs besides its params (see [`Sandbox::exec_parts`]).
+struct ExecParts {
+    env: std::collections::BTreeMap<String, String>,
+    container: Option<Arc<Container>>,
+    cgroup: Option<Arc<Cgroup>>,
+}
+
+impl ExecParts {
+    fn site<'a>(&'a self, sb: &'a Sandbox, id: &'a str) -> exec::Site<'a> {
+        exec::Site {
+            dirs: &sb.dirs,
+            id,
+            env: &self.env,
+            container: self.container.as_deref(),
+            cgroup: self.cgroup.clone(),
+        }
+    }
+}
+
 impl Sandbox {
+    /// Its env, its running container (started if there is none) and its cgroup.
+    async fn exec_parts(&self) -> Result<ExecParts, AbxError> {
+        let env = self.rec.lock().expect("record").env.clone();
+        let container = self.container().await?;
+        let cgroup = self.cgroup.lock().expect("cgroup").clone();
+        Ok(ExecParts {
+            env,
+            container,
+            cgroup,
+        })
+    }
+
     fn save(&self) -> Result<(), AbxError> {
         let rec = self.rec.lock().expect("record").clone();
         replace_file(
@@ -396,23 +427,9 @@ impl Inner {
         let method = "exec/run";
         let p: ExecParams = parse(method, params)?;
         let sb = self.running(&p.sandbox)?;
-        let env = sb.rec.lock().expect("record").env.clone();
         let id = p.sandbox.clone();
-        let c = sb.container().await?;
-        let cg = sb.cgroup.lock().expect("cgroup").clone();
-        exec::run(
-            exec::Site {
-                dirs: &sb.dirs,
-                id: &id,
-                env: &env,
-                container: c.as_deref(),
-                cgroup: cg,
-            },
-            p,
-            cx.conn.pool().clone(),
-            &cx.hold,
-        )
-        .await
+        let parts = sb.exec_parts().await?;
+        exec::run(parts.site(&sb, &id), p, cx.conn.pool().clone(), &cx.hold).await
     }
 
     fn start(data_dir: &Path, settings: Settings, events: crate::events::Events) -> Arc<Inner> {
@@ -778,7 +795,6 @@ impl Inner {
             "exec/start" => {
                 let p: ExecParams = parse(method, params)?;
                 let sb = self.running(&p.sandbox)?;
-                let env = sb.rec.lock().expect("record").env.clone();
                 let exec_id = format!(
                     "e-{}-{}",
                     self.next.fetch_add(1, Ordering::Relaxed),
@@ -786,16 +802,9 @@ impl Inner {
                 );
                 let weak = Arc::downgrade(self);
                 let id = p.sandbox.clone();
-                let c = sb.container().await?;
-                let cg = sb.cgroup.lock().expect("cgroup").clone();
+                let parts = sb.exec_parts().await?;
                 let s = exec::start(
-                    exec::Site {
-                        dirs: &sb.dirs,
-                        id: &id,
-                        env: &env,
-                        container: c.as_deref(),
-                        cgroup: cg,
-                    },
+                    parts.site(&sb, &id),
                     p,
                     exec_id.clone(),
                     cx.conn.clone(),
