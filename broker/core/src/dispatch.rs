@@ -1,0 +1,516 @@
+//! The method table: every request method the broker serves, and its handler.
+
+use crate::broker::Broker;
+use crate::conn::Conn;
+use crate::provider::{CallCx, Provider};
+use abx_protocol::api::{
+    methods, BrokerShutdownParams, InitializeParams, InitializeResult, PeerInfo,
+};
+use abx_protocol::features;
+use abx_protocol::{AbxError, ErrorCode, PROTOCOL_VERSION};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// What a handler gets: the broker, its connection and its cancellation token.
+pub struct Cx {
+    /// Broker-wide state.
+    pub broker: Arc<Broker>,
+    /// The calling connection.
+    pub conn: Arc<Conn>,
+    /// Cancelled by `$/cancelRequest` or when the connection goes away.
+    pub cancel: CancellationToken,
+    /// Fired once this request's reply is queued (streams wait for it, so a client always
+    /// sees `exec/start`'s reply before the stream's first notification).
+    pub replied: CancellationToken,
+    /// Pool bytes that already count this request's reply (deposited by its handler).
+    pub hold: crate::outbound::Hold,
+}
+
+/// A handler's result: raw JSON, so no `Value` tree is ever built for big results.
+pub type Reply = Result<Box<RawValue>, AbxError>;
+
+/// Serialize a result.
+pub fn reply<T: Serialize + ?Sized>(v: &T) -> Reply {
+    serde_json::value::to_raw_value(v).map_err(AbxError::internal)
+}
+
+/// Parse params into `T`; absent params parse as `{}` so missing fields are named.
+pub fn params<T: DeserializeOwned>(method: &str, p: Option<&RawValue>) -> Result<T, AbxError> {
+    serde_json::from_str(p.map_or("{}", RawValue::get))
+        .map_err(|e| AbxError::invalid_params(method, e))
+}
+
+/// By-name params only: JSON-RPC also allows by-position params (an array); an empty one
+/// (what `vim.lsp.rpc` sends for an empty Lua table) means no params, any other array is
+/// E1004 naming by-name params.
+pub fn by_name(method: &str, p: Option<Box<RawValue>>) -> Result<Option<Box<RawValue>>, AbxError> {
+    let Some(raw) = p else { return Ok(None) };
+    match array_params(&raw) {
+        None => return Ok(Some(raw)),
+        Some(true) => return Ok(None),
+        Some(false) => {}
+    }
+    let mut e = AbxError::invalid_params(
+        method,
+        "by-position params (an array) are not supported; send by-name params (an object)",
+    );
+    e.suggestion = format!(
+        "Send \"params\" as an object with named members (see docs/broker-api.md for '{method}'), or [] / {{}} / nothing for no params."
+    );
+    Err(e)
+}
+
+/// `Some(empty)` when params are by-position (an array), `None` for an object.
+pub fn array_params(p: &RawValue) -> Option<bool> {
+    let text = p.get().trim_start();
+    let rest = text.strip_prefix('[')?;
+    Some(rest.trim() == "]")
+}
+
+/// Every method the core answers itself (the composition root adds its own, see
+/// [`crate::broker::Methods`]; the provider methods are [`features::PROVIDER_METHODS`]).
+pub const METHODS: &[&str] = &[
+    methods::INITIALIZE,
+    methods::SHUTDOWN,
+    methods::PING,
+    methods::STATUS,
+    methods::BROKER_SHUTDOWN,
+    methods::SUBSCRIBE,
+    methods::UNSUBSCRIBE,
+    "provider/list",
+    "provider/info",
+];
+
+/// Run one request. The params are taken by value so that a router can free them as soon as
+/// it has parsed them (a 64 MiB `files/write` is then held once, not twice).
+pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
+    let raw = by_name(method, raw)?;
+    if method.starts_with(TEST_PREFIX) {
+        return test_hook(cx.broker.test_hooks, method);
+    }
+    if features::PROVIDER_METHODS.contains(&method) {
+        return route(cx, method, raw).await;
+    }
+    let p = raw.as_deref();
+    match method {
+        methods::INITIALIZE => initialize(cx, params(method, p)?),
+        methods::SHUTDOWN => reply(&()),
+        methods::PING => ping(),
+        methods::STATUS => status(&cx.broker),
+        methods::BROKER_SHUTDOWN => broker_shutdown(cx, params(method, p)?),
+        methods::SUBSCRIBE => {
+            params::<NoParams>(method, p)?;
+            cx.broker
+                .events
+                .subscribe(cx.conn.handle.clone(), cx.replied.clone());
+            reply(&json!({}))
+        }
+        methods::UNSUBSCRIBE => {
+            params::<NoParams>(method, p)?;
+            cx.broker.events.unsubscribe(cx.conn.handle.id).await;
+            reply(&json!({}))
+        }
+        "provider/list" => provider_list(cx),
+        "provider/info" => provider_info(cx, params(method, p)?),
+        _ => match &cx.broker.methods {
+            Some(m) if m.serves(method) => m.call(cx, method, raw).await,
+            _ => Err(AbxError::new(
+                ErrorCode::MethodNotFound,
+                &[("method", method)],
+            )),
+        },
+    }
+}
+
+/// Methods for the test suites, served only when the broker was made with
+/// [`crate::broker::Settings::test_hooks`] (the daemon: `ABX_TEST_HOOKS=1`; never in normal
+/// use): `$/abx/test/panic` panics in its handler.
+const TEST_PREFIX: &str = "$/abx/test/";
+
+fn test_hook(on: bool, method: &str) -> Reply {
+    match method {
+        "$/abx/test/panic" if on => panic!("test hook: a handler that panics"),
+        _ => Err(AbxError::new(
+            ErrorCode::MethodNotFound,
+            &[("method", method)],
+        )),
+    }
+}
+
+/// `broker/ping`.
+pub fn ping() -> Reply {
+    Ok(RawValue::from_string("{}".to_owned()).expect("valid JSON"))
+}
+
+/// `broker/status`.
+pub fn status(b: &Broker) -> Reply {
+    reply(&json!({
+        "version": b.version,
+        "pid": std::process::id(),
+        "uptimeMs": b.uptime_ms(),
+        "startedAt": b.started_unix(),
+        "connections": b.connections(),
+        "subscribers": b.events.subscribers(),
+        "inFlight": b.in_flight(),
+        "socket": b.paths.socket,
+        "dataDir": b.paths.data_dir,
+        "logFile": b.paths.log_file(),
+        "providers": b.registry.all().iter().map(|p| {
+            let info = p.info();
+            let proc_ = &info["process"];
+            json!({
+                "id": p.summary().id, "kind": p.summary().kind,
+                "running": proc_.get("running").cloned().unwrap_or(json!(true)),
+                "pid": proc_.get("pid").cloned().unwrap_or(Value::Null),
+                "inFlight": proc_.get("inFlight").cloned().unwrap_or(json!(0)),
+                "restarts": proc_.get("restarts").cloned().unwrap_or(json!(0)),
+                "disabled": proc_.get("disabled").cloned().unwrap_or(Value::Null),
+                "lastError": proc_.get("lastError").cloned().unwrap_or(Value::Null),
+            })
+        }).collect::<Vec<_>>(),
+        "sandboxes": b.registry.all().iter().map(|p| p.sandbox_count()).sum::<usize>(),
+    }))
+}
+
+fn initialize(cx: &Cx, p: InitializeParams) -> Reply {
+    if let Some(ci) = p.client_info {
+        *cx.conn.client.lock().expect("client lock") = Some(ci);
+    }
+    reply(&InitializeResult {
+        protocol_version: PROTOCOL_VERSION.to_owned(),
+        server_info: PeerInfo {
+            name: "abx-broker".to_owned(),
+            version: cx.broker.version.clone(),
+        },
+        capabilities: json!({
+            "framings": ["line", "content-length"],
+            "maxMessageSize": cx.broker.max_message,
+            "methods": METHODS.iter().chain(features::PROVIDER_METHODS).collect::<Vec<_>>(),
+        }),
+    })
+}
+
+fn broker_shutdown(cx: &Cx, p: BrokerShutdownParams) -> Reply {
+    if p.if_idle && (cx.broker.connections() > 1 || cx.broker.in_flight() > 1) {
+        return Err(AbxError::detail(
+            ErrorCode::Busy,
+            format!(
+                "{} connections and {} requests are active",
+                cx.broker.connections(),
+                cx.broker.in_flight()
+            ),
+        )
+        .with_suggestion("It stays up while in use; stop it later with 'abx broker stop'."));
+    }
+    tracing::info!("shutdown requested by connection {}", cx.conn.handle.id);
+    // Answer first, then stop: the reply is queued before the token fires.
+    let b = cx.broker.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        b.shutdown.cancel();
+    });
+    reply(&json!({}))
+}
+
+fn provider_list(cx: &Cx) -> Reply {
+    let default = cx.broker.registry.default_id();
+    let list: Vec<Value> = cx
+        .broker
+        .registry
+        .all()
+        .iter()
+        .map(|p| {
+            let s = p.summary();
+            json!({
+                "id": s.id, "name": s.name, "version": s.version, "kind": s.kind,
+                "trust": s.trust, "features": s.features, "default": s.id == default,
+            })
+        })
+        .collect();
+    reply(&json!({ "providers": list }))
+}
+
+/// Params of methods that take none: unknown members are ignored, like everywhere.
+#[derive(serde::Deserialize)]
+struct NoParams {}
+
+#[derive(serde::Deserialize)]
+struct IdParam {
+    id: String,
+}
+
+fn provider_info(cx: &Cx, p: IdParam) -> Reply {
+    let prov = cx.broker.registry.get(&p.id)?;
+    let s = prov.summary();
+    let mut v = json!({
+        "id": s.id, "name": s.name, "version": s.version, "kind": s.kind, "trust": s.trust,
+        "features": s.features, "default": s.id == cx.broker.registry.default_id(),
+        "description": s.description,
+    });
+    if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), prov.info()) {
+        obj.extend(extra);
+    }
+    reply(&v)
+}
+
+/// Resolve a `sandbox` argument: `provider:id`, or a bare id (a provider that knows it, then
+/// the index, then the providers asked, see [`crate::provider::probe_owners`]). Returns the
+/// provider and its own id. A bare id two providers hold is ambiguous (E1004 naming them).
+async fn resolve_sandbox(cx: &Cx, s: &str) -> Result<(Arc<dyn Provider>, String), AbxError> {
+    let b = &cx.broker;
+    if let Some((prov, id)) = s.split_once(':') {
+        if let Ok(p) = b.registry.get(prov) {
+            return Ok((p, id.to_owned()));
+        }
+    }
+    if let Some(p) = b.registry.owner_of(s) {
+        return Ok((p, s.to_owned()));
+    }
+    if let Some(pid) = b.index.get(s) {
+        if let Ok(p) = b.registry.get(&pid) {
+            return Ok((p, s.to_owned()));
+        }
+    }
+    let ccx = CallCx {
+        conn: cx.conn.handle.clone(),
+        cancel: cx.cancel.clone(),
+        replied: cx.replied.clone(),
+        hold: cx.hold.clone(),
+    };
+    let mut found = crate::provider::probe_owners(&b.registry, &ccx, s).await;
+    match found.len() {
+        0 => Err(AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", s)])),
+        1 => {
+            let p = found.remove(0);
+            b.index.insert(s, &p.summary().id);
+            Ok((p, s.to_owned()))
+        }
+        _ => {
+            let names: Vec<String> = found
+                .iter()
+                .map(|p| format!("{}:{s}", p.summary().id))
+                .collect();
+            Err(AbxError::invalid_params(
+                "sandbox",
+                format!(
+                    "sandbox id '{s}' is ambiguous: it names {}",
+                    names.join(" and ")
+                ),
+            )
+            .with_suggestion(format!(
+                "Name one of them as provider:id, e.g. '{}'.",
+                names[0]
+            ))
+            .with_data("candidates", names))
+        }
+    }
+}
+
+/// Route a provider method: resolve, gate, rewrite, call, record.
+async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
+    let b = &cx.broker;
+    let mut params: Value = match p {
+        Some(raw) => {
+            serde_json::from_str(raw.get()).map_err(|e| AbxError::invalid_params(method, e))?
+        }
+        None => json!({}),
+    };
+    check_bounds(method, &params)?;
+    let Some(obj) = params.as_object_mut() else {
+        return Err(AbxError::invalid_params(method, "params must be an object"));
+    };
+    let explicit = match obj.remove("provider") {
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Null) | None => None,
+        Some(_) => {
+            return Err(AbxError::invalid_params(
+                method,
+                "provider must be a string",
+            ))
+        }
+    };
+    let (provider, local_id) = if let Some(sb) = obj.get("sandbox") {
+        let s = sb
+            .as_str()
+            .ok_or_else(|| AbxError::invalid_params(method, "sandbox must be a string"))?;
+        let (prov, id) = match resolve_sandbox(cx, s).await {
+            Ok(r) => r,
+            // Killing is idempotent: a sandbox that is gone is killed already.
+            Err(e) if method == "sandbox/kill" && e.code == ErrorCode::SandboxNotFound => {
+                return reply(&json!({"killed": false}));
+            }
+            Err(e) => return Err(e),
+        };
+        (prov, Some(id))
+    } else if let Some(h) = obj.get("execId").or_else(|| obj.get("watchId")) {
+        let h = h
+            .as_str()
+            .ok_or_else(|| AbxError::invalid_params(method, "execId/watchId must be a string"))?;
+        match b.handles.get(h) {
+            Some(pid) => (b.registry.get(&pid)?, None),
+            None if obj.contains_key("execId") => {
+                return Err(AbxError::new(ErrorCode::ExecNotFound, &[("exec", h)]))
+            }
+            None => return Err(AbxError::invalid_params(method, format!("no watch '{h}'"))),
+        }
+    } else if method == "sandbox/list" && explicit.is_none() {
+        return list_all(cx).await;
+    } else {
+        let id = explicit.clone().unwrap_or_else(|| b.registry.default_id());
+        (b.registry.get(&id)?, None)
+    };
+    if matches!(method, "files/upload" | "files/download") {
+        // The daemon's working directory is nobody's: local paths must be absolute.
+        if let Some(lp) = obj.get("localPath").and_then(Value::as_str) {
+            if !std::path::Path::new(lp).is_absolute() {
+                return Err(AbxError::invalid_params(
+                    method,
+                    format!("localPath must be absolute, not '{lp}'"),
+                ));
+            }
+        }
+    }
+    let summary = provider.summary().clone();
+    let has_pty = method == "exec/start" && obj.get("pty").is_some_and(|v| !v.is_null());
+    for f in [
+        features::for_method(method, has_pty),
+        has_pty.then_some("exec.stream"),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !summary.features.iter().any(|x| x == f) {
+            return Err(crate::provider::unsupported(&summary.id, f));
+        }
+    }
+    if let Some(id) = &local_id {
+        obj.insert("sandbox".into(), Value::String(id.clone()));
+    }
+    let ccx = CallCx {
+        conn: cx.conn.handle.clone(),
+        cancel: cx.cancel.clone(),
+        replied: cx.replied.clone(),
+        hold: cx.hold.clone(),
+    };
+    let res = provider.call(&ccx, method, params).await;
+    match (&res, method) {
+        (Ok(raw), "sandbox/create") => {
+            let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+            if let Some(id) = v["id"].as_str() {
+                b.index.insert(id, &summary.id);
+                b.events.emit(&summary.id, id, "created", Some(&v));
+            }
+        }
+        (Ok(raw), "sandbox/kill") => {
+            if let Some(id) = &local_id {
+                b.index.remove(id);
+                // Idempotent: a kill of what was gone already (`killed: false`) changes nothing.
+                let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+                if v["killed"] != false {
+                    b.events.emit(&summary.id, id, "killed", None);
+                }
+            }
+        }
+        (Ok(raw), "sandbox/pause" | "sandbox/resume" | "sandbox/setTimeout") => {
+            if let Some(id) = &local_id {
+                let change = match method {
+                    "sandbox/pause" => "paused",
+                    "sandbox/resume" => "resumed",
+                    _ => "timeout",
+                };
+                let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+                let info = v.is_object().then_some(&v);
+                b.events.emit(&summary.id, id, change, info);
+            }
+        }
+        (Ok(raw), "exec/start" | "files/watch") => {
+            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
+                if let Some(h) = v["execId"].as_str().or(v["watchId"].as_str()) {
+                    b.handles.insert(h, &summary.id);
+                }
+            }
+        }
+        (Err(e), _) if e.code == ErrorCode::SandboxNotFound => {
+            if let Some(id) = &local_id {
+                b.index.remove(id);
+            }
+        }
+        _ => {}
+    }
+    res
+}
+
+/// The upper bounds of the params that size a reply (the same for every provider).
+fn check_bounds(method: &str, params: &Value) -> Result<(), AbxError> {
+    let num = |k: &str| -> Result<Option<u64>, AbxError> {
+        match params.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n)),
+                // A number too large for u64 (1e30) is above the bound too.
+                None if v.as_f64().is_some_and(|f| f > u64::MAX as f64) => Ok(Some(u64::MAX)),
+                None => Err(AbxError::invalid_params(
+                    method,
+                    format!("{k} must be a non-negative integer, not {v}"),
+                )),
+            },
+        }
+    };
+    match method {
+        "files/read" => abx_protocol::limits::check_read_length(num("length")?),
+        "exec/run" => abx_protocol::limits::check_max_output(num("maxOutput")?),
+        _ => Ok(()),
+    }
+}
+
+/// `sandbox/list` across providers: every healthy provider's sandboxes, and one entry in
+/// `errors` per provider that could not answer (tampered, failing its handshake, its server
+/// down, ...), so one bad provider never hides the others. The providers are asked at once.
+async fn list_all(cx: &Cx) -> Reply {
+    let ccx = CallCx {
+        conn: cx.conn.handle.clone(),
+        cancel: cx.cancel.clone(),
+        replied: cx.replied.clone(),
+        hold: cx.hold.clone(),
+    };
+    let providers: Vec<Arc<dyn Provider>> = cx.broker.registry.with_feature("sandbox.lifecycle");
+    let replies = futures::future::join_all(providers.iter().map(|p| {
+        let ccx = &ccx;
+        async move {
+            let raw = p.call(ccx, "sandbox/list", json!({})).await?;
+            serde_json::from_str::<Value>(raw.get()).map_err(AbxError::internal)
+        }
+    }))
+    .await;
+    let mut all = Vec::new();
+    let mut errors = Vec::new();
+    for (p, r) in providers.iter().zip(replies) {
+        match r {
+            Ok(v) => {
+                if let Some(list) = v["sandboxes"].as_array() {
+                    all.extend(list.iter().cloned());
+                }
+            }
+            // The caller gave up: that is the whole call's answer, not one provider's.
+            Err(e) if e.code == ErrorCode::RequestCancelled => return Err(e),
+            Err(e) => {
+                tracing::warn!(provider = %p.summary().id, error = %e, "sandbox/list: provider failed");
+                errors.push(json!({
+                    "provider": p.summary().id,
+                    "code": e.code.abx(),
+                    "message": e.message,
+                    "suggestion": e.suggestion,
+                }));
+            }
+        }
+    }
+    if errors.is_empty() {
+        reply(&json!({ "sandboxes": all }))
+    } else {
+        reply(&json!({ "sandboxes": all, "errors": errors }))
+    }
+}

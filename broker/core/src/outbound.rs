@@ -1,0 +1,514 @@
+//! The outbound half of a connection, as handlers and providers see it: [`Outbound`], a
+//! cheap cloneable handle that queues replies and notifications for one client, bounded in
+//! bytes ([`OUTBOUND_BUDGET`] per connection; small messages from the connection's own
+//! allowance, large ones from the broker-wide [`Pool`]). Providers and the events hub get
+//! this, never the connection itself ([`crate::conn`]).
+//!
+//! - A tracked message ([`Outbound::send_tracked`]) tells its sender whether it reached the
+//!   client, so an exec keeps what a dead client never got for the next `exec/attach`.
+//! - After a burst of large messages the allocator gives the freed memory back
+//!   ([`note_released`]).
+
+use abx_protocol::message;
+use bytes::Bytes;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// Bytes queued for one connection before its producers wait.
+pub const OUTBOUND_BUDGET: usize = 16 * 1024 * 1024;
+/// Accounting overhead per queued message.
+pub const MSG_OVERHEAD: usize = 64;
+/// Queued bytes of small messages each connection may hold outside the broker-wide pool:
+/// its small replies (pings, acks, errors) never wait for other connections.
+pub const OWN_ALLOWANCE: usize = 64 * 1024;
+/// Messages up to this cost (body + overhead) may use the connection's own allowance.
+pub const SMALL_MESSAGE: usize = 8 * 1024;
+/// Default broker-wide cap on queued outbound bytes and large result buffers
+/// (`ABX_MEMORY_BUDGET`).
+pub const DEFAULT_POOL: usize = 128 * 1024 * 1024;
+/// Freed bytes of large messages after which the allocator is asked to give memory back.
+const TRIM_AFTER: usize = 32 * 1024 * 1024;
+
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+static TRIMMING: AtomicBool = AtomicBool::new(false);
+
+/// Count `bytes` of a large message as freed; past [`TRIM_AFTER`] (and when `idle`, nothing
+/// more queued) the allocator returns its free pages to the system (`malloc_trim`), so RSS
+/// goes back near idle after a burst instead of staying at its peak.
+pub fn note_released(bytes: usize, idle: bool) {
+    let total = RELEASED.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    if !idle || total < TRIM_AFTER || TRIMMING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    RELEASED.store(0, Ordering::Relaxed);
+    let trim = || {
+        trim_now();
+        TRIMMING.store(false, Ordering::Release);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(trim)),
+        Err(_) => trim(),
+    }
+}
+
+/// Give free heap pages back to the system now.
+pub fn trim_now() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The broker-wide memory budget: bytes of queued outbound messages (beyond each
+/// connection's own small allowance) and of large result buffers being built (`exec/run`
+/// output, stream chunks). Whoever needs more waits (or, for `exec/run` output, stops
+/// keeping it), so the sum stays under the cap whatever clients do.
+#[derive(Clone)]
+pub struct Pool {
+    sem: Arc<Semaphore>,
+    cap: usize,
+}
+
+impl Pool {
+    /// A pool of `cap` bytes (at least 1 MiB, at most 2 GiB).
+    pub fn new(cap: usize) -> Pool {
+        let cap = cap.clamp(1 << 20, 1 << 31);
+        Pool {
+            sem: Arc::new(Semaphore::new(cap)),
+            cap,
+        }
+    }
+
+    /// The cap in bytes.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Bytes free right now.
+    pub fn available(&self) -> usize {
+        self.sem.available_permits()
+    }
+
+    fn units(&self, bytes: usize) -> u32 {
+        bytes.clamp(1, self.cap) as u32
+    }
+
+    /// Take `bytes` (at most the cap) if free now.
+    pub fn try_take(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        self.sem
+            .clone()
+            .try_acquire_many_owned(self.units(bytes))
+            .ok()
+    }
+
+    /// Take `bytes` (at most the cap), waiting for them.
+    pub async fn take(&self, bytes: usize) -> OwnedSemaphorePermit {
+        self.sem
+            .clone()
+            .acquire_many_owned(self.units(bytes))
+            .await
+            .expect("the pool is never closed")
+    }
+}
+
+/// A permit of a request's reply hold: bytes of the pool that already cover the memory of
+/// its reply (an `exec/run` whose output was counted while it was collected). The handler
+/// deposits it; the reply is queued against it, so the bytes stay counted, never twice.
+pub type Hold = Arc<Mutex<Option<OwnedSemaphorePermit>>>;
+
+/// What a queued message (or a reservation) holds: its share of the connection's budget,
+/// and of its own small allowance or of the broker-wide pool.
+pub struct Permits {
+    conn: OwnedSemaphorePermit,
+    own: Option<OwnedSemaphorePermit>,
+    pool: Option<OwnedSemaphorePermit>,
+}
+
+impl Permits {
+    /// Bytes of the pool or allowance held.
+    fn shared(&self) -> usize {
+        self.own.as_ref().map_or(0, |p| p.num_permits())
+            + self.pool.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Add pool bytes (a handler's hold).
+    fn add_pool(&mut self, p: OwnedSemaphorePermit) {
+        match &mut self.pool {
+            Some(mine) => mine.merge(p),
+            None => self.pool = Some(p),
+        }
+    }
+
+    /// Keep `conn` of the connection's budget and `shared` of the allowance or pool,
+    /// giving the rest back; false when it holds less than that.
+    fn fit(&mut self, conn: usize, shared: usize) -> bool {
+        if self.conn.num_permits() < conn || self.shared() < shared {
+            return false;
+        }
+        trim(&mut self.conn, conn);
+        let own = self.own.as_ref().map_or(0, |p| p.num_permits());
+        if own >= shared {
+            self.pool = None;
+            trim_opt(&mut self.own, shared);
+        } else if let Some(p) = &mut self.pool {
+            trim(p, shared - own);
+        }
+        true
+    }
+}
+
+fn trim(p: &mut OwnedSemaphorePermit, keep: usize) {
+    let have = p.num_permits();
+    if have > keep && keep > 0 {
+        drop(p.split(have - keep));
+    }
+}
+
+fn trim_opt(p: &mut Option<OwnedSemaphorePermit>, keep: usize) {
+    match p {
+        Some(_) if keep == 0 => *p = None,
+        Some(x) => trim(x, keep),
+        None => {}
+    }
+}
+
+pub(crate) struct Queued {
+    pub(crate) body: Bytes,
+    pub(crate) _permit: Permits,
+    /// Told whether the body reached the client (see [`Outbound::send_tracked`]).
+    pub(crate) ack: Option<Ack>,
+}
+
+/// What a tracked message's sender hears: `Ok` once it was written and flushed, `Err(body)`
+/// when it could not be (the client is gone), so the sender can keep it for later.
+pub type Delivery = Box<dyn FnOnce(Result<(), Vec<u8>>) + Send>;
+
+/// A tracked message's delivery report; dropped unreported (the connection went away
+/// with the message still queued), it reports the body as undelivered.
+pub(crate) struct Ack {
+    body: Bytes,
+    report: Option<Delivery>,
+}
+
+impl Ack {
+    pub(crate) fn delivered(mut self) {
+        if let Some(r) = self.report.take() {
+            r(Ok(()));
+        }
+    }
+}
+
+impl Drop for Ack {
+    fn drop(&mut self) {
+        if let Some(r) = self.report.take() {
+            r(Err(Vec::from(std::mem::take(&mut self.body))));
+        }
+    }
+}
+
+/// A cheap, cloneable way to send to one connection (replies, stream notifications).
+#[derive(Clone)]
+pub struct Outbound {
+    /// Connection id (unique within this broker).
+    pub id: u64,
+    tx: mpsc::UnboundedSender<Queued>,
+    budget: Arc<Semaphore>,
+    /// The connection's own allowance for small messages (outside the pool).
+    own: Arc<Semaphore>,
+    /// The broker-wide pool.
+    pool: Pool,
+    closed: CancellationToken,
+}
+
+/// What a message of `bytes` costs: of the connection's budget, and of the allowance or pool.
+fn costs(bytes: usize, pool: &Pool) -> (usize, usize) {
+    let cost = bytes.saturating_add(MSG_OVERHEAD);
+    (cost.min(OUTBOUND_BUDGET), cost.min(pool.cap()))
+}
+
+impl Outbound {
+    /// A handle for connection `id` and the queue its writer drains.
+    pub(crate) fn new(id: u64, pool: Pool) -> (Outbound, mpsc::UnboundedReceiver<Queued>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let h = Outbound {
+            id,
+            tx,
+            budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
+            own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
+            pool,
+            closed: CancellationToken::new(),
+        };
+        (h, rx)
+    }
+
+    /// Cancelled once the connection's writer is gone.
+    pub(crate) fn closed_token(&self) -> &CancellationToken {
+        &self.closed
+    }
+
+    /// The broker-wide pool this connection's messages count against.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Queue one already-encoded message body. Waits while the queue is over budget.
+    /// Returns false when the connection is gone.
+    pub async fn send(&self, body: Vec<u8>) -> bool {
+        self.send_or_keep(body).await.is_ok()
+    }
+
+    async fn conn_units(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        match self.budget.clone().try_acquire_many_owned(n as u32) {
+            Ok(p) => Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
+                p = self.budget.clone().acquire_many_owned(n as u32) => p.ok(),
+                _ = self.closed.cancelled() => None,
+            },
+        }
+    }
+
+    /// The shared part of a message's cost, if free now: the connection's own allowance
+    /// when the message is small and there is room, else the pool.
+    fn try_shared(
+        &self,
+        n: usize,
+    ) -> Option<(Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>)> {
+        if n <= SMALL_MESSAGE {
+            if let Ok(own) = self.own.clone().try_acquire_many_owned(n as u32) {
+                return Some((Some(own), None));
+            }
+        }
+        self.pool.try_take(n).map(|p| (None, Some(p)))
+    }
+
+    /// Take what a message of `bytes` costs: the connection's budget, then its allowance or
+    /// the pool. Never waits for one while holding the other (so no two waiters can block
+    /// each other): the connection's part is waited for first (a client that does not read
+    /// waits here, never taking pool bytes it could not use); when the pool is short, the
+    /// connection's part goes back while the pool is waited for. `None` once the connection
+    /// is gone.
+    async fn take(&self, bytes: usize) -> Option<Permits> {
+        self.take_with(bytes, 0).await
+    }
+
+    /// [`Outbound::take`] with `work` more bytes of the shared part (memory the work holds
+    /// beside the reply for a moment; given back when the reply is queued).
+    async fn take_with(&self, bytes: usize, work: usize) -> Option<Permits> {
+        let (c, sh) = costs(bytes, &self.pool);
+        let sh = sh.saturating_add(work).min(self.pool.cap());
+        loop {
+            let conn = self.conn_units(c).await?;
+            if let Some((own, pool)) = self.try_shared(sh) {
+                return Some(Permits { conn, own, pool });
+            }
+            drop(conn);
+            let pool = tokio::select! {
+                p = self.pool.take(sh) => p,
+                _ = self.closed.cancelled() => return None,
+            };
+            if let Ok(conn) = self.budget.clone().try_acquire_many_owned(c as u32) {
+                return Some(Permits {
+                    conn,
+                    own: None,
+                    pool: Some(pool),
+                });
+            }
+        }
+    }
+
+    /// Reserve `bytes` (of the connection's budget and of the allowance or broker-wide pool)
+    /// for a reply not built yet. Waits while either is short; `None` once the connection is
+    /// gone.
+    pub async fn reserve(&self, bytes: usize) -> Option<Permits> {
+        self.take(bytes).await
+    }
+
+    /// [`Outbound::reserve`] with `work` bytes more of the shared budget, for memory the
+    /// work holds beside its reply while it builds it (see [`limits::work_reserve`]).
+    pub async fn reserve_with(&self, bytes: usize, work: usize) -> Option<Permits> {
+        self.take_with(bytes, work).await
+    }
+
+    /// Queue `body` against a reservation from [`Outbound::reserve`] and a handler's
+    /// `hold` (pool bytes that already count the body's memory): what they do not need goes
+    /// back at once. When the connection's part is short, it is given back and the whole of
+    /// it waited for (a waiter never holds connection budget while it waits, so replies
+    /// larger than their reservations cannot deadlock), keeping the pool part: the body
+    /// exists, its bytes stay counted. When the pool part is short and no more is free now,
+    /// everything is given back and the whole cost waited for.
+    pub async fn send_reserved(
+        &self,
+        body: Vec<u8>,
+        mut permits: Permits,
+        hold: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        if let Some(h) = hold {
+            permits.add_pool(h);
+        }
+        let (c, sh) = costs(body.len(), &self.pool);
+        if permits.shared() < sh {
+            match self.pool.try_take(sh - permits.shared()) {
+                Some(more) => permits.add_pool(more),
+                None => {
+                    drop(permits);
+                    return self.send(body).await;
+                }
+            }
+        }
+        if !permits.fit(c, sh) {
+            // The connection's part is short: wait for all of it, holding none of it.
+            let Permits { conn, own, pool } = permits;
+            drop(conn);
+            let Some(conn) = self.conn_units(c).await else {
+                return false;
+            };
+            permits = Permits { conn, own, pool };
+            permits.fit(c, sh);
+        }
+        self.tx
+            .send(Queued {
+                body: Bytes::from(body),
+                _permit: permits,
+                ack: None,
+            })
+            .is_ok()
+    }
+
+    /// [`Outbound::send`] that hands the body back when the connection has closed (a
+    /// stream keeps it for a later attach without copying every body up front).
+    pub async fn send_or_keep(&self, body: Vec<u8>) -> Result<(), Vec<u8>> {
+        self.queue(body, None, None).await
+    }
+
+    /// [`Outbound::send_or_keep`] that also reports whether the body reached the client:
+    /// `report(Ok(()))` once it was written and flushed, `report(Err(body))` when the
+    /// client turned out to be gone (a write failed, or the connection closed with the body
+    /// still queued). `Err(body)` here: not queued at all, `report` is not called.
+    /// A stream uses it so that nothing written to a dead client is lost for a later
+    /// `exec/attach`. `permits` (from [`Outbound::reserve`]) are used when given.
+    pub async fn send_tracked(
+        &self,
+        body: Vec<u8>,
+        report: Delivery,
+        permits: Option<Permits>,
+    ) -> Result<(), Vec<u8>> {
+        self.queue(body, Some(report), permits).await
+    }
+
+    async fn queue(
+        &self,
+        body: Vec<u8>,
+        report: Option<Delivery>,
+        permits: Option<Permits>,
+    ) -> Result<(), Vec<u8>> {
+        let (c, sh) = costs(body.len(), &self.pool);
+        let fitted = permits.and_then(|mut p| p.fit(c, sh).then_some(p));
+        let permits = match fitted {
+            Some(p) => p,
+            None => match self.take(body.len()).await {
+                Some(p) => p,
+                None => return Err(body),
+            },
+        };
+        let body = Bytes::from(body);
+        let ack = report.map(|r| Ack {
+            body: body.clone(),
+            report: Some(r),
+        });
+        self.tx
+            .send(Queued {
+                body,
+                _permit: permits,
+                ack,
+            })
+            .map_err(|e| {
+                let mut m = e.0;
+                // Not queued: the caller keeps the body (its report is not called).
+                if let Some(mut a) = m.ack.take() {
+                    a.report = None;
+                }
+                Vec::from(m.body)
+            })
+    }
+
+    /// Queue a notification.
+    pub async fn notify<P: Serialize + ?Sized>(&self, method: &str, params: &P) -> bool {
+        self.send(message::encode_notification(method, Some(params)))
+            .await
+    }
+
+    /// True once the connection has closed (the client went away or sent `exit`).
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Resolves when the connection closes.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(pool: &Pool) -> (Outbound, mpsc::UnboundedReceiver<Queued>) {
+        Outbound::new(1, pool.clone())
+    }
+
+    /// With the pool held by someone else, small messages still go (their connection's own
+    /// allowance); a large one waits for the pool without holding its connection's budget, and
+    /// goes once the pool frees.
+    #[tokio::test]
+    async fn small_messages_pass_a_full_pool_and_large_ones_wait_for_it() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let hog = pool.try_take(pool.cap()).expect("the whole pool");
+        assert_eq!(pool.available(), 0);
+        for _ in 0..100 {
+            assert!(
+                h.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}".to_vec())
+                    .await
+            );
+            drop(rx.recv().await.expect("queued"));
+        }
+        let big = h.clone();
+        let waiter = tokio::spawn(async move { big.send(vec![b'x'; 256 * 1024]).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        // Waiting for the pool, it holds none of its connection's budget.
+        assert_eq!(h.budget.available_permits(), OUTBOUND_BUDGET);
+        drop(hog);
+        assert!(waiter.await.unwrap());
+        let m = rx.recv().await.expect("the large one");
+        assert_eq!(m.body.len(), 256 * 1024);
+        assert!(pool.available() < pool.cap());
+        drop(m);
+        assert_eq!(pool.available(), pool.cap());
+    }
+
+    /// A reply counted while it was built (a hold) is queued against those bytes: nothing is
+    /// taken twice, and what the hold has beyond the reply goes back.
+    #[tokio::test]
+    async fn a_held_reply_is_queued_against_its_hold() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let res = h.reserve(16 * 1024).await.expect("reserved");
+        let hold = pool.try_take(600 * 1024).expect("held");
+        let free = pool.available();
+        assert!(
+            h.send_reserved(vec![b'y'; 500 * 1024], res, Some(hold))
+                .await
+        );
+        // The reservation's 16 KiB and the hold's extra came back; the body is counted once.
+        assert_eq!(pool.available(), pool.cap() - (500 * 1024 + MSG_OVERHEAD));
+        assert!(pool.available() > free);
+        drop(rx.recv().await.expect("queued"));
+        assert_eq!(pool.available(), pool.cap());
+    }
+}

@@ -1,0 +1,227 @@
+//! The per-user daemon on a local socket (DESIGN §10).
+//!
+//! Start-up, in order: private directories; an exclusive `flock` on `broker.lock`, held for
+//! the daemon's whole life (a second daemon fails here and never touches the socket); a
+//! leftover socket is probed and removed only if nothing answers; bind with mode 0600;
+//! tell the starter we are ready (a line on the fd named by `ABX_READY_FD`); accept.
+//! Every accepted peer's uid is checked against ours.
+
+use crate::{logging, Paths};
+use abx_core::conn;
+use abx_home::lock::{recorded_pid, FileLock};
+use abx_home::socket::READY_FD_ENV;
+use abx_home::SocketHalf;
+use abx_protocol::{AbxError, ErrorCode};
+use interprocess::local_socket::tokio::prelude::*;
+use interprocess::local_socket::{GenericFilePath, ListenerOptions};
+use interprocess::os::unix::local_socket::ListenerOptionsExt;
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Whether the peer of a Unix socket has closed it both ways (`POLLHUP`), not only shut
+/// down its sending side.
+fn peer_hung_up(s: &impl std::os::fd::AsRawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on a descriptor we own; no timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+fn startup_error(detail: impl std::fmt::Display, paths: &Paths) -> AbxError {
+    AbxError::new(
+        ErrorCode::BrokerUnreachable,
+        &[
+            ("detail", &detail.to_string()),
+            ("log", &paths.log_file().display().to_string()),
+        ],
+    )
+}
+
+/// Run the daemon in the foreground until `broker/shutdown` or SIGTERM/SIGINT.
+pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
+    abx_confine::fds::cloexec_inherited_fds();
+    crate::tune_allocator();
+    abx_confine::fds::raise_fd_limit();
+    paths.ensure().map_err(|e| startup_error(e, &paths))?;
+    let _log = logging::init(&paths, log_to_stderr);
+    let mut lock = match FileLock::try_acquire(&paths.daemon_lock) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            let pid = recorded_pid(&paths).map_or_else(|| "unknown".into(), |p| p.to_string());
+            return Err(AbxError::new(
+                ErrorCode::BrokerAlreadyRunning,
+                &[("pid", &pid)],
+            ));
+        }
+        Err(e) => return Err(startup_error(e, &paths)),
+    };
+    lock.write_pid().map_err(|e| startup_error(e, &paths))?;
+
+    // A socket file with no lock holder is stale, unless something still answers on it.
+    if fs::symlink_metadata(&paths.socket).is_ok() {
+        match std::os::unix::net::UnixStream::connect(&paths.socket) {
+            Ok(_) => {
+                return Err(
+                    AbxError::new(ErrorCode::BrokerAlreadyRunning, &[("pid", "unknown")])
+                        .with_suggestion(format!(
+                            "Something answers on {} without holding {}; stop it first.",
+                            paths.socket.display(),
+                            paths.daemon_lock.display()
+                        )),
+                )
+            }
+            Err(_) => {
+                info!(socket = %paths.socket.display(), "removing stale socket");
+                fs::remove_file(&paths.socket).map_err(|e| startup_error(e, &paths))?;
+            }
+        }
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| startup_error(e, &paths))?;
+    let result = rt.block_on(serve(paths.clone()));
+    rt.shutdown_timeout(Duration::from_millis(200));
+    // Remove the socket while we still hold the lock, so we never remove a successor's.
+    let _ = fs::remove_file(&paths.socket);
+    drop(lock);
+    result
+}
+
+async fn serve(paths: Paths) -> Result<(), AbxError> {
+    let name = paths
+        .socket
+        .as_path()
+        .to_fs_name::<GenericFilePath>()
+        .map_err(|e| startup_error(e, &paths))?;
+    let listener = ListenerOptions::new()
+        .name(name)
+        .mode(0o600)
+        .reclaim_name(false)
+        .create_tokio()
+        .map_err(|e| {
+            startup_error(
+                format!("cannot listen on {}: {e}", paths.socket.display()),
+                &paths,
+            )
+        })?;
+    fs::set_permissions(&paths.socket, fs::Permissions::from_mode(0o600))
+        .map_err(|e| startup_error(e, &paths))?;
+
+    let broker = crate::compose::broker(paths.clone());
+    info!(version = %broker.version, pid = std::process::id(), socket = %paths.socket.display(), "daemon listening");
+    signal_ready();
+
+    let my_uid = unsafe { libc::geteuid() };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| startup_error(e, &paths))?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| startup_error(e, &paths))?;
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = broker.shutdown.cancelled() => break,
+            _ = sigterm.recv() => { info!("SIGTERM"); broker.shutdown.cancel(); break }
+            _ = sigint.recv() => { info!("SIGINT"); broker.shutdown.cancel(); break }
+            s = listener.accept() => s,
+        };
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let creds = stream.peer_creds();
+        match creds.as_ref().map(|c| c.euid()) {
+            Ok(Some(uid)) if uid == my_uid => {}
+            other => {
+                warn!(peer = ?other, "refusing a connection from another user");
+                drop(stream);
+                continue;
+            }
+        }
+        // A sandbox's or a plugin's process runs as this user too; it must not drive the
+        // broker (it could read the user's files through files/upload, or kill other
+        // sandboxes). A peer in another PID namespace than the daemon's (every sandbox and
+        // every plugin has its own) is refused: a rule no process can shed by changing its
+        // environment. The marker check covers the opt-in sandbox models without namespaces,
+        // the ancestry check plugins run without them.
+        let peer_pid = creds.ok().and_then(|c| c.pid()).unwrap_or(0);
+        if let Some(why) = foreign_peer(peer_pid) {
+            warn!(pid = peer_pid, reason = %why, "refusing a connection from a sandbox or plugin process");
+            drop(stream);
+            continue;
+        }
+        let stream = Arc::new(stream);
+        let (r, w) = (SocketHalf(stream.clone()), SocketHalf(stream.clone()));
+        let b = broker.clone();
+        let probe = stream;
+        let hung_up: conn::HungUp = Box::new(move || match &*probe {
+            interprocess::local_socket::tokio::Stream::UdSocket(s) => peer_hung_up(s.inner()),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        });
+        tasks.spawn(async move {
+            conn::serve_hangup(b, r, w, Some(hung_up)).await;
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    drop(listener);
+    // Stop the plugins cleanly (shutdown, exit), in parallel, bounded.
+    let stops = broker.registry.all();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(stops.iter().map(|p| p.shutdown())),
+    )
+    .await;
+    // Give connections a moment to flush their last replies.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    info!("daemon stopped");
+    Ok(())
+}
+
+/// Why a peer must be refused (a process of a sandbox), if it must.
+fn foreign_peer(pid: i32) -> Option<String> {
+    if pid <= 0 {
+        // The kernel gives no pid for a peer whose PID namespace we cannot see.
+        return Some("the peer's pid is not visible from the daemon's PID namespace".into());
+    }
+    let mine = abx_local::container::ns_inode(std::process::id() as i32, "pid");
+    let theirs = abx_local::container::ns_inode(pid, "pid");
+    if mine.is_some() && theirs != mine {
+        return Some("the peer runs in another PID namespace".into());
+    }
+    if let Some(id) = abx_plugins::launch::plugin_of(pid) {
+        return Some(format!("the peer is a process of plugin '{id}'"));
+    }
+    abx_local::procs::sandbox_of(pid).map(|sb| format!("the peer belongs to sandbox {sb}"))
+}
+
+fn signal_ready() {
+    let Some(fd) = std::env::var(READY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return;
+    };
+    std::env::remove_var(READY_FD_ENV);
+    // SAFETY: the starter passed us this fd for exactly this purpose; we own it from here.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    let _ = writeln!(f, "ready {}", std::process::id());
+}

@@ -1,0 +1,161 @@
+//! The builtin `local` provider: sandboxes on this machine (DESIGN §8).
+//!
+//! - [`files`]: every files/* operation, confined beneath the sandbox with `openat2`.
+//! - [`watch`]: files/watch through inotify.
+//! - [`init`]: the sandbox's init (PID 1): builds the private root and namespaces, starts
+//!   and reaps its processes.
+//! - [`container`]: the daemon's side of a sandbox's init.
+//! - [`isolate`]: the isolation model in force; per-process confinement of the opt-in
+//!   Landlock and none models.
+//! - [`procs`]: finding, signalling and listing a sandbox's processes.
+
+pub mod container;
+pub mod exec;
+pub mod files;
+pub mod init;
+pub mod isolate;
+pub mod limits;
+pub mod net;
+pub mod procs;
+pub mod sandboxes;
+pub mod watch;
+
+use abx_protocol::{AbxError, ErrorCode};
+use std::path::{Component, Path, PathBuf};
+
+/// Where the sandbox's paths are mounted as its processes see them.
+pub const WORKSPACE: &str = "/workspace";
+/// The sandbox's private temp dir as its processes see it.
+pub const TMP: &str = "/tmp";
+
+/// The directories of one sandbox under the broker's data dir.
+#[derive(Clone, Debug)]
+pub struct SandboxDirs {
+    /// `data/local/sandboxes/<id>`.
+    pub root: PathBuf,
+    /// Bound at `/workspace` (the working directory and HOME).
+    pub workspace: PathBuf,
+    /// Bound at `/tmp`.
+    pub tmp: PathBuf,
+}
+
+impl SandboxDirs {
+    /// The layout beneath `root`.
+    pub fn new(root: PathBuf) -> SandboxDirs {
+        SandboxDirs {
+            workspace: root.join("workspace"),
+            tmp: root.join("tmp"),
+            root,
+        }
+    }
+
+    /// The host directory of an area.
+    pub fn area_dir(&self, area: Area) -> &Path {
+        match area {
+            Area::Workspace => &self.workspace,
+            Area::Tmp => &self.tmp,
+        }
+    }
+}
+
+/// The two writable areas of a sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Area {
+    /// `/workspace`.
+    Workspace,
+    /// `/tmp`.
+    Tmp,
+}
+
+impl Area {
+    /// The sandbox-view prefix.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Area::Workspace => WORKSPACE,
+            Area::Tmp => TMP,
+        }
+    }
+}
+
+/// Split a sandbox path into its area and a normalized relative path (no `.`/`..`).
+///
+/// Relative paths are relative to `/workspace`. Absolute paths must lie under `/workspace`
+/// or `/tmp`; anything else, or `..` climbing out of the area, is E4002. Symlinks are not
+/// looked at here: the file operations resolve them beneath the area with `openat2`.
+pub fn split_path(path: &str) -> Result<(Area, PathBuf), AbxError> {
+    let outside = || AbxError::new(ErrorCode::PathOutsideSandbox, &[("path", path)]);
+    if path.contains('\0') {
+        return Err(outside());
+    }
+    let p = Path::new(path);
+    let (area, rest): (Area, &Path) = if p.is_absolute() {
+        if let Ok(r) = p.strip_prefix(WORKSPACE) {
+            (Area::Workspace, r)
+        } else if let Ok(r) = p.strip_prefix(TMP) {
+            (Area::Tmp, r)
+        } else {
+            return Err(outside());
+        }
+    } else {
+        (Area::Workspace, p)
+    };
+    let mut out = PathBuf::new();
+    for c in rest.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return Err(outside());
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return Err(outside()),
+        }
+    }
+    Ok((area, out))
+}
+
+/// The sandbox-view path of an area-relative path (`/workspace/a/b`).
+pub fn view_path(area: Area, rel: &Path) -> String {
+    if rel.as_os_str().is_empty() {
+        area.prefix().to_owned()
+    } else {
+        format!("{}/{}", area.prefix(), rel.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_into_areas() {
+        let ok = |p: &str| split_path(p).unwrap();
+        assert_eq!(ok("a/b"), (Area::Workspace, PathBuf::from("a/b")));
+        assert_eq!(ok("./a/../b"), (Area::Workspace, PathBuf::from("b")));
+        assert_eq!(ok("/workspace"), (Area::Workspace, PathBuf::new()));
+        assert_eq!(
+            ok("/workspace/x/./y"),
+            (Area::Workspace, PathBuf::from("x/y"))
+        );
+        assert_eq!(ok("/tmp/up2.txt"), (Area::Tmp, PathBuf::from("up2.txt")));
+        assert_eq!(ok(""), (Area::Workspace, PathBuf::new()));
+        for bad in [
+            "/etc/passwd",
+            "..",
+            "a/../../x",
+            "/workspace/../etc",
+            "/tmpx",
+            "/workspacex/a",
+            "/tmp/../x",
+        ] {
+            assert_eq!(
+                split_path(bad).unwrap_err().code,
+                ErrorCode::PathOutsideSandbox,
+                "{bad}"
+            );
+        }
+        assert_eq!(view_path(Area::Tmp, Path::new("a")), "/tmp/a");
+        assert_eq!(view_path(Area::Workspace, Path::new("")), "/workspace");
+    }
+}

@@ -1,0 +1,1307 @@
+//! The `local` provider itself: sandbox records, lifetimes, and the method table.
+//!
+//! A sandbox is a directory `data/local/sandboxes/<id>/` holding `sandbox.json` (its record,
+//! written atomically), `workspace/` and `tmp/`. Records are loaded at start; expired ones
+//! are reaped then and whenever a lifetime runs out (a reaper task sleeps until the next
+//! expiry). Lifetimes are the daemon's to enforce, so they survive restarts.
+
+use super::container::{self, Container};
+use super::exec::{self, ExecParams, PtySize};
+use super::limits::{self, Cgroup, Limits};
+use super::{files, isolate, procs, watch, SandboxDirs};
+use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
+use abx_home::util::{now_ms, replace_file, rfc3339};
+use abx_protocol::{features, AbxError, ErrorCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+/// Default lifetime of a sandbox, seconds.
+pub const DEFAULT_TIMEOUT: u64 = 300;
+/// Longest lifetime, seconds (30 days).
+pub const MAX_TIMEOUT: u64 = 30 * 86_400;
+/// The templates the local provider knows.
+pub const TEMPLATES: &[&str] = &["base"];
+
+/// What the local provider declares: everything it implements, nothing else.
+pub const FEATURES: &[&str] = &[
+    "sandbox.lifecycle",
+    "sandbox.timeout",
+    "sandbox.pause",
+    "sessions",
+    "exec.run",
+    "exec.stream",
+    "pty",
+    "process.manage",
+    "files.rw",
+    "files.watch",
+    "files.transfer",
+    "ports.url",
+];
+
+/// A sandbox's persisted record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    id: String,
+    template: String,
+    status: String,
+    created_ms: i64,
+    expires_ms: i64,
+    timeout: u64,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, Value>,
+    /// `none`, `internet` or `host`.
+    #[serde(default = "default_network")]
+    network: String,
+    /// Memory, CPU and process limits.
+    #[serde(default)]
+    limits: Limits,
+}
+
+fn default_network() -> String {
+    "none".into()
+}
+
+struct Sandbox {
+    dirs: SandboxDirs,
+    rec: Mutex<Record>,
+    /// The init of a running sandbox (namespaces model); started again on first use after a
+    /// daemon restart.
+    container: tokio::sync::Mutex<Option<Arc<Container>>>,
+    /// Its cgroup (where one can be made), from the first start of its container.
+    cgroup: Mutex<Option<Arc<Cgroup>>>,
+    /// Port forwarders: sandbox port -> (host port, task).
+    forwards: tokio::sync::Mutex<HashMap<u16, (u16, tokio::task::JoinHandle<()>)>>,
+}
+
+/// What an exec in a sandbox needs besides its params (see [`Sandbox::exec_parts`]).
+struct ExecParts {
+    env: std::collections::BTreeMap<String, String>,
+    container: Option<Arc<Container>>,
+    cgroup: Option<Arc<Cgroup>>,
+}
+
+impl ExecParts {
+    fn site<'a>(&'a self, sb: &'a Sandbox, id: &'a str) -> exec::Site<'a> {
+        exec::Site {
+            dirs: &sb.dirs,
+            id,
+            env: &self.env,
+            container: self.container.as_deref(),
+            cgroup: self.cgroup.clone(),
+        }
+    }
+}
+
+impl Sandbox {
+    /// Its env, its running container (started if there is none) and its cgroup.
+    async fn exec_parts(&self) -> Result<ExecParts, AbxError> {
+        let env = self.rec.lock().expect("record").env.clone();
+        let container = self.container().await?;
+        let cgroup = self.cgroup.lock().expect("cgroup").clone();
+        Ok(ExecParts {
+            env,
+            container,
+            cgroup,
+        })
+    }
+
+    fn save(&self) -> Result<(), AbxError> {
+        let rec = self.rec.lock().expect("record").clone();
+        replace_file(
+            &self.dirs.root.join("sandbox.json"),
+            &serde_json::to_vec_pretty(&rec).unwrap_or_default(),
+        )
+        .map_err(|e| AbxError::internal(format!("cannot save sandbox record: {e}")))
+    }
+
+    fn view(&self) -> Value {
+        let r = self.rec.lock().expect("record");
+        json!({
+            "id": r.id,
+            "provider": "local",
+            "status": r.status,
+            "template": r.template,
+            "url": format!("local://{}", r.id),
+            "region": "local",
+            "timeout": r.timeout,
+            "startedAt": rfc3339(r.created_ms / 1000),
+            "expiresAt": rfc3339(r.expires_ms / 1000),
+            "metadata": r.metadata,
+            "network": r.network,
+        })
+    }
+
+    /// The sandbox's running container, started when there is none (namespaces model only).
+    async fn container(&self) -> Result<Option<Arc<Container>>, AbxError> {
+        if isolate::model() != isolate::Model::Namespaces {
+            return Ok(None);
+        }
+        let mut g = self.container.lock().await;
+        if let Some(c) = g.as_ref().filter(|c| c.alive()) {
+            return Ok(Some(c.clone()));
+        }
+        let (id, network, lim) = {
+            let r = self.rec.lock().expect("record");
+            (r.id.clone(), r.network.clone(), r.limits.clone())
+        };
+        let t0 = std::time::Instant::now();
+        let mut spare = None;
+        let cg = {
+            let mut g = self.cgroup.lock().expect("cgroup");
+            if g.is_none() {
+                spare = container::take_spare(&lim);
+                *g = match spare.as_mut() {
+                    Some(sp) => {
+                        let mut cg = sp.cgroup.clone();
+                        cg.rename(&id);
+                        sp.cgroup = cg.clone();
+                        Some(Arc::new(cg))
+                    }
+                    None => Cgroup::create(&id, &lim).map(Arc::new),
+                };
+            }
+            g.clone()
+        };
+        let cgroup_us = t0.elapsed().as_micros();
+        // Without a pids controller, RLIMIT_NPROC (counted per user namespace) bounds it.
+        let nproc = match &cg {
+            Some(c) if c.enforced.contains(&"pids") => None,
+            _ => lim.pids,
+        };
+        container::own_dirs(&self.dirs);
+        let from_spare = spare.is_some();
+        let procs = match spare {
+            Some(_) => Vec::new(),
+            None => cg.as_ref().map(|c| c.open_procs()).unwrap_or_default(),
+        };
+        let how = match spare {
+            Some(sp) => container::Start::Spare(sp),
+            None => container::Start::Fresh(procs.iter().map(|f| f.as_raw_fd()).collect()),
+        };
+        let t1 = std::time::Instant::now();
+        let cfg = container::config(&self.dirs, &id, &network, nproc);
+        let mut started = Container::start(cfg.clone(), how).await;
+        drop(procs);
+        if from_spare && started.is_err() {
+            // The spare went away under us (its process died, its cgroup was removed): start
+            // afresh, in a cgroup of the sandbox's own.
+            tracing::warn!(sandbox = %id, "the spare sandbox process failed; starting afresh");
+            let stale = self.cgroup.lock().expect("cgroup").take();
+            if let Some(cg) = stale {
+                // Gone before the new one takes its name.
+                let _ = tokio::task::spawn_blocking(move || cg.remove_blocking()).await;
+            }
+            let cg = Cgroup::create(&id, &lim).map(Arc::new);
+            *self.cgroup.lock().expect("cgroup") = cg.clone();
+            let procs = cg.as_ref().map(|c| c.open_procs()).unwrap_or_default();
+            let fds = procs.iter().map(|f| f.as_raw_fd()).collect();
+            started = Container::start(cfg, container::Start::Fresh(fds)).await;
+            drop(procs);
+        }
+        // The next sandbox's outer process, made while nobody waits for it.
+        tokio::task::spawn_blocking(move || container::make_spare(lim));
+        let c = started?;
+        tracing::debug!(
+            sandbox = %id,
+            cgroup_us,
+            from_spare,
+            container_us = t1.elapsed().as_micros(),
+            "sandbox container started"
+        );
+        *g = Some(c.clone());
+        Ok(Some(c))
+    }
+
+    /// A host loopback port forwarded to `port` on the sandbox's loopback (in its network
+    /// namespace): the same number when it is free on the host, else an ephemeral one. One
+    /// forwarder per port, for the life of the sandbox's container.
+    async fn forward(&self, c: Arc<Container>, port: u16) -> Result<u16, AbxError> {
+        let mut fw = self.forwards.lock().await;
+        if let Some((host_port, task)) = fw.get(&port) {
+            if !task.is_finished() {
+                return Ok(*host_port);
+            }
+        }
+        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(l) => l,
+            Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(|e| AbxError::internal(format!("port forward: {e}")))?,
+        };
+        let host_port = listener.local_addr().map_err(AbxError::internal)?.port();
+        let task = tokio::spawn(super::net::forward(listener, c, port));
+        fw.insert(port, (host_port, task));
+        Ok(host_port)
+    }
+
+    /// Kill every process of the sandbox: its container, or (other models) every process
+    /// found by its marker.
+    async fn stop_processes(&self) {
+        for (_, (_, task)) in self.forwards.lock().await.drain() {
+            task.abort();
+        }
+        let c = self.container.lock().await.take();
+        let cg = self.cgroup.lock().expect("cgroup").take();
+        if let Some(cg) = &cg {
+            cg.freeze(false);
+        }
+        match c {
+            Some(c) => {
+                c.kill().await;
+                if let Some(cg) = cg {
+                    // The kernel frees an emptied cgroup a little later: remove it in the
+                    // background instead of making the caller wait.
+                    tokio::spawn(async move { cg.remove().await });
+                }
+            }
+            None => {
+                let id = self.rec.lock().expect("record").id.clone();
+                procs::signal_all(&id, libc::SIGKILL);
+                procs::signal_all(&id, libc::SIGCONT);
+            }
+        }
+    }
+}
+
+/// The `[local]` table of the broker config (`config.toml`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The cap on live sandboxes (`max_sandboxes`, default 64).
+    pub max_sandboxes: usize,
+    /// The network mode of a sandbox created without one (`network`, default `none`).
+    pub network: String,
+    /// Limits of a sandbox created without them (`memory`, `cpus`, `pids`).
+    pub limits: Limits,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            max_sandboxes: 64,
+            network: "none".into(),
+            limits: limits::DEFAULT,
+        }
+    }
+}
+
+/// The network modes of a local sandbox.
+pub const NETWORK_MODES: &[&str] = &["none", "internet", "host"];
+
+impl Settings {
+    /// Read the `[local]` table (bad values are logged and replaced by the defaults).
+    pub fn from_config(config: &toml::Table) -> Settings {
+        let mut s = Settings::default();
+        let Some(t) = config.get("local").and_then(|v| v.as_table()) else {
+            return s;
+        };
+        if let Some(v) = t.get("max_sandboxes") {
+            match v.as_integer().filter(|n| *n >= 1) {
+                Some(n) => s.max_sandboxes = n as usize,
+                None => warn!(value = %v, "ignoring [local] max_sandboxes: not a positive integer"),
+            }
+        }
+        let positive_int = |v: &toml::Value| v.as_integer().filter(|n| *n > 0).map(|n| n as u64);
+        if let Some(v) = t.get("memory") {
+            match v
+                .as_str()
+                .and_then(limits::parse_size)
+                .or_else(|| positive_int(v))
+            {
+                Some(n) => s.limits.memory = Some(n),
+                None => warn!(value = %v, "ignoring [local] memory"),
+            }
+        }
+        if let Some(v) = t.get("cpus") {
+            match v
+                .as_float()
+                .or_else(|| positive_int(v).map(|n| n as f64))
+                .filter(|f| *f > 0.0)
+            {
+                Some(f) => s.limits.cpus = Some(f),
+                None => warn!(value = %v, "ignoring [local] cpus"),
+            }
+        }
+        if let Some(v) = t.get("pids") {
+            match positive_int(v) {
+                Some(n) => s.limits.pids = Some(n),
+                None => warn!(value = %v, "ignoring [local] pids"),
+            }
+        }
+        if let Some(v) = t.get("network") {
+            match v.as_str().filter(|n| NETWORK_MODES.contains(n)) {
+                Some(n) => s.network = n.to_owned(),
+                None => {
+                    warn!(value = %v, "ignoring [local] network: not one of none, internet, host")
+                }
+            }
+        }
+        s
+    }
+}
+
+struct Inner {
+    settings: Settings,
+    summary: ProviderSummary,
+    root: PathBuf,
+    sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    streams: Mutex<HashMap<String, Arc<exec::Stream>>>,
+    watches: Mutex<HashMap<String, (String, watch::Watch)>>,
+    next: AtomicU64,
+    reaper: Arc<Notify>,
+    /// Where the reaper reports expired sandboxes.
+    events: abx_core::events::Events,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateParams {
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
+    network: Option<String>,
+    #[serde(default)]
+    limits: Option<Value>,
+    #[serde(default)]
+    timeout: Option<Value>,
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, Value>>,
+}
+
+#[derive(Deserialize)]
+struct SandboxParam {
+    sandbox: String,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(method: &str, v: Value) -> Result<T, AbxError> {
+    serde_json::from_value(v).map_err(|e| AbxError::invalid_params(method, e))
+}
+
+fn timeout_secs(v: &Value) -> Result<u64, AbxError> {
+    let bad = |d: &str| {
+        AbxError::new(
+            ErrorCode::InvalidTimeout,
+            &[("timeout", &v.to_string()), ("detail", d)],
+        )
+    };
+    let n = v.as_f64().ok_or_else(|| bad("not a number"))?;
+    if n.is_nan() || n < 1.0 {
+        return Err(bad("must be at least 1 second"));
+    }
+    if n > MAX_TIMEOUT as f64 {
+        return Err(bad("must be at most 30 days (2592000 s)"));
+    }
+    Ok(n.round() as u64)
+}
+
+fn rand_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n as usize == buf.len() {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Inner {
+    /// `exec/run`, answered as raw JSON (see [`exec::run`]).
+    async fn exec_run(self: &Arc<Self>, cx: &CallCx, params: Value) -> Reply {
+        let method = "exec/run";
+        let p: ExecParams = parse(method, params)?;
+        let sb = self.running(&p.sandbox)?;
+        let id = p.sandbox.clone();
+        let parts = sb.exec_parts().await?;
+        exec::run(parts.site(&sb, &id), p, cx.conn.pool().clone(), &cx.hold).await
+    }
+
+    fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
+        let root = data_dir.join("local/sandboxes");
+        let _ = std::fs::create_dir_all(&root);
+        let p = Arc::new(Inner {
+            settings,
+            summary: ProviderSummary {
+                id: "local".into(),
+                name: "Local sandboxes".into(),
+                version: abx_home::VERSION.into(),
+                kind: Kind::Builtin,
+                trust: "builtin".into(),
+                features: FEATURES.iter().map(|s| s.to_string()).collect(),
+                description: "Sandboxes on this machine: a private /workspace and /tmp per sandbox, no account needed.".into(),
+            },
+            root,
+            sandboxes: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            reaper: Arc::new(Notify::new()),
+            events,
+        });
+        p.load();
+        let weak = Arc::downgrade(&p);
+        tokio::spawn(async move { reaper(weak).await });
+        p
+    }
+
+    /// Where killed sandboxes' directories wait to be removed (beside `sandboxes/`).
+    fn trash(&self) -> PathBuf {
+        self.root.with_file_name("trash")
+    }
+
+    fn load(&self) {
+        // Directories a killed sandbox left in the trash (the daemon ended while removing),
+        // and the empty cgroups of spares whose daemon died.
+        let trash = self.trash();
+        std::thread::spawn(move || {
+            if trash.exists() {
+                let _ = std::fs::remove_dir_all(trash);
+            }
+            limits::remove_stale_spares();
+        });
+        let Ok(rd) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        let mut map = self.sandboxes.lock().expect("sandboxes");
+        for e in rd.flatten() {
+            let dir = e.path();
+            let rec: Option<Record> = std::fs::read(dir.join("sandbox.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            match rec {
+                Some(r) if r.expires_ms > now_ms() => {
+                    info!(sandbox = %r.id, "sandbox restored");
+                    map.insert(
+                        r.id.clone(),
+                        Arc::new(Sandbox {
+                            dirs: SandboxDirs::new(dir),
+                            rec: Mutex::new(r),
+                            container: tokio::sync::Mutex::new(None),
+                            forwards: tokio::sync::Mutex::new(HashMap::new()),
+                            cgroup: Mutex::new(None),
+                        }),
+                    );
+                }
+                Some(r) => {
+                    info!(sandbox = %r.id, "reaping sandbox that expired while the broker was down");
+                    procs::signal_all(&r.id, libc::SIGKILL);
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                None => {
+                    // A crash during create leaves a directory without a record: not a sandbox.
+                    warn!(dir = %dir.display(), "removing a half-created sandbox");
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+        }
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Sandbox>, AbxError> {
+        self.sandboxes
+            .lock()
+            .expect("sandboxes")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AbxError::new(ErrorCode::SandboxNotFound, &[("sandbox", id)]))
+    }
+
+    fn running(&self, id: &str) -> Result<Arc<Sandbox>, AbxError> {
+        let sb = self.get(id)?;
+        let status = sb.rec.lock().expect("record").status.clone();
+        if status != "running" {
+            return Err(AbxError::new(
+                ErrorCode::SandboxNotRunning,
+                &[("sandbox", id), ("status", &status)],
+            ));
+        }
+        Ok(sb)
+    }
+
+    async fn create(&self, p: CreateParams) -> Result<Value, AbxError> {
+        let template = p
+            .template
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| "base".into());
+        if !TEMPLATES.contains(&template.as_str()) {
+            return Err(
+                AbxError::new(ErrorCode::TemplateNotFound, &[("template", &template)])
+                    .with_suggestion(
+                        "The local provider has one template: 'base' (the host system, read-only).",
+                    ),
+            );
+        }
+        let timeout = match &p.timeout {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT,
+            Some(v) => timeout_secs(v)?,
+        };
+        if let Some(env) = &p.env {
+            if let Some(k) = env
+                .keys()
+                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+            {
+                return Err(AbxError::invalid_params(
+                    "sandbox/create",
+                    format!("invalid environment variable {k:?}"),
+                ));
+            }
+        }
+        let network = match p.network.as_deref() {
+            None | Some("") => self.settings.network.clone(),
+            Some(n) if NETWORK_MODES.contains(&n) => n.to_owned(),
+            Some(n) => {
+                return Err(AbxError::invalid_params(
+                    "sandbox/create",
+                    format!("unknown network mode '{n}'; use none, internet or host"),
+                ))
+            }
+        };
+        if network == "internet" {
+            super::net::check_helper()?;
+        }
+        let limits = match &p.limits {
+            None | Some(Value::Null) => Limits::default(),
+            Some(v) => limits::parse(v)?,
+        }
+        .resolve(&self.settings.limits)?;
+        let live = self.sandboxes.lock().expect("sandboxes").len();
+        if live >= self.settings.max_sandboxes {
+            return Err(AbxError::new(
+                ErrorCode::SandboxLimitReached,
+                &[(
+                    "detail",
+                    &format!(
+                        "{live} live local sandboxes, the broker's cap is {}",
+                        self.settings.max_sandboxes
+                    ),
+                )],
+            ));
+        }
+        let id = format!("sb-{}", rand_id());
+        let dirs = SandboxDirs::new(self.root.join(&id));
+        let mk = |d: &Path| std::fs::create_dir_all(d);
+        mk(&dirs.workspace)
+            .and_then(|_| mk(&dirs.tmp))
+            .map_err(|e| {
+                AbxError::new(
+                    ErrorCode::SandboxCreateFailed,
+                    &[("detail", &e.to_string()), ("provider", "local")],
+                )
+            })?;
+        let now = now_ms();
+        let rec = Record {
+            id: id.clone(),
+            template,
+            status: "running".into(),
+            created_ms: now,
+            expires_ms: now + (timeout as i64) * 1000,
+            timeout,
+            env: p.env.unwrap_or_default(),
+            metadata: p.metadata.unwrap_or_default(),
+            network,
+            limits,
+        };
+        let sb = Arc::new(Sandbox {
+            dirs,
+            rec: Mutex::new(rec),
+            container: tokio::sync::Mutex::new(None),
+            forwards: tokio::sync::Mutex::new(HashMap::new()),
+            cgroup: Mutex::new(None),
+        });
+        if let Err(e) = sb.save() {
+            let _ = std::fs::remove_dir_all(&sb.dirs.root);
+            return Err(e);
+        }
+        // Build the sandbox now: create fails (and leaves nothing) when it cannot be built.
+        if let Err(e) = sb.container().await {
+            let _ = std::fs::remove_dir_all(&sb.dirs.root);
+            return Err(e);
+        }
+        self.sandboxes
+            .lock()
+            .expect("sandboxes")
+            .insert(id, sb.clone());
+        self.reaper.notify_one();
+        Ok(sb.view())
+    }
+
+    async fn kill(&self, id: &str) -> Value {
+        let sb = self.sandboxes.lock().expect("sandboxes").remove(id);
+        let Some(sb) = sb else {
+            return json!({"killed": false});
+        };
+        let t0 = std::time::Instant::now();
+        sb.stop_processes().await;
+        let stopped_us = t0.elapsed().as_micros();
+        // The record goes first (a directory without one is not a sandbox), then the
+        // directory moves to the trash at once and is emptied in the background: its files
+        // can take long to remove and nothing needs them any more.
+        let root = sb.dirs.root.clone();
+        let _ = std::fs::remove_file(root.join("sandbox.json"));
+        let trash = self.trash().join(id);
+        let gone = std::fs::create_dir_all(self.trash())
+            .and_then(|()| std::fs::rename(&root, &trash))
+            .map_or(root, |()| trash);
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(gone));
+        tracing::debug!(sandbox = %id, stopped_us, total_us = t0.elapsed().as_micros(), "sandbox killed");
+        let streams: Vec<String> = self
+            .streams
+            .lock()
+            .expect("streams")
+            .values()
+            .filter(|s| s.sandbox == id)
+            .map(|s| s.id.clone())
+            .collect();
+        for s in streams {
+            self.streams.lock().expect("streams").remove(&s);
+        }
+        self.watches
+            .lock()
+            .expect("watches")
+            .retain(|_, (sbid, _)| sbid != id);
+        json!({"killed": true})
+    }
+
+    fn set_timeout(&self, id: &str, v: &Value) -> Result<Value, AbxError> {
+        let secs = timeout_secs(v)?;
+        let sb = self.get(id)?;
+        {
+            let mut r = sb.rec.lock().expect("record");
+            r.expires_ms = now_ms() + (secs as i64) * 1000;
+            r.timeout = secs;
+            // `timeout` shows the lifetime last asked for (create or setTimeout).
+        }
+        sb.save()?;
+        self.reaper.notify_one();
+        Ok(sb.view())
+    }
+
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<Value, AbxError> {
+        let sb = self.get(id)?;
+        let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+        let c = sb.container().await?;
+        let cg = sb.cgroup.lock().expect("cgroup").clone();
+        match (c, cg) {
+            (Some(_), Some(cg)) if cg.freeze(paused) => {}
+            (Some(c), _) => {
+                // Twice: a process forked while the first pass ran is caught by the second.
+                c.signal_all(sig).await?;
+                c.signal_all(sig).await?;
+            }
+            (None, _) => {
+                procs::signal_all(id, sig);
+            }
+        }
+        sb.rec.lock().expect("record").status = if paused { "paused" } else { "running" }.into();
+        sb.save()?;
+        Ok(sb.view())
+    }
+
+    fn stream(
+        &self,
+        cx: &CallCx,
+        exec_id: &str,
+        must_own: bool,
+    ) -> Result<Arc<exec::Stream>, AbxError> {
+        let s = self
+            .streams
+            .lock()
+            .expect("streams")
+            .get(exec_id)
+            .filter(|s| !s.exit_out())
+            .cloned()
+            .ok_or_else(|| AbxError::new(ErrorCode::ExecNotFound, &[("exec", exec_id)]))?;
+        if must_own && s.owner() != Some(cx.conn.id) {
+            return Err(AbxError::new(ErrorCode::ExecNotOwned, &[("exec", exec_id)]));
+        }
+        Ok(s)
+    }
+
+    async fn dispatch(
+        self: &Arc<Self>,
+        cx: &CallCx,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, AbxError> {
+        let sandbox = || -> Result<String, AbxError> {
+            Ok(parse::<SandboxParam>(method, params.clone())?.sandbox)
+        };
+        match method {
+            "sandbox/create" => self.create(parse(method, params)?).await,
+            "sandbox/info" | "sandbox/connect" => Ok(self.get(&sandbox()?)?.view()),
+            "sandbox/list" => {
+                let mut v: Vec<Value> = self
+                    .sandboxes
+                    .lock()
+                    .expect("sandboxes")
+                    .values()
+                    .map(|s| s.view())
+                    .collect();
+                v.sort_by(|a, b| {
+                    a["startedAt"]
+                        .as_str()
+                        .cmp(&b["startedAt"].as_str())
+                        .then(a["id"].as_str().cmp(&b["id"].as_str()))
+                });
+                Ok(json!({"sandboxes": v}))
+            }
+            "sandbox/kill" => Ok(self.kill(&sandbox()?).await),
+            "sandbox/setTimeout" => {
+                let id = sandbox()?;
+                let t = params
+                    .get("timeout")
+                    .cloned()
+                    .ok_or_else(|| AbxError::invalid_params(method, "missing field `timeout`"))?;
+                self.set_timeout(&id, &t)
+            }
+            "sandbox/pause" => self.set_paused(&sandbox()?, true).await,
+            "sandbox/resume" => self.set_paused(&sandbox()?, false).await,
+            "sandbox/capabilities" => {
+                self.get(&sandbox()?)?;
+                Ok(json!({
+                    "capabilities": features::capabilities(&self.summary.features),
+                    "features": self.summary.features,
+                }))
+            }
+            "sandbox/systemInfo" => {
+                let sb = self.get(&sandbox()?)?;
+                let (id, network, lim) = {
+                    let r = sb.rec.lock().expect("record");
+                    (r.id.clone(), r.network.clone(), r.limits.clone())
+                };
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
+                let mut v = system_info(&sb.dirs, &id, &network);
+                if isolate::model() == isolate::Model::Namespaces {
+                    v["isolation"]["limits"] = limits::describe(&lim, cg.as_deref());
+                }
+                Ok(v)
+            }
+            "exec/run" => Err(AbxError::internal("exec/run is served by exec_run")),
+            "exec/start" => {
+                let p: ExecParams = parse(method, params)?;
+                let sb = self.running(&p.sandbox)?;
+                let exec_id = format!(
+                    "e-{}-{}",
+                    self.next.fetch_add(1, Ordering::Relaxed),
+                    rand_id()
+                );
+                let weak = Arc::downgrade(self);
+                let id = p.sandbox.clone();
+                let parts = sb.exec_parts().await?;
+                let s = exec::start(
+                    parts.site(&sb, &id),
+                    p,
+                    exec_id.clone(),
+                    cx.conn.clone(),
+                    cx.replied.clone(),
+                    move |eid| {
+                        if let Some(me) = weak.upgrade() {
+                            me.streams.lock().expect("streams").remove(eid);
+                        }
+                    },
+                )
+                .await?;
+                let pid = s.view_pid;
+                self.streams
+                    .lock()
+                    .expect("streams")
+                    .insert(exec_id.clone(), s);
+                Ok(json!({"execId": exec_id, "pid": pid}))
+            }
+            "exec/write" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                    #[serde(default)]
+                    data: String,
+                    #[serde(default)]
+                    encoding: Option<String>,
+                    #[serde(default)]
+                    eof: bool,
+                }
+                let p: P = parse(method, params)?;
+                let bytes = exec::decode_data(&p.data, p.encoding.as_deref())?;
+                self.stream(cx, &p.exec_id, true)?
+                    .write(&bytes, p.eof)
+                    .await?;
+                Ok(json!({}))
+            }
+            "exec/resize" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                    cols: u16,
+                    rows: u16,
+                }
+                let p: P = parse(method, params)?;
+                self.stream(cx, &p.exec_id, true)?.resize(PtySize {
+                    cols: p.cols,
+                    rows: p.rows,
+                })?;
+                Ok(json!({}))
+            }
+            "exec/kill" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                    #[serde(default)]
+                    signal: Option<String>,
+                    #[serde(default)]
+                    escalate: Option<bool>,
+                }
+                let p: P = parse(method, params)?;
+                let sig = signal(p.signal.as_deref())?;
+                let s = self.stream(cx, &p.exec_id, true)?;
+                procs::kill_tree(s.pid, sig);
+                if p.escalate != Some(false) {
+                    exec::escalate(s, sig);
+                }
+                Ok(json!({}))
+            }
+            "exec/attach" => {
+                #[derive(Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct P {
+                    exec_id: String,
+                }
+                let p: P = parse(method, params)?;
+                let s = self.stream(cx, &p.exec_id, false)?;
+                Ok(s.attach(cx.conn.clone()).await)
+            }
+            "process/list" => {
+                let id = sandbox()?;
+                let sb = self.get(&id)?;
+                let c = sb.container.lock().await.clone();
+                let paused = sb.rec.lock().expect("record").status == "paused";
+                Ok(match c {
+                    Some(c) => {
+                        let mut list = procs::list_members(&c.members());
+                        if paused {
+                            // A frozen cgroup shows its tasks as in disk sleep: they are stopped.
+                            for p in &mut list {
+                                if p.status == "disk-sleep" || p.status == "sleeping" {
+                                    p.status = "stopped".into();
+                                }
+                            }
+                        }
+                        json!({"processes": list})
+                    }
+                    None => json!({"processes": procs::list(&id)}),
+                })
+            }
+            "process/kill" => {
+                #[derive(Deserialize)]
+                struct P {
+                    sandbox: String,
+                    pid: i32,
+                    #[serde(default)]
+                    signal: Option<String>,
+                }
+                let p: P = parse(method, params)?;
+                let sb = self.get(&p.sandbox)?;
+                let sig = signal(p.signal.as_deref())?;
+                let not_found = || {
+                    AbxError::new(
+                        ErrorCode::ProcessNotFound,
+                        &[("pid", &p.pid.to_string()), ("sandbox", &p.sandbox)],
+                    )
+                };
+                let c = sb.container.lock().await.clone();
+                let host_pid = match c {
+                    // `pid` is the sandbox's view; the init (1) is not the caller's to kill.
+                    Some(c) => c
+                        .members()
+                        .into_iter()
+                        .find(|&(_, inner)| inner == p.pid)
+                        .map(|(host, _)| host)
+                        .ok_or_else(not_found)?,
+                    None if procs::belongs(p.pid, &p.sandbox) => p.pid,
+                    None => return Err(not_found()),
+                };
+                unsafe { libc::kill(host_pid, sig) };
+                Ok(json!({}))
+            }
+            m if m.starts_with("files/") => self.files(cx, m, params).await,
+            "ports/url" => {
+                #[derive(Deserialize)]
+                struct P {
+                    sandbox: String,
+                    port: Value,
+                }
+                let p: P = parse(method, params)?;
+                let sb = self.get(&p.sandbox)?;
+                let port = p
+                    .port
+                    .as_u64()
+                    .filter(|n| (1..=65535).contains(n))
+                    .ok_or_else(|| {
+                        AbxError::new(ErrorCode::InvalidPort, &[("port", &p.port.to_string())])
+                    })? as u16;
+                let network = sb.rec.lock().expect("record").network.clone();
+                let host_port = if network == "host" {
+                    port
+                } else {
+                    match sb.container().await? {
+                        Some(c) => sb.forward(c, port).await?,
+                        None => port,
+                    }
+                };
+                Ok(json!({"url": format!("http://127.0.0.1:{host_port}"), "headers": {}}))
+            }
+            _ => Err(abx_core::provider::unsupported(
+                "local",
+                features::for_method(method, false).unwrap_or(method),
+            )),
+        }
+    }
+
+    async fn files(
+        self: &Arc<Self>,
+        cx: &CallCx,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, AbxError> {
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct P {
+            #[serde(default)]
+            sandbox: String,
+            #[serde(default)]
+            path: Option<String>,
+            #[serde(default)]
+            offset: Option<u64>,
+            #[serde(default)]
+            length: Option<u64>,
+            #[serde(default)]
+            encoding: Option<String>,
+            #[serde(default)]
+            data: Option<String>,
+            #[serde(default)]
+            append: bool,
+            #[serde(default)]
+            mode: Option<u32>,
+            #[serde(default)]
+            recursive: bool,
+            #[serde(default)]
+            parents: bool,
+            #[serde(default)]
+            from: Option<String>,
+            #[serde(default)]
+            to: Option<String>,
+            #[serde(default)]
+            local_path: Option<String>,
+            #[serde(default)]
+            watch_id: Option<String>,
+        }
+        let p: P = parse(method, params)?;
+        if method == "files/unwatch" {
+            let id = p
+                .watch_id
+                .ok_or_else(|| AbxError::invalid_params(method, "missing field `watchId`"))?;
+            return match self.watches.lock().expect("watches").remove(&id) {
+                Some(_) => Ok(json!({})),
+                None => Err(AbxError::invalid_params(method, format!("no watch '{id}'"))),
+            };
+        }
+        let sb = self.get(&p.sandbox)?;
+        let need = |v: Option<String>, f: &str| {
+            v.ok_or_else(|| AbxError::invalid_params(method, format!("missing field `{f}`")))
+        };
+        let dirs = sb.dirs.clone();
+        let id = p.sandbox.clone();
+        match method {
+            "files/watch" => {
+                let path = need(p.path, "path")?;
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<watch::Change>(256);
+                let w = watch::Watch::start(&dirs, &id, &path, p.recursive, tx)?;
+                let watch_id = format!(
+                    "w-{}-{}",
+                    self.next.fetch_add(1, Ordering::Relaxed),
+                    rand_id()
+                );
+                self.watches
+                    .lock()
+                    .expect("watches")
+                    .insert(watch_id.clone(), (id.clone(), w));
+                let conn = cx.conn.clone();
+                let wid = watch_id.clone();
+                tokio::spawn(async move {
+                    while let Some(c) = rx.recv().await {
+                        let ok = conn
+                            .notify("files/changed", &json!({"watchId": wid, "sandbox": id, "path": c.path, "kind": c.kind}))
+                            .await;
+                        if !ok {
+                            break;
+                        }
+                    }
+                });
+                return Ok(json!({"watchId": watch_id}));
+            }
+            "files/upload" | "files/download" => {
+                let local = PathBuf::from(need(p.local_path, "localPath")?);
+                let path = need(p.path, "path")?;
+                let path_view = path.clone();
+                let conn = cx.conn.clone();
+                let up = method == "files/upload";
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, u64)>(4);
+                // A first event at once, so progress bars appear before the first MiB.
+                let total0 = if up {
+                    std::fs::metadata(&local).map_or(0, |m| m.len())
+                } else {
+                    0
+                };
+                let _ = tx.try_send((0, total0));
+                let path2 = path.clone();
+                let sbid = id.clone();
+                let fwd = tokio::spawn(async move {
+                    while let Some((done, total)) = rx.recv().await {
+                        conn.notify(
+                            "files/progress",
+                            &json!({"sandbox": sbid, "path": path2, "bytes": done, "total": total}),
+                        )
+                        .await;
+                    }
+                });
+                let local2 = local.clone();
+                let res = tokio::task::spawn_blocking(move || {
+                    let mut progress = |d: u64, t: u64| {
+                        let _ = tx.blocking_send((d, t));
+                    };
+                    if up {
+                        files::upload(&dirs, &id, &local2, &path, &mut progress)
+                    } else {
+                        files::download(&dirs, &id, &path, &local2, &mut progress)
+                    }
+                })
+                .await
+                .map_err(AbxError::internal)??;
+                let _ = fwd.await;
+                return Ok(json!({"size": res, "localPath": local, "path": path_view}));
+            }
+            _ => {}
+        }
+        let method = method.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<Value, AbxError> {
+            let need = |v: Option<String>, f: &str| {
+                v.ok_or_else(|| AbxError::invalid_params(&method, format!("missing field `{f}`")))
+            };
+            match method.as_str() {
+                "files/read" => {
+                    let r = files::read(
+                        &dirs,
+                        &id,
+                        &need(p.path, "path")?,
+                        p.offset.unwrap_or(0),
+                        p.length,
+                        p.encoding.as_deref(),
+                    )?;
+                    // Moves the (large) data string into the Value: no copy.
+                    Ok(json!({"data": r.data, "encoding": r.encoding, "size": r.size, "eof": r.eof, "offset": r.offset}))
+                }
+                "files/write" => {
+                    let size = files::write(
+                        &dirs,
+                        &id,
+                        &need(p.path, "path")?,
+                        &need(p.data, "data")?,
+                        p.encoding.as_deref(),
+                        p.offset,
+                        p.append,
+                        p.mode,
+                    )?;
+                    Ok(json!({"size": size}))
+                }
+                "files/list" => {
+                    let entries = files::list(
+                        &dirs,
+                        &id,
+                        p.path.as_deref().unwrap_or("/workspace"),
+                        p.recursive,
+                    )?;
+                    Ok(json!({"entries": entries}))
+                }
+                "files/stat" => {
+                    Ok(
+                        serde_json::to_value(files::stat(&dirs, &id, &need(p.path, "path")?)?)
+                            .map_err(AbxError::internal)?,
+                    )
+                }
+                "files/mkdir" => {
+                    files::mkdir(&dirs, &id, &need(p.path, "path")?, p.parents).map(|_| json!({}))
+                }
+                "files/remove" => files::remove(&dirs, &id, &need(p.path, "path")?, p.recursive)
+                    .map(|_| json!({})),
+                "files/rename" => {
+                    files::rename(&dirs, &id, &need(p.from, "from")?, &need(p.to, "to")?)
+                        .map(|_| json!({}))
+                }
+                other => Err(AbxError::new(
+                    ErrorCode::MethodNotFound,
+                    &[("method", other)],
+                )),
+            }
+        })
+        .await
+        .map_err(AbxError::internal)?
+    }
+}
+
+fn signal(name: Option<&str>) -> Result<i32, AbxError> {
+    match name {
+        None => Ok(libc::SIGKILL),
+        Some(n) => abx_core::signals::signal_from_name(n)
+            .ok_or_else(|| AbxError::invalid_params("kill", format!("unknown signal '{n}'"))),
+    }
+}
+
+async fn reaper(weak: std::sync::Weak<Inner>) {
+    loop {
+        let Some(me) = weak.upgrade() else { return };
+        let now = now_ms();
+        let (expired, next): (Vec<String>, Option<i64>) = {
+            let map = me.sandboxes.lock().expect("sandboxes");
+            let expired = map
+                .values()
+                .filter(|s| s.rec.lock().expect("record").expires_ms <= now)
+                .map(|s| s.rec.lock().expect("record").id.clone())
+                .collect();
+            let next = map
+                .values()
+                .map(|s| s.rec.lock().expect("record").expires_ms)
+                .filter(|e| *e > now)
+                .min();
+            (expired, next)
+        };
+        for id in expired {
+            info!(sandbox = %id, "sandbox expired; reaping");
+            // Only the reaper's own kill reports `expired` (a client's kill may win the race).
+            if me.kill(&id).await["killed"] == true {
+                me.events.emit("local", &id, "expired", None);
+            }
+        }
+        let wait = next.map_or(Duration::from_secs(3600), |n| {
+            Duration::from_millis((n - now).max(1) as u64)
+        });
+        let wake = me.reaper.clone();
+        drop(me);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wake.notified() => {}
+        }
+    }
+}
+
+fn system_info(dirs: &SandboxDirs, id: &str, network: &str) -> Value {
+    let ns = isolate::model() == isolate::Model::Namespaces;
+    let mut isolation = isolate::describe();
+    isolation["network"] = json!(if ns { network } else { "host" });
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    unsafe { libc::uname(&mut uts) };
+    let field = |f: &[libc::c_char]| {
+        unsafe { std::ffi::CStr::from_ptr(f.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let path =
+        std::ffi::CString::new(dirs.workspace.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    let gb = |blocks: u64| ((blocks as f64 * st.f_frsize as f64) / 1e9 * 100.0).round() / 100.0;
+    let mem_mb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024);
+    json!({
+        "os": field(&uts.sysname),
+        "arch": field(&uts.machine),
+        "hostname": if ns { id.to_owned() } else { field(&uts.nodename) },
+        "kernel": field(&uts.release),
+        "cpuCount": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "memoryTotalMb": mem_mb,
+        "diskTotalGb": gb(st.f_blocks as u64),
+        "diskFreeGb": gb(st.f_bavail as u64),
+        "isolation": isolation,
+    })
+}
+
+/// The builtin local provider.
+pub struct LocalProvider(Arc<Inner>);
+
+impl LocalProvider {
+    /// Load the sandboxes under `data_dir/local` and start the reaper (needs a runtime);
+    /// sandboxes whose lifetime ends are reported to `events` as `expired`.
+    pub fn start(
+        data_dir: &Path,
+        settings: Settings,
+        events: abx_core::events::Events,
+    ) -> LocalProvider {
+        LocalProvider(Inner::start(data_dir, settings, events))
+    }
+}
+
+impl Provider for LocalProvider {
+    fn summary(&self) -> &ProviderSummary {
+        &self.0.summary
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, ()> {
+        Box::pin(async {
+            // The spare outer process and its cgroup are nobody's sandbox.
+            let _ = tokio::task::spawn_blocking(container::discard_spare).await;
+        })
+    }
+
+    fn info(&self) -> Value {
+        json!({
+            "templates": TEMPLATES,
+            "security": {"isolation": isolate::describe()},
+            "dataDir": self.0.root,
+        })
+    }
+
+    fn sandbox_count(&self) -> usize {
+        self.0.sandboxes.lock().expect("sandboxes").len()
+    }
+
+    fn owns(&self, sandbox: &str) -> bool {
+        self.0
+            .sandboxes
+            .lock()
+            .expect("sandboxes")
+            .contains_key(sandbox)
+    }
+
+    fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
+        Box::pin(async move {
+            if method == "exec/run" {
+                // Built as raw JSON from the output itself: never a Value tree, never a copy.
+                return self.0.exec_run(cx, params).await;
+            }
+            let v = self.0.dispatch(cx, method, params).await?;
+            serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
+        })
+    }
+}

@@ -1,0 +1,1151 @@
+//! The EPP/1 host: one child process per provider, shared by every client (DESIGN §7).
+//!
+//! Three tasks per running child (after helix-lsp): a reader (stdout: replies and
+//! notifications), a stderr logger (secrets redacted, last lines kept for error details)
+//! and a writer (stdin). The host owns the id counter and the map of pending calls; clients'
+//! ids never reach the plugin.
+//!
+//! - **Handshake:** `initialize` must answer `protocol: "EPP/1"`, the manifest's id, and
+//!   features that the manifest declares (else E8002/E8003); then `initialized`.
+//! - **Streams:** when a reply to `exec/start`/`exec/attach`/`files/watch` passes, the reader
+//!   records which connection owns that exec or watch id, and the stream's notifications go
+//!   to it alone, through a per-stream forwarder that waits until the client has the reply.
+//! - **Faults:** end of stdout fails every pending call with E8007 and the tail of stderr;
+//!   garbage or an oversized line kills the child (E8009); a call that gets no answer in time
+//!   is E8008. The next call restarts the child after a backoff; five crashes in a minute
+//!   disable it until `provider/doctor` or a reinstall resets it, and so do five failed
+//!   starts in a row (a plugin that hangs at the handshake fails only every 15 s).
+//! - **Idle:** a child without calls or streams for `ABX_PLUGIN_IDLE_SECS` (300) is stopped.
+//! - **Launch:** the child is the plugin launcher ([`super::launch`]): namespaces, a private
+//!   copy verified as it is made, then the plugin. Its status line (fd 3) comes before the
+//!   handshake: an integrity failure there is E8011 (not a crash), a setup failure E8002.
+//!   `pid` is the launcher's: killing it ends the plugin's PID namespace.
+
+use super::stream::{self, Route};
+use abx_core::outbound::Outbound;
+use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::epp::{self, redact, PluginLine};
+use abx_protocol::message;
+use abx_protocol::{AbxError, ErrorCode, Id};
+use futures::StreamExt;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Largest line a plugin may send.
+const MAX_LINE: usize = 64 * 1024 * 1024;
+/// A read buffer grown past this by a large line is replaced once the line is handled.
+const READ_BUFFER_KEEP: usize = 1024 * 1024;
+/// Lines of stderr kept for error details.
+const STDERR_TAIL: usize = 20;
+/// Longest stderr line kept (the rest of a longer line is dropped).
+const STDERR_LINE: usize = 16 * 1024;
+/// Plugin stderr lines and `log` notifications written to the broker's log per second (the
+/// rest are counted and reported, so a flooding plugin cannot fill the disk).
+const LOG_LINES_PER_SEC: u32 = 100;
+
+/// A per-second budget of log lines.
+#[derive(Default)]
+struct LogLimit {
+    window: Option<Instant>,
+    used: u32,
+    dropped: u64,
+}
+
+impl LogLimit {
+    /// Some(lines dropped since the last allowed one) when this line may be logged.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .window
+            .is_none_or(|w| now.duration_since(w) >= Duration::from_secs(1))
+        {
+            self.window = Some(now);
+            self.used = 0;
+        }
+        if self.used < LOG_LINES_PER_SEC {
+            self.used += 1;
+            Some(std::mem::take(&mut self.dropped))
+        } else {
+            self.dropped += 1;
+            None
+        }
+    }
+}
+
+/// Read one line into `line` (without its newline), keeping at most `cap` bytes. Ok(None) at
+/// the end; Ok(Some(true)) when the line was cut.
+async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<Option<bool>> {
+    use tokio::io::AsyncBufReadExt;
+    line.clear();
+    let mut cut = false;
+    let mut any = false;
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(any.then_some(cut));
+        }
+        any = true;
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        let room = cap.saturating_sub(line.len());
+        line.extend_from_slice(&buf[..take.min(room)]);
+        cut |= take > room;
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Some(cut));
+        }
+    }
+}
+
+/// How long a plugin has to answer `initialize`: `ABX_PLUGIN_HANDSHAKE_SECS`, default 15.
+fn handshake_timeout() -> Duration {
+    std::env::var("ABX_PLUGIN_HANDSHAKE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(15), Duration::from_secs)
+}
+
+/// Crashes within [`CRASH_WINDOW`] that disable a plugin.
+const CRASH_LIMIT: usize = 5;
+const CRASH_WINDOW: Duration = Duration::from_secs(60);
+
+/// Everything needed to start the child.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Provider id (from the manifest).
+    pub id: String,
+    /// The installed tree (cwd of the child).
+    pub root: PathBuf,
+    /// argv.
+    pub command: Vec<String>,
+    /// Extra environment (ABX_*, config env fallbacks).
+    pub env: BTreeMap<String, String>,
+    /// The plugin's private data dir.
+    pub data_dir: PathBuf,
+    /// Effective config sent in `initialize` (secrets included).
+    pub config: serde_json::Map<String, Value>,
+    /// Secret values, redacted from logs and error details.
+    pub secrets: Vec<String>,
+    /// Features the manifest declares.
+    pub features: Vec<String>,
+    /// Per-call timeout.
+    pub call_timeout: Duration,
+    /// The declared permissions, enforced on the child.
+    pub permissions: Arc<super::permissions::Plan>,
+    /// The installed tree's recorded digest: the launcher's private copy must match it.
+    pub digest: String,
+    /// The broker's directories hidden from the plugin (runtime, config, data).
+    pub hide: Vec<PathBuf>,
+    /// Where private copies go when the plugin runs without namespaces (0700, in the
+    /// runtime dir).
+    pub copies: PathBuf,
+    /// Where the plugin's own `sandbox/changed` reports go.
+    pub events: abx_core::events::Events,
+}
+
+/// What a started child told us in its handshake.
+pub use abx_protocol::epp::Handshake;
+
+type ReplyTx = oneshot::Sender<Result<Box<RawValue>, AbxError>>;
+
+struct Pending {
+    method: String,
+    reply: ReplyTx,
+    conn: Option<Outbound>,
+    replied: Option<CancellationToken>,
+}
+
+struct Running {
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    routes: Arc<Mutex<HashMap<String, Route>>>,
+    next_id: AtomicI64,
+    pid: u32,
+    isolation: String,
+    dead: CancellationToken,
+    handshake: Handshake,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    kill: CancellationToken,
+}
+
+#[derive(Default)]
+struct State {
+    running: Option<Arc<Running>>,
+    crashes: VecDeque<Instant>,
+    /// Starts that failed in a row (no handshake since): a plugin that hangs at the
+    /// handshake fails once per 15 s, never five times in a minute, and is disabled by this.
+    failed_starts: usize,
+    restarts: u64,
+    disabled: Option<String>,
+    last_used: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// One plugin's host.
+pub struct Host {
+    spec: Mutex<Spec>,
+    state: tokio::sync::Mutex<State>,
+    status: Mutex<HostStatus>,
+}
+
+/// What `broker/status` and doctor show about a host.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    /// A child is running.
+    pub running: bool,
+    /// Its pid.
+    pub pid: Option<u32>,
+    /// Calls waiting for an answer.
+    pub in_flight: usize,
+    /// Restarts so far.
+    pub restarts: u64,
+    /// Why it is disabled, if it is.
+    pub disabled: Option<String>,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// How the running child is isolated: `namespaces`, or `none: <why>`.
+    pub isolation: Option<String>,
+}
+
+impl Host {
+    /// A host for `spec`; nothing starts until the first call.
+    pub fn new(spec: Spec) -> Arc<Host> {
+        let host = Arc::new(Host {
+            spec: Mutex::new(spec),
+            state: tokio::sync::Mutex::new(State::default()),
+            status: Mutex::new(HostStatus::default()),
+        });
+        let weak = Arc::downgrade(&host);
+        tokio::spawn(async move { idle_reaper(weak).await });
+        host
+    }
+
+    fn id(&self) -> String {
+        self.spec.lock().expect("spec").id.clone()
+    }
+
+    /// The plugin's confinement.
+    pub fn permissions(&self) -> Arc<super::permissions::Plan> {
+        self.spec.lock().expect("spec").permissions.clone()
+    }
+
+    /// Replace the spec (new config or a reinstall); the running child is stopped.
+    pub async fn respec(&self, spec: Spec) {
+        *self.spec.lock().expect("spec") = spec;
+        self.stop().await;
+        let mut st = self.state.lock().await;
+        st.disabled = None;
+        st.crashes.clear();
+        st.failed_starts = 0;
+    }
+
+    /// Status for `broker/status` and doctor.
+    pub fn status(&self) -> HostStatus {
+        self.status.lock().expect("status").clone()
+    }
+
+    fn set_status(&self, st: &State) {
+        let mut s = self.status.lock().expect("status");
+        s.running = st.running.is_some();
+        s.pid = st.running.as_ref().map(|r| r.pid);
+        s.isolation = st.running.as_ref().map(|r| r.isolation.clone());
+        s.in_flight = st
+            .running
+            .as_ref()
+            .map_or(0, |r| r.pending.lock().expect("pending").len());
+        s.restarts = st.restarts;
+        s.disabled = st.disabled.clone();
+        s.last_error = st.last_error.clone();
+    }
+
+    /// Forget the crash history (doctor, reinstall).
+    pub async fn reset(&self) {
+        let mut st = self.state.lock().await;
+        st.disabled = None;
+        st.crashes.clear();
+        st.failed_starts = 0;
+        self.set_status(&st);
+    }
+
+    /// The running child, started (with its handshake) if needed.
+    async fn running(&self) -> Result<Arc<Running>, AbxError> {
+        let mut st = self.state.lock().await;
+        st.last_used = Some(Instant::now());
+        if let Some(r) = st.running.clone() {
+            if !r.dead.is_cancelled() {
+                return Ok(r);
+            }
+            // It died on its own (stop() takes it out of the state first): a crash.
+            st.running = None;
+            st.crashes.push_back(Instant::now());
+            st.last_error = Some("the plugin exited".into());
+            if st.crashes.len() >= CRASH_LIMIT {
+                st.disabled = Some(format!("crashed {} times in a minute", st.crashes.len()));
+            }
+        }
+        let id = self.id();
+        if let Some(why) = &st.disabled {
+            return Err(AbxError::new(ErrorCode::PluginCrashed, &[("provider", &id), ("detail", why)])
+                .with_suggestion(format!(
+                    "It was disabled after crashing repeatedly; run 'abx provider doctor {id}' to retry."
+                )));
+        }
+        // Backoff after recent crashes: 0, 100 ms, 200 ms, 400 ms ...
+        let now = Instant::now();
+        st.crashes.retain(|t| now.duration_since(*t) < CRASH_WINDOW);
+        if let Some(last) = st.crashes.back() {
+            let backoff = Duration::from_millis(100 * (1 << st.crashes.len().min(5)) / 2);
+            let since = now.duration_since(*last);
+            if since < backoff {
+                tokio::time::sleep(backoff - since).await;
+            }
+        }
+        let spec = self.spec.lock().expect("spec").clone();
+        match start(&spec).await {
+            Ok(r) => {
+                st.failed_starts = 0;
+                if !st.crashes.is_empty() {
+                    info!(provider = %id, "plugin restarted");
+                    st.restarts += 1;
+                }
+                st.running = Some(r.clone());
+                self.set_status(&st);
+                Ok(r)
+            }
+            Err(e) if e.code == ErrorCode::IntegrityFailed => {
+                // The private copy did not match: nothing ran, nothing crashed.
+                st.last_error = Some(e.message.clone());
+                self.set_status(&st);
+                Err(e)
+            }
+            Err(e) => {
+                st.crashes.push_back(Instant::now());
+                st.failed_starts += 1;
+                st.last_error = Some(e.message.clone());
+                if st.crashes.len() >= CRASH_LIMIT {
+                    st.disabled = Some(format!(
+                        "failed {} times in a minute: {}",
+                        st.crashes.len(),
+                        e.message
+                    ));
+                } else if st.failed_starts >= CRASH_LIMIT {
+                    st.disabled = Some(format!(
+                        "failed to start {} times in a row: {}",
+                        st.failed_starts, e.message
+                    ));
+                }
+                self.set_status(&st);
+                Err(e)
+            }
+        }
+    }
+
+    /// The handshake of the running child (starting it if needed).
+    pub async fn handshake(&self) -> Result<Handshake, AbxError> {
+        Ok(self.running().await?.handshake.clone())
+    }
+
+    /// Call a method on the plugin. `conn` and `replied` route the stream that the reply may
+    /// open (exec/start, files/watch) to the calling connection.
+    pub async fn call(
+        &self,
+        method: &str,
+        params: &Value,
+        conn: Option<Outbound>,
+        replied: Option<CancellationToken>,
+        cancel: Option<CancellationToken>,
+        timeout: Option<Duration>,
+    ) -> Result<Box<RawValue>, AbxError> {
+        let r = self.running().await?;
+        let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        r.pending.lock().expect("pending").insert(
+            id_num,
+            Pending {
+                method: method.to_owned(),
+                reply: tx,
+                conn,
+                replied,
+            },
+        );
+        let mut line = message::encode_request(&Id::Num(id_num), method, Some(params));
+        line.push(b'\n');
+        if r.writer.send(line).is_err() {
+            r.pending.lock().expect("pending").remove(&id_num);
+            return Err(self.crashed_error(&r, "its stdin is closed"));
+        }
+        // If this call is dropped unanswered (the client cancelled, or went away), the plugin
+        // hears `$/cancelRequest` for it.
+        let _guard = CancelOnDrop {
+            writer: r.writer.clone(),
+            pending: r.pending.clone(),
+            id: id_num,
+        };
+        let spec_timeout = self.spec.lock().expect("spec").call_timeout;
+        let limit = timeout.unwrap_or(spec_timeout);
+        let cancelled = async {
+            match &cancel {
+                Some(c) => c.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            res = rx => match res {
+                Ok(res) => res,
+                Err(_) => Err(self.crashed_error(&r, "it exited")),
+            },
+            _ = tokio::time::sleep(limit) => {
+                r.pending.lock().expect("pending").remove(&id_num);
+                self.send_cancel(&r, id_num);
+                Err(AbxError::new(ErrorCode::PluginTimedOut, &[
+                    ("provider", &self.id()), ("method", method), ("timeout", &limit.as_secs().to_string()),
+                ]))
+            }
+            _ = cancelled => {
+                r.pending.lock().expect("pending").remove(&id_num);
+                self.send_cancel(&r, id_num);
+                Err(AbxError::new(ErrorCode::RequestCancelled, &[]))
+            }
+        };
+        {
+            let st = self.state.try_lock();
+            if let Ok(st) = st {
+                self.set_status(&st);
+            }
+        }
+        outcome
+    }
+
+    fn send_cancel(&self, r: &Running, id: i64) {
+        let mut line = message::encode_notification("$/cancelRequest", Some(&json!({"id": id})));
+        line.push(b'\n');
+        let _ = r.writer.send(line);
+    }
+
+    fn crashed_error(&self, r: &Running, what: &str) -> AbxError {
+        let secrets = self.spec.lock().expect("spec").secrets.clone();
+        let tail: Vec<String> = r
+            .stderr_tail
+            .lock()
+            .expect("tail")
+            .iter()
+            .rev()
+            .take(3)
+            .rev()
+            .cloned()
+            .collect();
+        let detail = if tail.is_empty() {
+            what.to_owned()
+        } else {
+            format!("{what}; stderr: {}", redact(&tail.join(" | "), &secrets))
+        };
+        AbxError::new(
+            ErrorCode::PluginCrashed,
+            &[("provider", &self.id()), ("detail", &detail)],
+        )
+    }
+
+    /// True when a stream id (exec or watch) is routed through this host and has not
+    /// ended (an exec's `exec/exit` not seen yet).
+    pub async fn has_route(&self, stream: &str) -> bool {
+        let st = self.state.lock().await;
+        st.running.as_ref().is_some_and(|r| {
+            r.routes
+                .lock()
+                .expect("routes")
+                .get(stream)
+                .is_some_and(|r| !r.ended)
+        })
+    }
+
+    /// `exec/attach` served by the host: when the running plugin's exec `exec_id` has a
+    /// route (it runs, or its exit reached no client yet), its stream goes to `conn` from
+    /// now on and what was kept while nobody received it is replayed after the reply
+    /// (`replied`). `None`: no such route (the plugin is asked instead).
+    pub async fn attach(
+        &self,
+        exec_id: &str,
+        conn: Outbound,
+        replied: CancellationToken,
+    ) -> Option<Value> {
+        let running = self.state.lock().await.running.clone()?;
+        let tx = running
+            .routes
+            .lock()
+            .expect("routes")
+            .get(exec_id)
+            .map(|r| r.tx.clone())?;
+        let a = stream::attach(&tx, conn, replied).await?;
+        Some(json!({
+            "execId": exec_id,
+            "running": a.running,
+            "replayed": a.replayed,
+            "droppedBytes": a.dropped_bytes,
+        }))
+    }
+
+    /// Stop the child: `shutdown`, `exit`, then kill after a grace period.
+    pub async fn stop(&self) {
+        let running = self.state.lock().await.running.take();
+        let Some(r) = running else { return };
+        let (tx, rx) = oneshot::channel();
+        let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
+        r.pending.lock().expect("pending").insert(
+            id_num,
+            Pending {
+                method: "shutdown".into(),
+                reply: tx,
+                conn: None,
+                replied: None,
+            },
+        );
+        let mut line = message::encode_request(&Id::Num(id_num), "shutdown", None::<&Value>);
+        line.push(b'\n');
+        let _ = r.writer.send(line);
+        let _ = tokio::time::timeout(Duration::from_secs(2), rx).await;
+        let mut exit = message::encode_notification("exit", None::<&Value>);
+        exit.push(b'\n');
+        let _ = r.writer.send(exit);
+        if tokio::time::timeout(Duration::from_secs(2), r.dead.cancelled())
+            .await
+            .is_err()
+        {
+            r.kill.cancel();
+        }
+        let st = self.state.lock().await;
+        self.set_status(&st);
+    }
+}
+
+struct CancelOnDrop {
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    id: i64,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self
+            .pending
+            .lock()
+            .expect("pending")
+            .remove(&self.id)
+            .is_some()
+        {
+            let mut line =
+                message::encode_notification("$/cancelRequest", Some(&json!({"id": self.id})));
+            line.push(b'\n');
+            let _ = self.writer.send(line);
+        }
+    }
+}
+
+async fn idle_reaper(weak: std::sync::Weak<Host>) {
+    let idle = std::env::var("ABX_PLUGIN_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs);
+    loop {
+        tokio::time::sleep(
+            idle.min(Duration::from_secs(5))
+                .max(Duration::from_millis(200)),
+        )
+        .await;
+        let Some(host) = weak.upgrade() else { return };
+        let stop = {
+            let st = host.state.lock().await;
+            match (&st.running, st.last_used) {
+                (Some(r), Some(t)) => {
+                    t.elapsed() >= idle
+                        && r.pending.lock().expect("pending").is_empty()
+                        && r.routes.lock().expect("routes").is_empty()
+                }
+                _ => false,
+            }
+        };
+        if stop {
+            info!(provider = %host.id(), "stopping idle plugin");
+            host.stop().await;
+        }
+    }
+}
+
+/// Spawn the child and run the handshake.
+async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
+    let handshake_failed = |d: &str| {
+        AbxError::new(
+            ErrorCode::HandshakeFailed,
+            &[("provider", &spec.id), ("detail", d)],
+        )
+    };
+    let (program, args) = spec
+        .command
+        .split_first()
+        .ok_or_else(|| handshake_failed("the manifest has an empty runtime command"))?;
+    let program = program.clone();
+    // The plugin's whole environment; the launcher gets only its config (and the Landlock
+    // cap, so it builds the ruleset the daemon's coverage describes).
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        ),
+        (
+            "HOME".into(),
+            std::env::var("HOME").unwrap_or_else(|_| "/".into()),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("ABX_PROTOCOL".into(), "EPP/1".into()),
+        ("ABX_PROVIDER_ID".into(), spec.id.clone()),
+        (
+            "ABX_DATA_DIR".into(),
+            spec.data_dir.to_string_lossy().into_owned(),
+        ),
+    ];
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut keep = vec![spec.data_dir.clone()];
+    if let Some(tmp) = &spec.permissions.tmp_dir {
+        let _ = std::fs::create_dir_all(tmp);
+        env.push(("TMPDIR".into(), tmp.to_string_lossy().into_owned()));
+        keep.push(tmp.clone());
+    }
+    // E8016 when the declarations cannot be enforced (mode `refuse`), before anything starts;
+    // the launcher builds the ruleset itself, after composing the plugin's mounts.
+    drop(spec.permissions.prepare(&spec.id)?);
+    let _ = abx_home::paths::ensure_private_dir(&spec.copies);
+    let copy_dir = spec.copies.join(format!(
+        "{}.{}.{}",
+        spec.id,
+        std::process::id(),
+        COPIES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let cfg = super::launch::Config {
+        id: spec.id.clone(),
+        tree: spec.root.clone(),
+        digest: spec.digest.clone(),
+        copy_dir: copy_dir.clone(),
+        program: program.clone(),
+        args: args.to_vec(),
+        env,
+        hide: spec.hide.clone(),
+        keep,
+        policy: spec.permissions.policy.clone(),
+        namespaces: super::launch::namespaces_wanted(),
+    };
+    let cfg_json = serde_json::to_string(&cfg).map_err(AbxError::internal)?;
+    let (status_rx, status_tx) =
+        super::launch::status_pipe().map_err(|e| handshake_failed(&format!("status pipe: {e}")))?;
+    let mut cmd = tokio::process::Command::new(super::launch::program());
+    cmd.arg0("abx-plugin-launch")
+        .arg(super::launch::ARG)
+        .current_dir("/")
+        .env_clear()
+        .env(super::launch::CONFIG_ENV, cfg_json)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let Ok(v) = std::env::var(abx_confine::ABI_MAX_ENV) {
+        cmd.env(abx_confine::ABI_MAX_ENV, v);
+    }
+    let status_fd = status_tx.as_raw_fd();
+    // SAFETY: system calls only: its own process group (a kill takes its children), nothing
+    // inherited but stdio and the status pipe (fd 3), the usual open-file limit.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setpgid(0, 0);
+            abx_confine::fds::close_inherited_in_child();
+            abx_confine::fds::restore_fd_limit_in_child();
+            if status_fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(status_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| handshake_failed(&format!("cannot start the plugin launcher: {e}")))?;
+    drop(status_tx);
+    let pid = child.id().unwrap_or(0);
+    super::launch::register(pid as i32, &spec.id);
+    let stdin = child.stdin.take().expect("piped");
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+
+    let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+    let routes: Arc<Mutex<HashMap<String, Route>>> = Arc::default();
+    let dead = CancellationToken::new();
+    let kill = CancellationToken::new();
+    let stderr_tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+
+    // stderr: the plugin's log, redacted.
+    {
+        let tail = stderr_tail.clone();
+        let secrets = spec.secrets.clone();
+        let id = spec.id.clone();
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(stderr);
+            let mut limit = LogLimit::default();
+            let mut line = Vec::new();
+            // Lines are cut at STDERR_LINE bytes (the rest until the newline is dropped), so
+            // an endless line costs no memory.
+            while let Ok(Some(cut)) = read_line_capped(&mut reader, &mut line, STDERR_LINE).await {
+                let mut text = redact(&String::from_utf8_lossy(&line), &secrets);
+                if cut {
+                    text.push_str(" [line cut]");
+                }
+                if let Some(dropped) = limit.allow() {
+                    if dropped > 0 {
+                        info!(provider = %id, "plugin: ({dropped} lines not logged: over {LOG_LINES_PER_SEC} a second)");
+                    }
+                    info!(provider = %id, "plugin: {text}");
+                }
+                let mut t = tail.lock().expect("tail");
+                t.push_back(text);
+                while t.len() > STDERR_TAIL {
+                    t.pop_front();
+                }
+            }
+        });
+    }
+    // stdin writer.
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+    {
+        let mut stdin = stdin;
+        tokio::spawn(async move {
+            while let Some(first) = wrx.recv().await {
+                let mut buf = first;
+                while let Ok(more) = wrx.try_recv() {
+                    buf.extend_from_slice(&more);
+                    if buf.len() > 1024 * 1024 {
+                        break;
+                    }
+                }
+                if stdin.write_all(&buf).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let running = Arc::new(Running {
+        writer: wtx,
+        pending: pending.clone(),
+        routes: routes.clone(),
+        next_id: AtomicI64::new(1),
+        pid,
+        isolation: String::new(),
+        dead: dead.clone(),
+        handshake: Handshake {
+            name: String::new(),
+            version: String::new(),
+            features: vec![],
+        },
+        stderr_tail: stderr_tail.clone(),
+        kill: kill.clone(),
+    });
+    // stdout reader, and the child's end.
+    {
+        let id = spec.id.clone();
+        let pending = pending.clone();
+        let routes = routes.clone();
+        let dead = dead.clone();
+        let writer = running.writer.clone();
+        let tail = stderr_tail.clone();
+        let secrets = spec.secrets.clone();
+        let events = spec.events.clone();
+        tokio::spawn(async move {
+            let plugin = PluginIo {
+                id: &id,
+                secrets: &secrets,
+                writer: &writer,
+                events: &events,
+            };
+            let why = read_loop(&plugin, stdout, &pending, &routes, &kill, &mut child).await;
+            // Give stderr a moment to deliver the last words.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = child.start_kill();
+            let status = child.wait().await.ok();
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            super::launch::forget(pid as i32);
+            // The private copy of a plugin run without namespaces (its launcher removes it,
+            // unless it was killed first).
+            let _ = std::fs::remove_dir_all(&copy_dir);
+            let tail: Vec<String> = tail
+                .lock()
+                .expect("tail")
+                .iter()
+                .rev()
+                .take(3)
+                .rev()
+                .cloned()
+                .collect();
+            let detail = format!(
+                "{why} ({}){}",
+                status.map_or_else(|| "no status".into(), |s| s.to_string()),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; stderr: {}", redact(&tail.join(" | "), &secrets))
+                }
+            );
+            let code = if why.starts_with("sent") {
+                ErrorCode::BadPluginReply
+            } else {
+                ErrorCode::PluginCrashed
+            };
+            let drained: Vec<Pending> = pending
+                .lock()
+                .expect("pending")
+                .drain()
+                .map(|(_, p)| p)
+                .collect();
+            if !drained.is_empty() {
+                warn!(provider = %id, calls = drained.len(), "plugin gone with calls in flight: {detail}");
+            }
+            for p in drained {
+                let e = AbxError::new(code, &[("provider", &id), ("detail", &detail)]);
+                let _ = p.reply.send(Err(e));
+            }
+            // Streams of a dead plugin end: tell their owners.
+            let streams: Vec<(String, Route)> = routes.lock().expect("routes").drain().collect();
+            for (sid, r) in streams {
+                if sid.starts_with("watch:") {
+                    continue;
+                }
+                let exit = message::encode_notification(
+                    "exec/exit",
+                    Some(
+                        &json!({"execId": sid, "exitCode": null, "timedOut": false, "error": format!("provider '{id}' crashed")}),
+                    ),
+                );
+                let _ = r.tx.send(exit).await;
+            }
+            dead.cancel();
+        });
+    }
+    // The launcher's word: the private copy matched and the plugin runs, or why not.
+    let limit = handshake_timeout();
+    let said = read_status(status_rx, limit).await;
+    let isolation = match super::launch::Status::parse(&said) {
+        super::launch::Status::Started(None) => "namespaces".to_owned(),
+        super::launch::Status::Started(Some(why)) => {
+            warn!(provider = %spec.id, "the plugin runs without its own namespaces ({why}): peers descending from it are refused by ancestry, and it sees the broker's directories (Landlock still confines it)");
+            format!("none: {why}")
+        }
+        super::launch::Status::Integrity(why) => {
+            running.kill.cancel();
+            warn!(provider = %spec.id, root = %spec.root.display(), "integrity check of the private copy failed, nothing ran: {why}");
+            return Err(AbxError::new(
+                ErrorCode::IntegrityFailed,
+                &[("provider", &spec.id)],
+            ));
+        }
+        super::launch::Status::Failed(why) => {
+            running.kill.cancel();
+            return Err(handshake_failed(&why));
+        }
+    };
+    debug!(provider = %spec.id, isolation = %isolation, "plugin launched");
+    // Handshake.
+    let r = running.clone();
+    let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    r.pending.lock().expect("pending").insert(
+        id_num,
+        Pending {
+            method: "initialize".into(),
+            reply: tx,
+            conn: None,
+            replied: None,
+        },
+    );
+    let params = json!({
+        "protocol": "EPP/1",
+        "broker": {"name": "abx-broker", "version": abx_home::VERSION},
+        "config": spec.config,
+        "dataDir": spec.data_dir,
+    });
+    let mut line = message::encode_request(&Id::Num(id_num), "initialize", Some(&params));
+    line.push(b'\n');
+    let _ = r.writer.send(line);
+    let reply = match tokio::time::timeout(limit, rx).await {
+        Ok(Ok(Ok(v))) => v,
+        Ok(Ok(Err(e))) => {
+            r.kill.cancel();
+            return Err(handshake_failed(&e.message));
+        }
+        Ok(Err(_)) => {
+            r.kill.cancel();
+            return Err(handshake_failed(
+                "the plugin exited before answering initialize",
+            ));
+        }
+        Err(_) => {
+            r.kill.cancel();
+            return Err(handshake_failed(&format!(
+                "no answer to initialize within {} s",
+                limit.as_secs()
+            )));
+        }
+    };
+    let handshake = match epp::check_handshake(&reply, &spec.id, &spec.features) {
+        Ok(h) => h,
+        Err(e) => {
+            r.kill.cancel();
+            return Err(e);
+        }
+    };
+    let mut init = message::encode_notification("initialized", Some(&json!({})));
+    init.push(b'\n');
+    let _ = r.writer.send(init);
+    debug!(provider = %spec.id, pid, "plugin started");
+    // Rebuild with the handshake filled in (the tasks share the inner Arcs).
+    Ok(Arc::new(Running {
+        writer: r.writer.clone(),
+        pending: r.pending.clone(),
+        routes: r.routes.clone(),
+        next_id: AtomicI64::new(r.next_id.load(Ordering::Relaxed)),
+        pid,
+        isolation,
+        dead: r.dead.clone(),
+        handshake,
+        stderr_tail: r.stderr_tail.clone(),
+        kill: r.kill.clone(),
+    }))
+}
+
+/// Numbers private copies.
+static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The launcher's status line (empty when it closed the pipe without one, or took longer
+/// than `limit`).
+async fn read_status(fd: std::os::fd::OwnedFd, limit: Duration) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return String::new();
+    };
+    let mut line = String::new();
+    let mut r = tokio::io::BufReader::new(rx).take(64 * 1024);
+    match tokio::time::timeout(limit, r.read_line(&mut line)).await {
+        Ok(Ok(_)) => line,
+        Ok(Err(e)) => format!("error reading the launcher's status: {e}"),
+        Err(_) => format!(
+            "error the plugin launcher did not start the plugin within {} s",
+            limit.as_secs()
+        ),
+    }
+}
+
+/// Who the reader reads for: the plugin's id, its secrets (redacted), its stdin, and where
+/// its sandbox change reports go.
+struct PluginIo<'a> {
+    id: &'a str,
+    secrets: &'a [String],
+    writer: &'a mpsc::UnboundedSender<Vec<u8>>,
+    events: &'a abx_core::events::Events,
+}
+
+/// Read the child's stdout until it ends or misbehaves. Returns why it ended.
+async fn read_loop(
+    io: &PluginIo<'_>,
+    stdout: tokio::process::ChildStdout,
+    pending: &Arc<Mutex<HashMap<i64, Pending>>>,
+    routes: &Arc<Mutex<HashMap<String, Route>>>,
+    kill: &CancellationToken,
+    child: &mut tokio::process::Child,
+) -> String {
+    let (id, secrets, writer) = (io.id, io.secrets, io.writer);
+    let mut frames = FramedRead::new(stdout, FrameCodec::with_framing(Framing::Line, MAX_LINE));
+    let mut log_limit = LogLimit::default();
+    loop {
+        let frame = tokio::select! {
+            f = frames.next() => f,
+            _ = kill.cancelled() => {
+                let _ = child.start_kill();
+                return "it was stopped".into();
+            }
+        };
+        let bytes = match frame {
+            None => return "it exited".into(),
+            Some(Err(e)) => return format!("sent unreadable output: {e}"),
+            Some(Ok(Frame::TooLarge { .. })) => {
+                return format!("sent a line over {} bytes", MAX_LINE);
+            }
+            Some(Ok(Frame::Message(b))) => b,
+        };
+        let size = bytes.len();
+        let line = epp::classify(&bytes, id, secrets);
+        drop(bytes);
+        if size > READ_BUFFER_KEEP {
+            // A large line grew the read buffer: give it back rather than keep it.
+            let buf = frames.read_buffer_mut();
+            if buf.capacity() > READ_BUFFER_KEEP && buf.len() < READ_BUFFER_KEEP / 2 {
+                let mut fresh = bytes::BytesMut::with_capacity(64 * 1024);
+                fresh.extend_from_slice(buf);
+                *buf = fresh;
+            }
+        }
+        match line {
+            PluginLine::Reply { id: n, outcome } => {
+                let Some(p) = pending.lock().expect("pending").remove(&n) else {
+                    debug!(provider = %id, n, "late reply ignored");
+                    continue;
+                };
+                // Replies are bounded like the builtin provider's (limits::plugin_reply_bound).
+                let bound = abx_protocol::limits::plugin_reply_bound(&p.method);
+                let outcome = if size > bound {
+                    warn!(provider = %id, method = %p.method, size, bound, "plugin reply above its bound");
+                    Err(AbxError::new(
+                        ErrorCode::BadPluginReply,
+                        &[
+                            ("provider", id),
+                            (
+                                "detail",
+                                &format!(
+                                    "its reply to '{}' has {size} bytes, above the {bound} bytes allowed",
+                                    p.method
+                                ),
+                            ),
+                        ],
+                    ))
+                } else {
+                    outcome
+                };
+                if let (Ok(raw), Some(conn)) = (&outcome, &p.conn) {
+                    if let Some(key) = epp::stream_key(&p.method, raw) {
+                        let mut r = routes.lock().expect("routes");
+                        // An attach the plugin answered (the broker had no route): a new
+                        // route only when the exec still runs.
+                        let attach = p.method == "exec/attach";
+                        if !(attach && (r.contains_key(&key) || !still_running(raw))) {
+                            let route = stream::spawn(
+                                key.clone(),
+                                conn.clone(),
+                                p.replied.clone(),
+                                routes.clone(),
+                            );
+                            r.insert(key, route);
+                        }
+                    }
+                }
+                let _ = p.reply.send(outcome);
+            }
+            PluginLine::Stream { key, end, body } => {
+                // After its exit a stream takes nothing more; its route stays (parked)
+                // until the exit reached a client.
+                let tx = {
+                    let mut r = routes.lock().expect("routes");
+                    match r.get_mut(&key) {
+                        Some(route) if !route.ended => {
+                            route.ended |= end;
+                            Some(route.tx.clone())
+                        }
+                        _ => None,
+                    }
+                };
+                match tx {
+                    Some(tx) if end => tx.exit(body).await,
+                    Some(tx) => {
+                        let _ = tx.send(body).await;
+                    }
+                    None => debug!(provider = %id, key, "notification for an unknown stream"),
+                }
+            }
+            PluginLine::Log { level, message } => {
+                if let Some(dropped) = log_limit.allow() {
+                    if dropped > 0 {
+                        info!(provider = %id, "plugin log: ({dropped} messages not logged: over {LOG_LINES_PER_SEC} a second)");
+                    }
+                    info!(provider = %id, level = %level, "plugin log: {message}");
+                }
+            }
+            PluginLine::Request { method, answer } => {
+                // Plugins may not call the broker (yet): answered -32601.
+                warn!(provider = %id, method = %method, "plugin sent a request");
+                let _ = writer.send(answer);
+            }
+            PluginLine::SandboxChanged {
+                sandbox,
+                change,
+                mut info,
+            } => {
+                // The broker's form: `provider` filled in, as its sandbox/* results have it.
+                if let Some(Value::Object(o)) = &mut info {
+                    o.insert("provider".into(), json!(id));
+                }
+                io.events.emit(id, &sandbox, &change, info.as_ref());
+            }
+            PluginLine::Ignore { method } => {
+                debug!(provider = %id, method = %method, "ignoring plugin notification")
+            }
+            PluginLine::Fatal(why) => return why,
+        }
+    }
+}
+
+/// An `exec/attach` result that says the exec still runs.
+fn still_running(raw: &RawValue) -> bool {
+    serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v["running"] != false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stderr_lines_are_capped_and_logging_is_rate_limited() {
+        let mut input: &[u8] = b"short\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\nlast";
+        let mut r = tokio::io::BufReader::with_capacity(4, &mut input);
+        let mut line = Vec::new();
+        assert_eq!(
+            read_line_capped(&mut r, &mut line, 8).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(line, b"short");
+        assert_eq!(
+            read_line_capped(&mut r, &mut line, 8).await.unwrap(),
+            Some(true)
+        );
+        assert_eq!(line, b"xxxxxxxx");
+        assert_eq!(
+            read_line_capped(&mut r, &mut line, 8).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(line, b"last");
+        assert_eq!(read_line_capped(&mut r, &mut line, 8).await.unwrap(), None);
+
+        let mut l = LogLimit::default();
+        for _ in 0..LOG_LINES_PER_SEC {
+            assert_eq!(l.allow(), Some(0));
+        }
+        assert_eq!(l.allow(), None);
+        assert_eq!(l.allow(), None);
+        l.window = Some(Instant::now() - Duration::from_secs(2));
+        assert_eq!(
+            l.allow(),
+            Some(2),
+            "the next window reports what was dropped"
+        );
+    }
+}

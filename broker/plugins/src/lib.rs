@@ -1,0 +1,26 @@
+//! abx-plugins: EPP/1 provider plugins (DESIGN §6, §7). The `provider/*` management
+//! methods that drive them are the daemon's (`abx_broker::manage`).
+//!
+//! - `protocol::manifest`: `abx-provider.toml`.
+//! - [`digest`]: the content digest and verification.
+//! - [`install`]: sources (directory, git, archive), pinning, confirmation, atomic install.
+//! - [`installed`]: the installed providers' records and their stored configuration.
+//! - [`host`]: one child process per provider, shared by every client: handshake, id
+//!   rewriting, stream routing, cancellation, timeouts, restarts.
+//! - [`launch`]: the launcher each plugin process starts as: its own user, PID and mount
+//!   namespaces (broker state hidden), run from a private copy hashed as it is made.
+//! - [`stream`]: a stream's route to its client, kept (bounded) while no client receives
+//!   it, re-routed and replayed by `exec/attach`.
+//! - [`permissions`]: the `[security]` declarations enforced on the child (Landlock,
+//!   seccomp) through [`abx_confine`].
+//! - [`provider`]: an installed plugin as a [`abx_core::provider::Provider`]: integrity before
+//!   every use, then the host.
+
+pub mod digest;
+pub mod host;
+pub mod install;
+pub mod installed;
+pub mod launch;
+pub mod permissions;
+pub mod plugin;
+pub mod stream;

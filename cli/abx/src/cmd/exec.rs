@@ -1,0 +1,109 @@
+//! `abx exec` and `abx run`: output streamed live (or, with -j, one JSON result), stdin
+//! forwarded when piped, abx's exit code = the command's.
+
+use super::{call, Ctx};
+use crate::output::{print_json, Failure};
+use crate::stream;
+use crate::term;
+use serde_json::{json, Value};
+
+/// `exec/run` params plus piped stdin (for -j).
+fn run_params(sandbox: &str, command: &str, timeout: Option<f64>, cwd: Option<&str>) -> Value {
+    let mut p = json!({"sandbox": sandbox, "command": command});
+    if let Some(t) = timeout {
+        p["timeout"] = json!(t);
+    }
+    if let Some(c) = cwd {
+        p["cwd"] = json!(c);
+    }
+    if !term::stdin_is_tty() {
+        if let Some(buf) = stream::piped_stdin() {
+            p["stdin"] = json!(abx_protocol::b64::encode(&buf));
+            p["stdinEncoding"] = json!("base64");
+        }
+    }
+    p
+}
+
+fn exit_of(r: &Value) -> u8 {
+    r["exitCode"].as_i64().unwrap_or(1).clamp(0, 255) as u8
+}
+
+/// `abx exec SANDBOX CMD...`.
+pub async fn exec(
+    cx: &Ctx,
+    sandbox: &str,
+    command: &[String],
+    timeout: Option<f64>,
+    cwd: Option<&str>,
+) -> Result<u8, Failure> {
+    let mut c = cx.connect().await?;
+    let cmd = stream::shell_join(command);
+    if cx.json {
+        return run_json(&mut c, sandbox, &cmd, timeout, cwd).await;
+    }
+    stream::exec(&mut c, sandbox, &cmd, timeout, cwd).await
+}
+
+/// `exec/run` with -j. Ctrl-C, SIGTERM or SIGHUP cancel it (`$/cancelRequest`: the broker
+/// kills the command's tree) before abx exits with 128 + the signal.
+async fn run_json(
+    c: &mut abx_client::client::Client,
+    sandbox: &str,
+    cmd: &str,
+    timeout: Option<f64>,
+    cwd: Option<&str>,
+) -> Result<u8, Failure> {
+    let params = run_params(sandbox, cmd, timeout, cwd);
+    match stream::run_cancellable(c, &params).await? {
+        Ok(r) => {
+            print_json(&r);
+            Ok(exit_of(&r))
+        }
+        Err(code) => Ok(code),
+    }
+}
+
+/// `abx run -- CMD`: create a sandbox, run, kill it (also on failure or Ctrl-C).
+pub async fn run(
+    cx: &Ctx,
+    template: Option<&str>,
+    opts: &crate::args::SandboxOpts,
+    timeout: Option<f64>,
+    command: &[String],
+) -> Result<u8, Failure> {
+    let mut c = cx.connect().await?;
+    let mut params = cx.with_provider(json!({}));
+    if let Some(t) = template {
+        params["template"] = json!(t);
+    }
+    opts.apply(&mut params);
+    // Listening before the sandbox exists: a SIGTERM or SIGHUP from here on still kills it.
+    let mut ending = stream::Ending::new();
+    let sb = call(&mut c, "sandbox/create", params).await?;
+    let full = super::sandbox::full_id(&sb);
+    let cmd = stream::shell_join(command);
+    let result = if cx.json {
+        tokio::select! {
+            r = call(&mut c, "exec/run", run_params(&full, &cmd, timeout, None)) => r.map(|r| {
+                let mut r = r;
+                r["sandbox"] = json!(full);
+                print_json(&r);
+                exit_of(&r)
+            }),
+            _ = tokio::signal::ctrl_c() => Ok(130),
+            sig = ending.recv() => Ok((128 + sig) as u8),
+        }
+    } else {
+        tokio::select! {
+            r = stream::exec(&mut c, &full, &cmd, timeout, None) => r,
+            _ = tokio::signal::ctrl_c() => Ok(130),
+            sig = ending.recv() => Ok((128 + sig) as u8),
+        }
+    };
+    // Always clean up, on success, failure, Ctrl-C, SIGTERM or SIGHUP, on a fresh connection.
+    if let Ok(mut k) = cx.connect().await {
+        let _ = call(&mut k, "sandbox/kill", json!({"sandbox": full})).await;
+    }
+    result
+}

@@ -1,0 +1,189 @@
+//! The commands: one module per family, all broker clients, dispatched from [`run`].
+
+mod broker;
+mod exec;
+mod files;
+mod process;
+mod provider;
+mod sandbox;
+mod shell;
+
+use crate::args::{
+    BrokerAction, BrokerArgs, Cli, Command, CommandCmd, ProviderCmd, SandboxCmd, SystemCmd,
+};
+use crate::output::{print_json, Failure};
+use abx_client::client::Client;
+use abx_home::Paths;
+use serde_json::{json, Value};
+
+/// What every command knows: where the daemon is and the global flags.
+pub struct Ctx {
+    /// Socket, data and log locations.
+    pub paths: Paths,
+    /// -j.
+    pub json: bool,
+    /// --provider / ABX_PROVIDER.
+    pub provider: Option<String>,
+    /// --yes.
+    pub yes: bool,
+}
+
+impl Ctx {
+    /// Connect to the daemon, starting it when none answers.
+    pub async fn connect(&self) -> Result<Client, Failure> {
+        Ok(Client::connect(&self.paths).await?)
+    }
+
+    /// `params` plus `provider` when one was chosen (for calls no sandbox id routes).
+    pub fn with_provider(&self, mut params: Value) -> Value {
+        if let Some(p) = &self.provider {
+            params["provider"] = json!(p);
+        }
+        params
+    }
+}
+
+/// Call `method` and turn a failure into a [`Failure`] that remembers the method.
+pub async fn call(c: &mut Client, method: &str, params: Value) -> Result<Value, Failure> {
+    c.call(method, Some(&params))
+        .await
+        .map_err(|e| Failure::from(e).in_method(method))
+}
+
+/// Connect and make one call.
+pub async fn call1(cx: &Ctx, method: &str, params: Value) -> Result<Value, Failure> {
+    let mut c = cx.connect().await?;
+    call(&mut c, method, params).await
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Run the parsed command line; `Ok(exit code)` or the failure to print.
+pub fn run(cli: Cli, paths: Paths) -> Result<u8, Failure> {
+    let cx = Ctx {
+        paths,
+        json: cli.json,
+        provider: cli.provider.filter(|p| !p.is_empty()),
+        yes: cli.yes,
+    };
+    match cli.command {
+        // Not async, or owning their own runtime.
+        // The daemon is its own binary: hand this process over to it (same pid, so whoever
+        // started `abx broker run` can signal and wait on the daemon).
+        Command::Broker(BrokerArgs { stdio: true, .. }) => {
+            Err(broker::exec_daemon(&cx, &["--stdio"]))
+        }
+        Command::Broker(BrokerArgs {
+            action: Some(BrokerAction::Run { detached }),
+            ..
+        }) => Err(broker::exec_daemon(
+            &cx,
+            if detached {
+                &["run", "--detached"]
+            } else {
+                &["run"]
+            },
+        )),
+        Command::Completions { shell } => completions(&cx, shell),
+        command => runtime().block_on(dispatch(&cx, command)),
+    }
+}
+
+async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
+    match command {
+        Command::Broker(BrokerArgs { action, .. }) => match action {
+            None | Some(BrokerAction::Status) => broker::status(cx).await,
+            Some(BrokerAction::Start) => broker::start(cx).await,
+            Some(BrokerAction::Stop) => broker::stop(cx).await,
+            Some(BrokerAction::Run { .. }) => unreachable!("handled in run"),
+        },
+        Command::Events { count } => sandbox::events(cx, count).await,
+        Command::Rpc => {
+            crate::rpc::run(&cx.paths).await?;
+            Ok(0)
+        }
+        Command::Create(a) => sandbox::create(cx, a).await,
+        Command::Info(a) => sandbox::info(cx, &a.sandbox).await,
+        Command::List | Command::Sandbox(SandboxCmd::List) => sandbox::list(cx).await,
+        Command::Kill(a) => sandbox::kill(cx, &a.sandbox).await,
+        Command::Pause(a) => sandbox::pause_resume(cx, &a.sandbox, true).await,
+        Command::Resume(a) => sandbox::pause_resume(cx, &a.sandbox, false).await,
+        Command::SetTimeout { sandbox, seconds } => {
+            sandbox::set_timeout(cx, &sandbox, seconds).await
+        }
+        Command::Ports { sandbox, port } => sandbox::ports(cx, &sandbox, port).await,
+        Command::Exec {
+            sandbox,
+            timeout,
+            cwd,
+            command,
+        } => exec::exec(cx, &sandbox, &command, timeout, cwd.as_deref()).await,
+        Command::Run {
+            template,
+            opts,
+            timeout,
+            command,
+        } => exec::run(cx, template.as_deref(), &opts, timeout, &command).await,
+        Command::Shell { sandbox, command } => shell::shell(cx, &sandbox, &command).await,
+        Command::Upload {
+            sandbox,
+            local,
+            remote,
+        } => files::upload(cx, &sandbox, &local, &remote).await,
+        Command::Download {
+            sandbox,
+            remote,
+            local,
+        } => files::download(cx, &sandbox, &remote, &local).await,
+        Command::Sandbox(SandboxCmd::Files(f)) => files::files(cx, f).await,
+        Command::Sandbox(SandboxCmd::Process(p)) => process::process(cx, p).await,
+        Command::Sandbox(SandboxCmd::System(SystemCmd::Info(a))) => {
+            sandbox::system_info(cx, &a.sandbox).await
+        }
+        Command::Sandbox(SandboxCmd::Capabilities(a)) => {
+            sandbox::capabilities(cx, &a.sandbox).await
+        }
+        Command::Sandbox(SandboxCmd::Command(CommandCmd::Run {
+            sandbox,
+            name,
+            args,
+        })) => sandbox::command_run(cx, &sandbox, &name, &args).await,
+        Command::Template { action, args } => provider::template(cx, &action, &args).await,
+        Command::Provider(ProviderCmd::List) => provider::list(cx).await,
+        Command::Provider(ProviderCmd::Info { id }) => provider::info(cx, &id).await,
+        Command::Provider(ProviderCmd::Install(a)) => provider::install(cx, &a).await,
+        Command::Provider(ProviderCmd::Uninstall { id }) => provider::uninstall(cx, &id).await,
+        Command::Provider(ProviderCmd::Update { id, check, git_ref }) => {
+            provider::update(cx, id.as_deref(), check, git_ref.as_deref()).await
+        }
+        Command::Provider(ProviderCmd::Doctor { id }) => provider::doctor(cx, &id).await,
+        Command::Provider(ProviderCmd::Test {
+            id,
+            filter,
+            concurrency,
+        }) => provider::test(cx, &id, filter.as_deref(), concurrency).await,
+        Command::Provider(ProviderCmd::Configure { id, values, unset }) => {
+            provider::configure(cx, &id, &values, &unset).await
+        }
+        Command::Provider(ProviderCmd::Default { id }) => provider::set_default(cx, &id).await,
+        Command::Completions { .. } => unreachable!("handled in run"),
+    }
+}
+
+fn completions(cx: &Ctx, shell: clap_complete::Shell) -> Result<u8, Failure> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut buf = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "abx", &mut buf);
+    if cx.json {
+        print_json(&json!({"shell": shell.to_string(), "script": String::from_utf8_lossy(&buf)}));
+    } else {
+        crate::output::out_bytes(&buf);
+    }
+    Ok(0)
+}

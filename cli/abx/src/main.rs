@@ -1,0 +1,107 @@
+//! `abx`: the command-line client of the abx broker. A thin `main`: parse flags, run the
+//! command, print its output or its error and exit with the documented code. The daemon is
+//! another binary (`abx-broker`, found beside this one); this one links no daemon code.
+
+mod args;
+mod cmd;
+mod mcp;
+mod output;
+mod rpc;
+mod stream;
+mod table;
+mod term;
+
+use abx_home::Paths;
+use abx_protocol::ErrorCode;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
+use serde_json::json;
+use std::process::ExitCode;
+
+// `abx mcp`, served here rather than from the command table.
+#[derive(Subcommand, Debug)]
+enum Serve {
+    /// Serve the Model Context Protocol on stdio, for AI agents (docs/mcp.md).
+    Mcp,
+}
+
+fn main() -> ExitCode {
+    let parsed = Serve::augment_subcommands(args::Cli::command())
+        .try_get_matches()
+        .and_then(|m| match Serve::from_arg_matches(&m) {
+            Ok(Serve::Mcp) => Ok(None),
+            Err(_) => args::Cli::from_arg_matches(&m).map(Some),
+        });
+    let cli = match parsed {
+        Ok(Some(c)) => c,
+        Ok(None) => return mcp::run(&Paths::from_env()),
+        Err(e) => return usage_error(e),
+    };
+    let paths = Paths::from_env();
+    let (json_mode, verbose) = (cli.json, cli.verbose > 0);
+    let log = paths.log_file();
+    match cmd::run(cli, paths) {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            f.print(json_mode, verbose, Some(&log));
+            ExitCode::from(f.exit.clamp(0, 255) as u8)
+        }
+    }
+}
+
+/// Groups of `abx sandbox ...`, for the hint after an unknown top-level command.
+const SANDBOX_GROUPS: &[&str] = &["files", "process", "system", "capabilities", "command"];
+
+/// clap's message (help and version as they are), plus a hint for unknown commands; with
+/// -j a JSON error on stdout. Exit 0 for help/version, else 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return ExitCode::from(
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                2
+            } else {
+                0
+            },
+        );
+    }
+    let mut hint = String::new();
+    if e.kind() == ErrorKind::InvalidSubcommand {
+        if let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidSubcommand) {
+            if SANDBOX_GROUPS.contains(&bad.as_str()) {
+                hint = format!("Did you mean 'abx sandbox {bad}'? ");
+            }
+        }
+        hint.push_str("See 'abx --help' for the command list (sandbox files, processes, system info and named commands: 'abx sandbox --help').");
+    }
+    let json_mode = std::env::args()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "-j" || a == "--json");
+    if json_mode {
+        let rendered = e.render().to_string();
+        let message = rendered
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("usage error")
+            .trim_start_matches("error: ")
+            .to_owned();
+        output::print_json(&json!({
+            "status": "error",
+            "message": message,
+            "code": ErrorCode::Usage.abx(),
+            "suggestion": if hint.is_empty() { "Run 'abx --help' for the command list.".to_owned() } else { hint },
+        }));
+    } else {
+        let _ = e.print();
+        if !hint.is_empty() {
+            eprintln!("\n{hint}");
+        }
+    }
+    ExitCode::from(2)
+}

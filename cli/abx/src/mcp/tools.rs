@@ -1,0 +1,929 @@
+//! The tools of `abx mcp`: definitions (JSON Schema inputs, output schemas) and their
+//! implementations over the broker API.
+//!
+//! Every tool takes its sandbox id as an explicit argument. A failure is a result with
+//! `isError: true` whose text is the broker's E-code line and suggestion
+//! (`[E2009] Sandbox 'x' not found.` ...), so the model sees it and can correct itself.
+
+use super::{Era, Out};
+use abx_client::client::CallError;
+use abx_client::mux::Mux;
+use abx_protocol::{AbxError, ErrorCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use tokio_util::sync::CancellationToken;
+
+/// What a tool call gets.
+pub struct Cx<'a> {
+    /// The daemon.
+    pub mux: &'a Mux,
+    /// stdout, for progress notifications.
+    pub out: &'a Out,
+    /// `_meta.progressToken` of the request, when the client wants progress.
+    pub progress: Option<Value>,
+    /// Fired by `notifications/cancelled` (or when the client goes away).
+    pub cancel: CancellationToken,
+    /// The revision the call is served under.
+    pub era: Era,
+}
+
+struct Def {
+    name: &'static str,
+    title: &'static str,
+    description: &'static str,
+    input: fn() -> Value,
+    output: Option<fn() -> Value>,
+    read_only: bool,
+    destructive: bool,
+    idempotent: bool,
+}
+
+const TOOLS: &[Def] = &[
+    Def {
+        name: "sandbox_create",
+        title: "Create a sandbox",
+        description: "Create a sandbox and return it (its `id` is the `sandbox` argument of every \
+            other tool). It lives `timeout` seconds (default 300) unless extended with \
+            sandbox_set_timeout; kill it with sandbox_kill when done.",
+        input: || {
+            object(
+                json!({
+                    "provider": {"type": "string", "description": "Provider id (see provider_list). Default: the broker's default provider."},
+                    "template": {"type": "string", "description": "Template of the provider (the local provider has 'base')."},
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 2_592_000, "description": "Lifetime in seconds (default 300)."},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Environment variables of every command run in the sandbox."},
+                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Labels to attach to the sandbox."},
+                }),
+                &[],
+            )
+        },
+        output: Some(sandbox_schema),
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+    },
+    Def {
+        name: "sandbox_list",
+        title: "List sandboxes",
+        description: "List the running sandboxes (of one provider, or of all). A provider that fails is named in errors; the others are listed anyway.",
+        input: || {
+            object(
+                json!({"provider": {"type": "string", "description": "Only this provider's sandboxes."}}),
+                &[],
+            )
+        },
+        output: Some(|| {
+            object(
+                json!({
+                    "sandboxes": {"type": "array", "items": sandbox_schema()},
+                    "errors": {
+                        "type": "array",
+                        "description": "Providers that could not list their sandboxes (the others are listed anyway).",
+                        "items": object(
+                            json!({
+                                "provider": {"type": "string"},
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "suggestion": {"type": "string"},
+                            }),
+                            &["provider", "code", "message"],
+                        ),
+                    },
+                }),
+                &["sandboxes"],
+            )
+        }),
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "sandbox_info",
+        title: "Show a sandbox",
+        description: "Show one sandbox: status, template, when it started and when it expires.",
+        input: || object(json!({"sandbox": sandbox_arg()}), &["sandbox"]),
+        output: Some(sandbox_schema),
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "sandbox_kill",
+        title: "Kill a sandbox",
+        description: "Kill a sandbox: every process stops and its files are deleted. Idempotent \
+            (`killed` is false when it was already gone).",
+        input: || object(json!({"sandbox": sandbox_arg()}), &["sandbox"]),
+        output: Some(|| object(json!({"killed": {"type": "boolean"}}), &["killed"])),
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+    },
+    Def {
+        name: "sandbox_set_timeout",
+        title: "Set a sandbox's lifetime",
+        description: "Set the remaining lifetime of a sandbox: it ends `timeout` seconds from now.",
+        input: || {
+            object(
+                json!({
+                    "sandbox": sandbox_arg(),
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 2_592_000, "description": "Seconds from now."},
+                }),
+                &["sandbox", "timeout"],
+            )
+        },
+        output: Some(sandbox_schema),
+        read_only: false,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "exec",
+        title: "Run a command",
+        description: "Run a shell command (sh -c) in a sandbox and return its exit code, stdout \
+            and stderr. Output is streamed as progress notifications when the client asks for \
+            progress. Stdin is empty. Cancelling the call kills the command.",
+        input: || {
+            object(
+                json!({
+                    "sandbox": sandbox_arg(),
+                    "command": {"type": "string", "description": "The command, run with sh -c (pipes, &&, redirections work)."},
+                    "cwd": {"type": "string", "description": "Working directory (default /workspace)."},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Extra environment variables."},
+                    "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the command (and everything it started) is killed. Default: no limit."},
+                }),
+                &["sandbox", "command"],
+            )
+        },
+        output: Some(|| {
+            object(
+                json!({
+                    "exitCode": {"type": ["integer", "null"], "description": "The exit status (128+N when killed by signal N)."},
+                    "stdout": {"type": "string"},
+                    "stderr": {"type": "string"},
+                    "timedOut": {"type": "boolean"},
+                    "signal": {"type": "string", "description": "The signal that ended it, if one did."},
+                    "truncated": {"type": "boolean", "description": "Output was longer than kept here (the middle is left out)."},
+                }),
+                &["exitCode", "stdout", "stderr", "timedOut"],
+            )
+        }),
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+    },
+    Def {
+        name: "files_read",
+        title: "Read a file",
+        description:
+            "Read a file of a sandbox (up to 4 MiB). Text comes back as is; a file that is \
+            not UTF-8 comes back base64-encoded (`encoding: base64`).",
+        input: || {
+            object(
+                json!({"sandbox": sandbox_arg(), "path": path_arg()}),
+                &["sandbox", "path"],
+            )
+        },
+        output: Some(|| {
+            object(
+                json!({
+                    "path": {"type": "string"},
+                    "content": {"type": "string"},
+                    "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
+                    "size": {"type": "integer", "description": "Size of the whole file in bytes."},
+                    "truncated": {"type": "boolean", "description": "Only the first 4 MiB were read."},
+                }),
+                &["path", "content", "encoding", "size", "truncated"],
+            )
+        }),
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "files_write",
+        title: "Write a file",
+        description: "Write a text file in a sandbox, replacing it whole (atomically); missing \
+            parent directories are created.",
+        input: || {
+            object(
+                json!({
+                    "sandbox": sandbox_arg(),
+                    "path": path_arg(),
+                    "content": {"type": "string", "description": "The whole new content (UTF-8 text)."},
+                }),
+                &["sandbox", "path", "content"],
+            )
+        },
+        output: Some(|| {
+            object(
+                json!({"path": {"type": "string"}, "size": {"type": "integer"}}),
+                &["path", "size"],
+            )
+        }),
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+    },
+    Def {
+        name: "files_list",
+        title: "List a directory",
+        description: "List a directory of a sandbox: name, type, size, mode and modification time \
+            of each entry.",
+        input: || {
+            object(
+                json!({
+                    "sandbox": sandbox_arg(),
+                    "path": {"type": "string", "description": "Directory (default /workspace)."},
+                }),
+                &["sandbox"],
+            )
+        },
+        output: Some(|| {
+            object(
+                json!({"entries": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "path": {"type": "string"},
+                        "type": {"type": "string", "description": "file, directory, symlink or other"},
+                        "size": {"type": "integer"},
+                        "mode": {"type": "string"},
+                        "modifiedAt": {"type": "string"},
+                    },
+                    "required": ["name", "path", "type"],
+                }}}),
+                &["entries"],
+            )
+        }),
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "ports_url",
+        title: "URL of a port",
+        description:
+            "The URL where a port of a sandbox is reached (start a server listening on it \
+            first), and the headers a client must send.",
+        input: || {
+            object(
+                json!({
+                    "sandbox": sandbox_arg(),
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                }),
+                &["sandbox", "port"],
+            )
+        },
+        output: Some(|| {
+            object(
+                json!({
+                    "url": {"type": "string"},
+                    "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                }),
+                &["url"],
+            )
+        }),
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "provider_list",
+        title: "List providers",
+        description:
+            "List the sandbox providers of the broker, their features and which one is the \
+            default.",
+        input: || object(json!({}), &[]),
+        output: Some(|| {
+            object(
+                json!({"providers": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "name": {"type": "string"},
+                        "version": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "trust": {"type": "string"},
+                        "features": {"type": "array", "items": {"type": "string"}},
+                        "default": {"type": "boolean"},
+                    },
+                    "required": ["id"],
+                }}}),
+                &["providers"],
+            )
+        }),
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+];
+
+fn object(properties: Value, required: &[&str]) -> Value {
+    let mut s = json!({"type": "object", "properties": properties, "additionalProperties": false});
+    if !required.is_empty() {
+        s["required"] = json!(required);
+    }
+    s
+}
+
+fn sandbox_arg() -> Value {
+    json!({"type": "string", "description": "Sandbox id (`id` or `provider:id`), as sandbox_create or sandbox_list returned it."})
+}
+
+fn path_arg() -> Value {
+    json!({"type": "string", "description": "Path in the sandbox: under /workspace (relative paths are taken from there) or /tmp."})
+}
+
+fn sandbox_schema() -> Value {
+    let mut s = object(
+        json!({
+            "id": {"type": "string"},
+            "provider": {"type": "string"},
+            "status": {"type": "string", "description": "running or paused"},
+            "template": {"type": ["string", "null"]},
+            "url": {"type": ["string", "null"]},
+            "region": {"type": ["string", "null"]},
+            "timeout": {"type": ["number", "null"], "description": "Lifetime in seconds."},
+            "startedAt": {"type": ["string", "null"]},
+            "expiresAt": {"type": ["string", "null"]},
+            "metadata": {"type": ["object", "null"]},
+        }),
+        &["id"],
+    );
+    // Providers may add fields of their own.
+    s.as_object_mut()
+        .expect("object")
+        .remove("additionalProperties");
+    s
+}
+
+/// Whether a tool of this name exists.
+pub fn exists(name: &str) -> bool {
+    TOOLS.iter().any(|d| d.name == name)
+}
+
+/// The `tools` array of `tools/list`, shaped for the era.
+pub fn list(era: Era) -> Vec<Value> {
+    TOOLS
+        .iter()
+        .map(|d| {
+            let mut t = json!({
+                "name": d.name,
+                "description": d.description,
+                "inputSchema": (d.input)(),
+            });
+            if era.structured() {
+                t["title"] = json!(d.title);
+                if let Some(o) = d.output {
+                    // Results may grow fields: an output schema never forbids extra ones.
+                    let mut schema = o();
+                    if let Some(obj) = schema.as_object_mut() {
+                        obj.remove("additionalProperties");
+                    }
+                    t["outputSchema"] = schema;
+                }
+            }
+            if era.annotations() {
+                t["annotations"] = json!({
+                    "title": d.title,
+                    "readOnlyHint": d.read_only,
+                    "destructiveHint": d.destructive,
+                    "idempotentHint": d.idempotent,
+                    "openWorldHint": false,
+                });
+            }
+            t
+        })
+        .collect()
+}
+
+/// A successful result: `text` for the model, `structured` for programs.
+fn ok(cx: &Cx<'_>, text: String, structured: Value) -> Value {
+    let mut r = json!({"content": [{"type": "text", "text": text}], "isError": false});
+    if cx.era.structured() {
+        r["structuredContent"] = structured;
+    }
+    r
+}
+
+/// A failed result: the E-code line and its suggestion.
+fn fail_text(text: String) -> Value {
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+fn fail_abx(e: &AbxError) -> Value {
+    fail_text(format!("{e}\nSuggestion: {}", e.suggestion))
+}
+
+fn fail(e: &CallError) -> Value {
+    match e {
+        CallError::Rpc(r) => match r.suggestion() {
+            Some(s) => fail_text(format!("{r}\nSuggestion: {s}")),
+            None => fail_text(r.to_string()),
+        },
+        CallError::Broken(b) => fail_abx(b),
+    }
+}
+
+fn args<T: DeserializeOwned>(tool: &str, v: Value) -> Result<T, Value> {
+    serde_json::from_value(v).map_err(|e| fail_abx(&AbxError::invalid_params(tool, e)))
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// Run a tool; `None` when the call was cancelled (nothing is to be sent).
+pub async fn call(cx: &Cx<'_>, name: &str, a: Value) -> Option<Value> {
+    let cancel = cx.cancel.clone();
+    if name == "exec" {
+        return exec(cx, a).await;
+    }
+    tokio::select! {
+        r = simple(cx, name, a) => Some(r.unwrap_or_else(|e| e)),
+        // Dropping the call sends $/cancelRequest to the broker.
+        _ = cancel.cancelled() => None,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateArgs {
+    provider: Option<String>,
+    template: Option<String>,
+    timeout: Option<u64>,
+    env: Option<BTreeMap<String, String>>,
+    metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderArg {
+    provider: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxArg {
+    sandbox: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimeoutArgs {
+    sandbox: String,
+    timeout: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathArgs {
+    sandbox: String,
+    path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    sandbox: String,
+    path: String,
+    content: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {
+    sandbox: String,
+    path: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortArgs {
+    sandbox: String,
+    port: u16,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecArgs {
+    sandbox: String,
+    command: String,
+    cwd: Option<String>,
+    env: Option<BTreeMap<String, String>>,
+    timeout: Option<f64>,
+}
+
+fn put<T: serde::Serialize>(p: &mut Value, k: &str, v: Option<T>) {
+    if let Some(v) = v {
+        p[k] = json!(v);
+    }
+}
+
+async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
+    let m = cx.mux;
+    let call = |method: &'static str, params: Value| async move {
+        m.call(method, params).await.map_err(|e| fail(&e))
+    };
+    Ok(match name {
+        "sandbox_create" => {
+            let a: CreateArgs = args(name, a)?;
+            let mut p = json!({});
+            put(&mut p, "provider", a.provider);
+            put(&mut p, "template", a.template);
+            put(&mut p, "timeout", a.timeout);
+            put(&mut p, "env", a.env);
+            put(&mut p, "metadata", a.metadata);
+            let sb = call("sandbox/create", p).await?;
+            ok(cx, pretty(&sb), sb)
+        }
+        "sandbox_list" => {
+            let a: ProviderArg = args(name, a)?;
+            let mut p = json!({});
+            put(&mut p, "provider", a.provider);
+            let r = call("sandbox/list", p).await?;
+            // A provider that failed is named under the list; the others are listed anyway.
+            let mut text = pretty(&r);
+            for e in r["errors"].as_array().into_iter().flatten() {
+                text.push('\n');
+                text.push_str(crate::output::provider_warning(e).trim_end());
+            }
+            ok(cx, text, r)
+        }
+        "sandbox_info" => {
+            let a: SandboxArg = args(name, a)?;
+            let sb = call("sandbox/info", json!({"sandbox": a.sandbox})).await?;
+            ok(cx, pretty(&sb), sb)
+        }
+        "sandbox_kill" => {
+            let a: SandboxArg = args(name, a)?;
+            let r = call("sandbox/kill", json!({"sandbox": a.sandbox})).await?;
+            let killed = r["killed"].as_bool().unwrap_or(false);
+            let text = if killed {
+                format!("Sandbox '{}' killed.", a.sandbox)
+            } else {
+                format!("Sandbox '{}' was already gone.", a.sandbox)
+            };
+            ok(cx, text, json!({"killed": killed}))
+        }
+        "sandbox_set_timeout" => {
+            let a: TimeoutArgs = args(name, a)?;
+            let sb = call(
+                "sandbox/setTimeout",
+                json!({"sandbox": a.sandbox, "timeout": a.timeout}),
+            )
+            .await?;
+            ok(cx, pretty(&sb), sb)
+        }
+        "files_read" => {
+            let a: PathArgs = args(name, a)?;
+            let r = call("files/read", json!({"sandbox": a.sandbox, "path": a.path})).await?;
+            let content = r["data"].as_str().unwrap_or_default().to_owned();
+            let encoding = r["encoding"].as_str().unwrap_or("utf-8").to_owned();
+            let size = r["size"].as_u64().unwrap_or(0);
+            let truncated = r["eof"] == json!(false);
+            let mut text = if encoding == "base64" {
+                format!("(not UTF-8 text: {size} bytes, base64-encoded)\n{content}")
+            } else {
+                content.clone()
+            };
+            if truncated {
+                text.push_str(&format!(
+                    "\n[... truncated: the file has {size} bytes; read it in parts with exec (e.g. head, tail, sed -n)]"
+                ));
+            }
+            ok(
+                cx,
+                text,
+                json!({"path": a.path, "content": content, "encoding": encoding, "size": size, "truncated": truncated}),
+            )
+        }
+        "files_write" => {
+            let a: WriteArgs = args(name, a)?;
+            let p = json!({"sandbox": a.sandbox, "path": a.path, "data": a.content});
+            let r = match m.call("files/write", p.clone()).await {
+                Err(CallError::Rpc(e)) if e.error_code() == Some(ErrorCode::FileNotFound) => {
+                    // A missing parent directory: create it, then write again.
+                    match parent(&a.path) {
+                        Some(dir) => {
+                            call(
+                                "files/mkdir",
+                                json!({"sandbox": a.sandbox, "path": dir, "parents": true}),
+                            )
+                            .await?;
+                            call("files/write", p).await?
+                        }
+                        None => return Err(fail(&CallError::Rpc(e))),
+                    }
+                }
+                r => r.map_err(|e| fail(&e))?,
+            };
+            let size = r["size"].as_u64().unwrap_or(0);
+            ok(
+                cx,
+                format!("Wrote {size} bytes to {}.", a.path),
+                json!({"path": a.path, "size": size}),
+            )
+        }
+        "files_list" => {
+            let a: ListArgs = args(name, a)?;
+            let mut p = json!({"sandbox": a.sandbox});
+            put(&mut p, "path", a.path.clone());
+            let r = call("files/list", p).await?;
+            let entries = r["entries"].as_array().cloned().unwrap_or_default();
+            let dir = a.path.unwrap_or_else(|| "/workspace".into());
+            let mut text = if entries.is_empty() {
+                format!("{dir} is empty.")
+            } else {
+                format!("{dir}:\n")
+            };
+            for e in &entries {
+                let kind = e["type"].as_str().unwrap_or("?");
+                let suffix = if kind == "directory" { "/" } else { "" };
+                text.push_str(&format!(
+                    "{:<9} {:>10} {} {}{suffix}\n",
+                    kind,
+                    e["size"].as_u64().unwrap_or(0),
+                    e["modifiedAt"].as_str().unwrap_or(""),
+                    e["name"].as_str().unwrap_or(""),
+                ));
+            }
+            ok(cx, text.trim_end().to_owned(), json!({"entries": entries}))
+        }
+        "ports_url" => {
+            let a: PortArgs = args(name, a)?;
+            let r = call("ports/url", json!({"sandbox": a.sandbox, "port": a.port})).await?;
+            let headers = r.get("headers").cloned().unwrap_or_else(|| json!({}));
+            let url = r["url"].clone();
+            ok(cx, pretty(&r), json!({"url": url, "headers": headers}))
+        }
+        "provider_list" => {
+            let _: NoArgs = args(name, a)?;
+            let r = call("provider/list", json!({})).await?;
+            ok(cx, pretty(&r), r)
+        }
+        other => return Err(fail_text(format!("Unknown tool '{other}'."))),
+    })
+}
+
+/// The parent directory of a sandbox path, when it has one worth creating.
+fn parent(path: &str) -> Option<String> {
+    let p = std::path::Path::new(path).parent()?.to_str()?;
+    (!p.is_empty() && p != "/").then(|| p.to_owned())
+}
+
+/// Output kept for the result, per stream: the first [`HEAD`] bytes and the last [`TAIL`].
+const HEAD: usize = 64 * 1024;
+const TAIL: usize = 448 * 1024;
+
+#[derive(Default)]
+struct Capture {
+    head: String,
+    /// Set once anything went to `tail`: the head takes no more.
+    head_closed: bool,
+    tail: String,
+    omitted: u64,
+}
+
+fn floor_char(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+impl Capture {
+    fn push(&mut self, mut s: &str) {
+        if !self.head_closed {
+            let n = floor_char(s, (HEAD - self.head.len()).min(s.len()));
+            self.head.push_str(&s[..n]);
+            s = &s[n..];
+            if s.is_empty() {
+                return;
+            }
+            self.head_closed = true;
+        }
+        self.tail.push_str(s);
+        if self.tail.len() > TAIL {
+            let cut = self.tail.len() - TAIL;
+            let mut cut_at = cut;
+            while !self.tail.is_char_boundary(cut_at) {
+                cut_at += 1;
+            }
+            self.tail.drain(..cut_at);
+            self.omitted += cut_at as u64;
+        }
+    }
+
+    fn text(&self) -> String {
+        if self.omitted == 0 {
+            format!("{}{}", self.head, self.tail)
+        } else {
+            format!(
+                "{}\n[... {} bytes left out ...]\n{}",
+                self.head, self.omitted, self.tail
+            )
+        }
+    }
+}
+
+async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
+    let a: ExecArgs = match args("exec", a) {
+        Ok(a) => a,
+        Err(e) => return Some(e),
+    };
+    let conn = match cx.mux.conn().await {
+        Ok(c) => c,
+        Err(e) => return Some(fail_abx(&e)),
+    };
+    // Stdin: empty and closed, so a command that reads it does not wait forever.
+    let mut p = json!({"sandbox": a.sandbox, "command": a.command, "stdin": ""});
+    put(&mut p, "cwd", a.cwd);
+    put(&mut p, "env", a.env);
+    put(&mut p, "timeout", a.timeout);
+    // Not raced with the cancel token: an exec that started must be known to be killed.
+    let (started, mut events) = match conn.start_stream("exec/start", p.clone()).await {
+        Ok(r) => r,
+        Err(CallError::Rpc(e)) if crate::stream::lacks_stream(&e) => {
+            // No `exec.stream`: `exec/run` does it, with the output at the end (said once
+            // on stderr). Dropping the call on cancel sends `$/cancelRequest`, which kills it.
+            crate::stream::note_no_stream(&e);
+            let r = tokio::select! {
+                r = conn.call("exec/run", p) => r,
+                _ = cx.cancel.cancelled() => return None,
+            };
+            return Some(match r {
+                Ok(r) => exec_result(
+                    cx,
+                    a.timeout,
+                    run_as_exit(&r),
+                    (run_capture(&r, "stdout"), run_capture(&r, "stderr")),
+                    r["truncated"] == true,
+                ),
+                Err(e) => fail(&e),
+            });
+        }
+        Err(e) => return Some(fail(&e)),
+    };
+    let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
+    let (mut out, mut err) = (Capture::default(), Capture::default());
+    let mut progressed: u64 = 0;
+    let exit = loop {
+        tokio::select! {
+            ev = events.recv() => match ev {
+                Some(ev) if ev.method == "exec/output" => {
+                    let p = &ev.params;
+                    let data = p["data"].as_str().unwrap_or_default();
+                    let text = if p["encoding"] == "base64" {
+                        let bytes = abx_protocol::b64::decode(data)
+                            .unwrap_or_default();
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    } else {
+                        data.to_owned()
+                    };
+                    if p["stream"] == "stderr" {
+                        err.push(&text);
+                    } else {
+                        out.push(&text);
+                    }
+                    if let (Some(token), false) = (&cx.progress, text.is_empty()) {
+                        progressed += text.len() as u64;
+                        cx.out.notify(
+                            "notifications/progress",
+                            json!({"progressToken": token, "progress": progressed, "message": text}),
+                        );
+                    }
+                }
+                Some(ev) if ev.method == "exec/exit" => break ev.params,
+                Some(_) => {}
+                None => {
+                    return Some(fail_abx(&AbxError::new(
+                        ErrorCode::BrokerUnreachable,
+                        &[
+                            ("detail", "the connection to the broker broke while the command ran"),
+                            ("log", "the broker log"),
+                        ],
+                    )))
+                }
+            },
+            _ = cx.cancel.cancelled() => {
+                let _ = conn.call("exec/kill", json!({"execId": exec_id})).await;
+                return None;
+            }
+        }
+    };
+    Some(exec_result(cx, a.timeout, exit, (out, err), false))
+}
+
+/// An `exec/run` result's stream `k` as a [`Capture`].
+fn run_capture(r: &Value, k: &str) -> Capture {
+    let data = r[k].as_str().unwrap_or_default();
+    let mut c = Capture::default();
+    if r["encoding"] == "base64" {
+        let bytes = abx_protocol::b64::decode(data).unwrap_or_default();
+        c.push(&String::from_utf8_lossy(&bytes));
+    } else {
+        c.push(data);
+    }
+    c
+}
+
+/// An `exec/run` result in the shape of an `exec/exit`.
+fn run_as_exit(r: &Value) -> Value {
+    let mut e = json!({"exitCode": r.get("exitCode").cloned().unwrap_or(Value::Null), "timedOut": r["timedOut"]});
+    if let Some(s) = r.get("signal") {
+        e["signal"] = s.clone();
+    }
+    e
+}
+
+/// The tool result of an exec: exit line, stdout, stderr.
+fn exec_result(
+    cx: &Cx<'_>,
+    timeout: Option<f64>,
+    exit: Value,
+    (out, err): (Capture, Capture),
+    truncated: bool,
+) -> Value {
+    let exit_code = exit.get("exitCode").cloned().unwrap_or(Value::Null);
+    let timed_out = exit["timedOut"].as_bool().unwrap_or(false);
+    let signal = exit["signal"].as_str().map(str::to_owned);
+    let truncated = truncated || out.omitted > 0 || err.omitted > 0;
+    let (stdout, stderr) = (out.text(), err.text());
+    let mut text = match (&exit_code, timed_out) {
+        (_, true) => format!(
+            "Timed out after {}s and was killed (exit code {exit_code}).",
+            timeout.unwrap_or(0.0)
+        ),
+        (Value::Null, _) => "Exit code: unknown.".to_owned(),
+        (c, _) => format!("Exit code: {c}"),
+    };
+    if let Some(s) = &signal {
+        text.push_str(&format!(" (signal {s})"));
+    }
+    text.push_str(&format!("\n--- stdout\n{stdout}"));
+    if !stdout.is_empty() && !stdout.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&format!("--- stderr\n{stderr}"));
+    let mut structured = json!({
+        "exitCode": exit_code, "stdout": stdout, "stderr": stderr, "timedOut": timed_out,
+        "truncated": truncated,
+    });
+    put(&mut structured, "signal", signal);
+    ok(cx, text, structured)
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn capture_keeps_head_and_tail() {
+        let mut c = Capture::default();
+        c.push("hello ");
+        c.push("world");
+        assert_eq!(c.text(), "hello world");
+        let mut c = Capture::default();
+        let big = "é".repeat(HEAD + TAIL); // 2 bytes each
+        c.push(&big);
+        assert!(c.omitted > 0);
+        assert!(c.head.len() <= HEAD && c.tail.len() <= TAIL);
+        assert!(c.text().contains("bytes left out"));
+        // Order is kept when the head ends inside a character.
+        let mut c = Capture::default();
+        c.push(&"a".repeat(HEAD - 1));
+        c.push("é");
+        c.push("b");
+        assert_eq!(c.text(), format!("{}éb", "a".repeat(HEAD - 1)));
+    }
+
+    #[test]
+    fn every_tool_has_an_object_schema() {
+        for era in [Era::Handshake("2024-11-05"), Era::Modern] {
+            for t in list(era) {
+                assert_eq!(t["inputSchema"]["type"], "object", "{}", t["name"]);
+                assert_eq!(t["inputSchema"]["additionalProperties"], false);
+                if era == Era::Modern {
+                    assert!(t["outputSchema"].is_object(), "{}", t["name"]);
+                    let extra = t["outputSchema"].get("additionalProperties");
+                    assert!(extra.is_none(), "{}", t["name"]);
+                } else {
+                    assert!(t.get("outputSchema").is_none());
+                }
+            }
+        }
+        assert_eq!(
+            parent("/workspace/a/b.txt").as_deref(),
+            Some("/workspace/a")
+        );
+        assert_eq!(parent("b.txt"), None);
+        assert_eq!(parent("d/b.txt").as_deref(), Some("d"));
+    }
+}

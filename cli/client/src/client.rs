@@ -1,0 +1,273 @@
+//! The CLI's connection to the daemon: connect, start it when none answers, check versions.
+
+use crate::spawn;
+use abx_home::{Paths, SocketHalf};
+use abx_protocol::api::{methods, InitializeResult, PeerInfo};
+use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::message::{self, Incoming, Message, Notification};
+use abx_protocol::{AbxError, ErrorCode, Id, RpcError};
+use futures::StreamExt;
+use interprocess::local_socket::tokio::prelude::*;
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::GenericFilePath;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio_util::codec::FramedRead;
+
+/// Why a call failed: the broker answered an error, or the connection broke.
+#[derive(Debug)]
+pub enum CallError {
+    /// The broker's error reply.
+    Rpc(RpcError),
+    /// Transport trouble (already an E1007).
+    Broken(AbxError),
+}
+
+impl From<AbxError> for CallError {
+    fn from(e: AbxError) -> Self {
+        CallError::Broken(e)
+    }
+}
+
+/// A line-framed JSON-RPC connection to the daemon.
+pub struct Client {
+    reader: FramedRead<SocketHalf, FrameCodec>,
+    writer: SocketHalf,
+    next_id: i64,
+    /// Notifications that arrived while waiting for a response.
+    pub notifications: VecDeque<Notification>,
+    /// The daemon's `initialize` result.
+    pub server: Option<InitializeResult>,
+    paths: Paths,
+}
+
+/// Connect to a running daemon, without starting one.
+pub async fn connect_raw(paths: &Paths) -> std::io::Result<Stream> {
+    let name = paths.socket.as_path().to_fs_name::<GenericFilePath>()?;
+    Stream::connect(name).await
+}
+
+fn unreachable(paths: &Paths, detail: impl std::fmt::Display) -> AbxError {
+    AbxError::new(
+        ErrorCode::BrokerUnreachable,
+        &[
+            ("detail", &detail.to_string()),
+            ("log", &paths.log_file().display().to_string()),
+        ],
+    )
+}
+
+impl Client {
+    fn from_stream(stream: Stream, paths: &Paths) -> Client {
+        let (r, w) = SocketHalf::pair(stream);
+        Client {
+            reader: FramedRead::new(r, FrameCodec::with_framing(Framing::Line, usize::MAX / 2)),
+            writer: w,
+            next_id: 1,
+            notifications: VecDeque::new(),
+            server: None,
+            paths: paths.clone(),
+        }
+    }
+
+    /// Connect to the running daemon only (no start, no handshake).
+    pub async fn connect_existing(paths: &Paths) -> Result<Client, AbxError> {
+        let s = connect_raw(paths)
+            .await
+            .map_err(|e| unreachable(paths, format!("not running ({e})")))?;
+        Ok(Client::from_stream(s, paths))
+    }
+
+    /// Connect, starting the daemon when none answers, and replace an idle daemon of
+    /// another version.
+    pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
+        let mut client = Self::connect_or_start(paths).await?;
+        let init = match client.initialize_raw().await {
+            Ok(v) => client.accept_init(v)?,
+            // A daemon that is going away (killed, or stopping) can still accept a connection
+            // and then drop it: wait until it is gone (its lock is free), then start one.
+            Err(CallError::Broken(_)) => {
+                drop(client);
+                spawn::wait_stopped(paths, Duration::from_secs(10)).await?;
+                client = Self::connect_or_start(paths).await?;
+                client.initialize().await?
+            }
+            Err(CallError::Rpc(r)) => {
+                return Err(unreachable(paths, format!("initialize failed: {r}")))
+            }
+        };
+        if init.server_info.version != abx_home::VERSION
+            && std::env::var_os("ABX_NO_REPLACE").is_none()
+        {
+            match client
+                .call(
+                    methods::BROKER_SHUTDOWN,
+                    Some(&serde_json::json!({"ifIdle": true})),
+                )
+                .await
+            {
+                Ok(_) => {
+                    drop(client);
+                    spawn::wait_stopped(paths, Duration::from_secs(10)).await?;
+                    client = Self::connect_or_start(paths).await?;
+                    client.initialize().await?;
+                }
+                Err(_) => {
+                    let e = AbxError::new(
+                        ErrorCode::VersionMismatch,
+                        &[
+                            ("server", &init.server_info.version),
+                            ("client", abx_home::VERSION),
+                        ],
+                    );
+                    eprintln!("warning: {e}\n  Suggestion: {}", e.suggestion);
+                }
+            }
+        }
+        Ok(client)
+    }
+
+    async fn connect_or_start(paths: &Paths) -> Result<Client, AbxError> {
+        if let Ok(s) = connect_raw(paths).await {
+            return Ok(Client::from_stream(s, paths));
+        }
+        spawn::start_daemon(paths).await?;
+        let s = connect_raw(paths)
+            .await
+            .map_err(|e| unreachable(paths, format!("started, but cannot connect ({e})")))?;
+        Ok(Client::from_stream(s, paths))
+    }
+
+    /// Send `initialize` with our version.
+    pub async fn initialize(&mut self) -> Result<InitializeResult, AbxError> {
+        let v = self.initialize_raw().await.map_err(|e| match e {
+            CallError::Rpc(r) => unreachable(&self.paths, format!("initialize failed: {r}")),
+            CallError::Broken(b) => b,
+        })?;
+        self.accept_init(v)
+    }
+
+    /// The `initialize` call itself (a broken connection is told from an error reply).
+    async fn initialize_raw(&mut self) -> Result<serde_json::Value, CallError> {
+        let params = serde_json::json!({
+            "clientInfo": PeerInfo { name: "abx".into(), version: abx_home::VERSION.into() },
+        });
+        self.call(methods::INITIALIZE, Some(&params)).await
+    }
+
+    fn accept_init(&mut self, v: serde_json::Value) -> Result<InitializeResult, AbxError> {
+        let init: InitializeResult = serde_json::from_value(v)
+            .map_err(|e| unreachable(&self.paths, format!("bad initialize reply: {e}")))?;
+        self.server = Some(init.clone());
+        Ok(init)
+    }
+
+    /// The connection's halves, for `abx rpc`.
+    pub fn into_parts(self) -> (FramedRead<SocketHalf, FrameCodec>, SocketHalf) {
+        (self.reader, self.writer)
+    }
+
+    /// Send raw bytes (one framed message or more).
+    pub async fn send_raw(&mut self, bytes: &[u8]) -> Result<(), AbxError> {
+        self.writer
+            .write_all(bytes)
+            .await
+            .map_err(|e| unreachable(&self.paths, format!("write failed: {e}")))
+    }
+
+    /// Send a request and return its id.
+    pub async fn send_request<P: Serialize + ?Sized>(
+        &mut self,
+        method: &str,
+        params: Option<&P>,
+    ) -> Result<Id, AbxError> {
+        let id = Id::Num(self.next_id);
+        self.next_id += 1;
+        let mut body = message::encode_request(&id, method, params);
+        body.push(b'\n');
+        self.send_raw(&body).await?;
+        Ok(id)
+    }
+
+    /// The next message from the daemon (`None` at end of stream).
+    pub async fn next_message(&mut self) -> Result<Option<Message>, AbxError> {
+        loop {
+            match self.reader.next().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(unreachable(&self.paths, format!("read failed: {e}"))),
+                Some(Ok(Frame::TooLarge { .. })) => {
+                    return Err(unreachable(&self.paths, "reply too large"))
+                }
+                Some(Ok(Frame::Message(b))) => match message::decode(&b) {
+                    Incoming::Single(Ok(m)) => return Ok(Some(m)),
+                    Incoming::Single(Err(inv)) => {
+                        return Err(unreachable(
+                            &self.paths,
+                            format!("bad reply: {}", inv.error),
+                        ))
+                    }
+                    Incoming::Batch(_) => continue,
+                },
+            }
+        }
+    }
+
+    /// Call a method and wait for its result; notifications meanwhile are queued.
+    pub async fn call<P: Serialize + ?Sized>(
+        &mut self,
+        method: &str,
+        params: Option<&P>,
+    ) -> Result<Value, CallError> {
+        let id = self.send_request(method, params).await?;
+        self.wait_for(&id, None).await
+    }
+
+    /// Call a method and hand every notification that arrives meanwhile to `on_note`
+    /// (progress bars) instead of queueing it.
+    pub async fn call_watching<P: Serialize + ?Sized>(
+        &mut self,
+        method: &str,
+        params: Option<&P>,
+        on_note: &mut dyn FnMut(&Notification),
+    ) -> Result<Value, CallError> {
+        let id = self.send_request(method, params).await?;
+        self.wait_for(&id, Some(on_note)).await
+    }
+
+    /// Wait for the reply to a request sent with [`Client::send_request`].
+    pub async fn reply_to(&mut self, id: &Id) -> Result<Value, CallError> {
+        self.wait_for(id, None).await
+    }
+
+    async fn wait_for(
+        &mut self,
+        id: &Id,
+        mut on_note: Option<&mut dyn FnMut(&Notification)>,
+    ) -> Result<Value, CallError> {
+        let id = id.clone();
+        loop {
+            match self.next_message().await? {
+                None => {
+                    return Err(CallError::Broken(unreachable(
+                        &self.paths,
+                        "the broker closed the connection",
+                    )))
+                }
+                Some(Message::Response(r)) if r.id.as_ref() == Some(&id) => {
+                    return match r.outcome {
+                        Ok(raw) => Ok(serde_json::from_str(raw.get()).unwrap_or(Value::Null)),
+                        Err(e) => Err(CallError::Rpc(e)),
+                    }
+                }
+                Some(Message::Notification(n)) => match on_note.as_mut() {
+                    Some(f) => f(&n),
+                    None => self.notifications.push_back(n),
+                },
+                Some(_) => {}
+            }
+        }
+    }
+}
