@@ -108,6 +108,7 @@ impl Home {
             .env("PATH", plugin_path())
             .env_remove("ABX_PROVIDER")
             .env_remove("ABX_BROKER_VERSION")
+            .env_remove("ABX_BROKER_BIN")
             .env("ABX_LOG", "debug")
             .stdin(Stdio::null());
         for (k, v) in &self.env {

@@ -319,3 +319,69 @@ fn a_client_meeting_a_dying_daemon_starts_a_new_one() {
     let mut c = home.connect();
     assert_eq!(c.call("broker/ping", Value::Null), json!({}));
 }
+
+/// `abx` is a thin client; the daemon is `abx-broker`, found through `ABX_BROKER_BIN`, beside
+/// the real `abx` (symlinks resolved) or on PATH. Without it, commands fail with E1007 saying
+/// where it was looked for, and no daemon starts.
+#[test]
+fn the_daemon_binary_is_found_beside_abx_or_named_by_abx_broker_bin() {
+    let home = Home::new();
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("lone");
+    std::fs::create_dir(&lone).unwrap();
+    let abx = lone.join("abx");
+    std::fs::copy(abx_tests::abx_bin(), &abx).unwrap();
+    let run = |exe: &std::path::Path, broker_bin: Option<&std::path::Path>| {
+        // A copy of abx, alone in its directory, with nothing named abx-broker on PATH and
+        // not under cargo (which would build the daemon beside it).
+        let mut c = std::process::Command::new(exe);
+        c.env("ABX_HOME", &home.path)
+            .env("PATH", "/usr/bin:/bin")
+            .env_remove("CARGO")
+            .env_remove("CARGO_MANIFEST_DIR")
+            .env_remove("ABX_BROKER_BIN")
+            .stdin(std::process::Stdio::null());
+        if let Some(b) = broker_bin {
+            c.env("ABX_BROKER_BIN", b);
+        }
+        c.args(["-j", "list"]).output().unwrap()
+    };
+    let out = run(&abx, None);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        v["code"],
+        "E1007",
+        "{v} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("abx-broker") && msg.contains("ABX_BROKER_BIN"),
+        "{msg}"
+    );
+    assert!(home.daemon_pid().is_none(), "no daemon may start");
+
+    // Named by ABX_BROKER_BIN: the daemon runs, and it is that binary.
+    let broker = abx_tests::bin_dir().join("abx-broker");
+    let out = run(&abx, Some(&broker));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = home.daemon_pid().expect("a daemon");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_eq!(exe, broker.canonicalize().unwrap());
+    assert!(home.run(&["broker", "stop"]).status.success());
+
+    // A symlink to the real abx finds the daemon beside the real file.
+    let link = dir.path().join("abx");
+    std::os::unix::fs::symlink(abx_tests::abx_bin(), &link).unwrap();
+    let out = run(&link, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(home.daemon_pid().is_some());
+}
