@@ -183,10 +183,31 @@ fn lifecycle_initialize_shutdown_exit() {
     assert_eq!(r["protocolVersion"], "abx/1");
     assert_eq!(r["serverInfo"]["name"], "abx-broker");
     assert_eq!(r["serverInfo"]["version"], env!("CARGO_PKG_VERSION"));
-    assert!(r["capabilities"]["methods"]
+    // `initialize` lists every method the broker answers: the core's, the provider methods
+    // it routes and the daemon's own (provider/*): exactly what docs/openrpc.json describes,
+    // client notifications aside.
+    let listed: std::collections::BTreeSet<String> = r["capabilities"]["methods"]
         .as_array()
         .unwrap()
-        .contains(&json!("broker/ping")));
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect();
+    let doc: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openrpc.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let described: std::collections::BTreeSet<String> = doc["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .filter(|m| !["initialized", "exit", "$/cancelRequest"].contains(&m.as_str()))
+        .collect();
+    assert_eq!(listed, described, "initialize's methods vs docs/openrpc.json");
+    for m in ["broker/ping", "sandbox/create", "provider/install", "provider/test"] {
+        assert!(listed.contains(m), "{m}");
+    }
     c.send(r#"{"jsonrpc":"2.0","method":"initialized","params":{}}"#);
     assert_eq!(c.call("shutdown", Value::Null), Value::Null);
     let e = c.call_err("broker/status", Value::Null);

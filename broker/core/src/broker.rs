@@ -65,10 +65,14 @@ impl Default for Settings {
 
 /// Methods the composition root serves beside the core's own (the daemon's `provider/*`
 /// management methods and the contract kit). The core routes a method here when
-/// [`Methods::serves`] says so, after its own table.
+/// [`Methods::serves`] says so (by default: it is in [`Methods::names`]), after its own table.
 pub trait Methods: Send + Sync {
+    /// The methods this table serves (listed by `initialize` beside the core's).
+    fn names(&self) -> &[&'static str];
     /// True for a method this table serves.
-    fn serves(&self, method: &str) -> bool;
+    fn serves(&self, method: &str) -> bool {
+        self.names().contains(&method)
+    }
     /// Serve one request.
     fn call<'a>(
         &'a self,

@@ -189,7 +189,11 @@ fn initialize(cx: &Cx, p: InitializeParams) -> Reply {
         capabilities: json!({
             "framings": ["line", "content-length"],
             "maxMessageSize": cx.broker.max_message,
-            "methods": METHODS.iter().chain(features::PROVIDER_METHODS).collect::<Vec<_>>(),
+            "methods": METHODS
+                .iter()
+                .chain(features::PROVIDER_METHODS)
+                .chain(cx.broker.methods.iter().flat_map(|m| m.names()))
+                .collect::<Vec<_>>(),
         }),
     })
 }

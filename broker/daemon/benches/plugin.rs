@@ -14,13 +14,17 @@
 //! Every figure is taken unpinned and with every process (client thread, daemon, both plugin
 //! processes) on one CPU, and compared only with its baseline measured the same way.
 //!
-//! Usage: `cargo bench -p abx-broker --bench plugin [-- pinned|unpinned]`
+//! A second section (issue 25, `benches/relay/mod.rs`) puts the broker's hop beside lspmux's
+//! in front of a Rust echo backend: added latency in us, relay CPU per request.
+//!
+//! Usage: `cargo bench -p abx-broker --bench plugin [-- pinned|unpinned] [py|relay]`
 //!
 //! Environment (all optional): `ABX_BENCH_QUICK=1`, `ABX_BENCH_SAMPLES` (per path and mode,
 //! default 10000), `ABX_BENCH_ROUNDS` (default 4), `ABX_BENCH_CPU`, `ABX_BENCH_JSON`,
 //! `ABX_BENCH_ONLY` (as in the wire bench).
 
 mod common;
+mod relay;
 
 use common::{
     cpu_ns, cpu_snap, ctx_switches, env_parse, mean_us, pct_us, pin_cmd, pin_if, push_request,
@@ -48,21 +52,30 @@ struct Config {
     warmup: usize,
     modes: Vec<Mode>,
     cpu: Option<usize>,
+    /// The sections to run: the Python fixture (DESIGN §13's bar), the relay comparison.
+    py: bool,
+    relay: bool,
 }
 
 impl Config {
     fn load() -> Res<Config> {
         let quick = common::quick();
         let (mut pinned, mut unpinned) = (false, false);
+        let (mut py, mut relay) = (false, false);
         for w in &common::filter_words() {
             match w.as_str() {
                 "pinned" => pinned = true,
                 "unpinned" => unpinned = true,
+                "py" | "python" => py = true,
+                "relay" | "lspmux" => relay = true,
                 "latency" | "rtt" | "plugin" => {}
                 other => eprintln!(
-                    "plugin bench: ignoring unknown filter {other:?} (known: pinned, unpinned)"
+                    "plugin bench: ignoring unknown filter {other:?} (known: pinned, unpinned, py, relay)"
                 ),
             }
+        }
+        if !py && !relay {
+            (py, relay) = (true, true);
         }
         let cpu = common::pin_cpu()?;
         let cfg = Config {
@@ -74,6 +87,8 @@ impl Config {
             warmup: if quick { 100 } else { 500 },
             modes: common::modes("plugin", pinned, unpinned, cpu),
             cpu,
+            py,
+            relay,
         };
         if cfg.samples < cfg.rounds {
             return Err("ABX_BENCH_SAMPLES must be at least the number of rounds".into());
@@ -482,8 +497,26 @@ fn orchestrate() -> Res<()> {
         "version": abx_broker::VERSION, "loadavg1": common::loadavg(),
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     }));
+    let tools = if cfg.relay {
+        Some(relay::Tools::get()?)
+    } else {
+        None
+    };
     for &mode in &cfg.modes {
-        mode_run(&cfg, &mut out, mode)?;
+        if cfg.py {
+            mode_run(&cfg, &mut out, mode)?;
+        }
+        if let Some(tools) = &tools {
+            relay::run(
+                tools,
+                &mut out,
+                mode,
+                mode.cpu(cfg.cpu),
+                cfg.samples,
+                cfg.rounds,
+                cfg.warmup,
+            )?;
+        }
     }
     out.finish(started);
     Ok(())

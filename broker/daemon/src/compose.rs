@@ -114,8 +114,8 @@ struct Daemon {
 }
 
 impl Methods for Daemon {
-    fn serves(&self, method: &str) -> bool {
-        METHODS.contains(&method)
+    fn names(&self) -> &[&'static str] {
+        METHODS
     }
 
     fn call<'a>(
@@ -135,7 +135,7 @@ impl Methods for Daemon {
                 "provider/configure" => manage::configure(m, b, params(method, p)?).await,
                 "provider/setDefault" => manage::set_default(b, params(method, p)?),
                 "provider/test" => self.test(cx, params(method, p)?).await,
-                _ => unreachable!("serves() lists every method"),
+                _ => unreachable!("names() lists every method"),
             }
             .and_then(|v| reply(&v))
         })
