@@ -204,8 +204,16 @@ fn lifecycle_initialize_shutdown_exit() {
         .map(|m| m["name"].as_str().unwrap().to_owned())
         .filter(|m| !["initialized", "exit", "$/cancelRequest"].contains(&m.as_str()))
         .collect();
-    assert_eq!(listed, described, "initialize's methods vs docs/openrpc.json");
-    for m in ["broker/ping", "sandbox/create", "provider/install", "provider/test"] {
+    assert_eq!(
+        listed, described,
+        "initialize's methods vs docs/openrpc.json"
+    );
+    for m in [
+        "broker/ping",
+        "sandbox/create",
+        "provider/install",
+        "provider/test",
+    ] {
         assert!(listed.contains(m), "{m}");
     }
     c.send(r#"{"jsonrpc":"2.0","method":"initialized","params":{}}"#);

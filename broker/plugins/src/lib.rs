@@ -2,7 +2,8 @@
 //! methods that drive them are the daemon's (`abx_broker::manage`).
 //!
 //! - `protocol::manifest`: `abx-provider.toml`.
-//! - [`digest`]: the content digest and verification.
+//! - [`digest`]: the content digest and verification; [`changes`]: inotify on an installed
+//!   tree, so the check before every call is a system call, not a walk.
 //! - [`install`]: sources (directory, git, archive), pinning, confirmation, atomic install.
 //! - [`installed`]: the installed providers' records and their stored configuration.
 //! - [`host`]: one child process per provider, shared by every client: handshake, id
@@ -16,6 +17,7 @@
 //! - [`provider`]: an installed plugin as a [`abx_core::provider::Provider`]: integrity before
 //!   every use, then the host.
 
+pub mod changes;
 pub mod digest;
 pub mod host;
 pub mod install;
