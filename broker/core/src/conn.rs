@@ -12,8 +12,14 @@
 //!   handlers wait, nobody else's. A request reserves its reply's bytes
 //!   ([`limits::reply_reserve`]) before it runs, so a client that never reads cannot make
 //!   the daemon build replies it has no room for.
-//! - A handler that panics is answered E9001 (and logged with its method); the connection
-//!   and the other requests carry on.
+//! - Every request gets exactly one response. A handler that panics is answered E9001 (and
+//!   logged with its method); the connection and the other requests carry on. Each path
+//!   catches it: a spawned request and a batch element in `run_request` (a lock the
+//!   handler poisoned included), a laned request through the same `serve_one`, the inline
+//!   `broker/ping`/`broker/status` in `inline` (a provider's `info()` may panic). A request
+//!   answered without running (cancelled, or the client gone while it waited for budget)
+//!   gets -32800; only a client already gone gets nothing. Held by the `panic_*` and
+//!   `cancel_*` tests of `broker/core/tests/core.rs` (one per path).
 //! - After a burst of large messages the allocator gives the freed memory back
 //!   ([`note_released`]).
 //! - The writer drains the queue, coalescing whatever is ready into one write. A client that
@@ -640,11 +646,18 @@ fn inline(broker: &Arc<Broker>, conn: &Conn, req: &Request) -> Option<Vec<u8>> {
     if req.params.as_deref().and_then(dispatch::array_params) == Some(false) {
         return None;
     }
-    let result = match req.method.as_str() {
-        methods::PING => dispatch::ping(),
-        methods::STATUS => dispatch::status(broker),
-        _ => return None,
-    };
+    if !matches!(req.method.as_str(), methods::PING | methods::STATUS) {
+        return None;
+    }
+    // `broker/status` asks every provider for its `info()`: a provider that panics there is
+    // answered E9001 like any handler, not allowed to take the reader (and the connection)
+    // down with it.
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match req.method.as_str() {
+            methods::PING => dispatch::ping(),
+            _ => dispatch::status(broker),
+        }))
+        .unwrap_or_else(|panic| Err(panicked(&req.method, conn.handle.id, &*panic)));
     Some(encode_outcome(&req.id, result))
 }
 
@@ -694,7 +707,12 @@ async fn run_request(
         conn.shutting_down.store(true, Ordering::Relaxed);
     }
     let body = encode_outcome(&req.id, outcome);
-    let hold = hold.lock().expect("hold lock").take();
+    // A handler that panicked while holding the hold's lock poisoned it: its reply (E9001)
+    // is still owed, so the lock is taken as it is rather than panicking here.
+    let hold = hold
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
     (body, hold)
 }
 
