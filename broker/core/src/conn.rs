@@ -28,7 +28,8 @@
 //!   them, its exit included, for the next `exec/attach`.
 //! - Requests that must apply in order (`exec/write`, `exec/resize`, `exec/kill` of one
 //!   exec) run in arrival order on a lane of their own; the rest run concurrently.
-//! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once.
+//! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once (one
+//!   waiting on its lane too, without running later).
 //! - Lifecycle: `shutdown` makes later requests fail with E1010; `exit` closes.
 
 use crate::broker::Broker;
@@ -75,7 +76,49 @@ pub struct Conn {
     lanes: Mutex<HashMap<String, mpsc::UnboundedSender<Laned>>>,
 }
 
-type Laned = (Request, CancellationToken, Held);
+/// A request queued on a lane.
+struct Laned {
+    req: Request,
+    token: CancellationToken,
+    held: Held,
+    /// For a request queued behind another: who answers it, the lane or (cancelled while
+    /// it waits) its [`cancel_watch`].
+    claim: Option<Arc<Claim>>,
+}
+
+/// Decides once who answers a queued request: the lane that starts it, or the watcher that
+/// answers its cancellation at once (-32800 without waiting for the requests before it).
+#[derive(Default)]
+struct Claim {
+    taken: AtomicBool,
+    /// Fired when the lane starts the request: its watcher ends.
+    started: CancellationToken,
+}
+
+impl Claim {
+    /// True for the first caller only.
+    fn take(&self) -> bool {
+        !self.taken.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Answer -32800 as soon as a request waiting on its lane is cancelled, unless the lane
+/// started it first (then the lane answers, as for any running request).
+async fn cancel_watch(conn: Arc<Conn>, id: Id, token: CancellationToken, claim: Arc<Claim>) {
+    tokio::select! {
+        _ = token.cancelled() => {}
+        _ = claim.started.cancelled() => return,
+        _ = conn.handle.closed() => return,
+    }
+    if !claim.take() {
+        return;
+    }
+    conn.pending.lock().expect("pending lock").remove(&id);
+    let err = AbxError::new(ErrorCode::RequestCancelled, &[]);
+    conn.handle
+        .send(message::encode_response(Some(&id), Err(&err.to_rpc())))
+        .await;
+}
 
 /// What a request holds while it is served: its in-flight slot and its frame's bytes.
 struct Held {
@@ -119,7 +162,20 @@ async fn lane_worker(
                 }
             }
         };
-        let (req, token, held) = item;
+        let Laned {
+            req,
+            token,
+            held,
+            claim,
+        } = item;
+        if let Some(claim) = claim {
+            if !claim.take() {
+                // Cancelled while it waited, and answered then: never run.
+                drop(held);
+                continue;
+            }
+            claim.started.cancel();
+        }
         serve_one(&broker, &conn, req, token).await;
         drop(held);
     }
@@ -448,12 +504,33 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
             let token = register(conn, &req.id);
             if let Some(key) = lane_key(&req) {
                 let mut lanes = conn.lanes.lock().expect("lanes lock");
-                let item = (req, token, held);
+                let item = Laned {
+                    req,
+                    token,
+                    held,
+                    claim: None,
+                };
                 let item = match lanes.get(&key) {
-                    Some(tx) => match tx.send(item) {
-                        Ok(()) => return false,
-                        Err(mpsc::error::SendError(item)) => item,
-                    },
+                    Some(tx) => {
+                        // Queued behind another: a cancellation is answered while it waits.
+                        let claim = Arc::new(Claim::default());
+                        let watch = (item.req.id.clone(), item.token.clone(), claim.clone());
+                        let item = Laned {
+                            claim: Some(claim),
+                            ..item
+                        };
+                        match tx.send(item) {
+                            Ok(()) => {
+                                let (id, token, claim) = watch;
+                                tokio::spawn(cancel_watch(conn.clone(), id, token, claim));
+                                return false;
+                            }
+                            Err(mpsc::error::SendError(item)) => Laned {
+                                claim: None,
+                                ..item
+                            },
+                        }
+                    }
                     None => item,
                 };
                 let (tx, rx) = mpsc::unbounded_channel();

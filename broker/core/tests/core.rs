@@ -111,6 +111,52 @@ async fn cancel_of_an_unknown_id_is_harmless() {
     assert_eq!(c.reply(&running).await.ok()["params"]["path"], "/r");
 }
 
+/// A request waiting on its lane (an `exec/write` behind one that is held up) is answered
+/// -32800 as soon as it is cancelled, never runs, and the lane goes on with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_of_a_write_waiting_on_its_lane_answers_at_once() {
+    let t = TestProvider::full();
+    let (b, _dir) = broker(&t);
+    let mut c = Client::connect(&b);
+    start_exec(&mut c, "e1").await;
+    let head = c
+        .send(
+            "exec/write",
+            json!({"execId": "e1", "seq": 0, "gate": "head"}),
+        )
+        .await;
+    let queued = c
+        .send("exec/write", json!({"execId": "e1", "seq": 1}))
+        .await;
+    let last = c
+        .send("exec/write", json!({"execId": "e1", "seq": 2}))
+        .await;
+    wait_until("the head write to hold the lane", || {
+        t.seen.writes("e1") == [Step::Enter(0)]
+    })
+    .await;
+    c.cancel(&queued).await;
+    let e = c.reply(&queued).await.err_code(ErrorCode::RequestCancelled);
+    assert_eq!(e.code, -32800);
+    // Answered while the head still holds the lane.
+    assert_eq!(t.seen.writes("e1"), [Step::Enter(0)]);
+    t.seen.open("head", 1);
+    c.reply(&head).await.ok();
+    c.reply(&last).await.ok();
+    assert_eq!(
+        t.seen.writes("e1"),
+        [
+            Step::Enter(0),
+            Step::Leave(0),
+            Step::Enter(2),
+            Step::Leave(2)
+        ]
+    );
+    assert_eq!(t.seen.count("exec/write"), 2);
+    assert_eq!(c.call("broker/ping", json!({})).await.ok(), json!({}));
+    assert!(c.kept().is_empty(), "one reply per request");
+}
+
 // ---- a panic becomes E9001 ---------------------------------------------------------------
 
 /// A provider call that panics (a spawned request task) is answered E9001 naming the
