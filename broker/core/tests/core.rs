@@ -656,6 +656,10 @@ async fn lanes_keep_one_execs_writes_in_order_and_run_execs_concurrently() {
         )
         .await,
     ];
+    wait_until("the first write to hold its lane", || {
+        t.seen.writes("e1") == [Step::Enter(0)]
+    })
+    .await;
     for seq in 1..N {
         let spin = (N - seq) % 7 * 5;
         ids.push(
@@ -666,7 +670,8 @@ async fn lanes_keep_one_execs_writes_in_order_and_run_execs_concurrently() {
             .await,
         );
     }
-    // e2's writes pass e1's held lane.
+    // e2's writes pass e1's held lane; by their replies the broker has read (and queued)
+    // every e1 write sent before them, and none of those has started.
     for seq in 0..3 {
         c.call("exec/write", json!({"execId": "e2", "seq": seq, "spin": 3}))
             .await
