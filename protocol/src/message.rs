@@ -4,6 +4,10 @@
 //! as raw JSON so that one bad field never loses the id: an invalid request is answered
 //! with its own id wherever it had a valid one. Params and results stay `Box<RawValue>`
 //! until a handler parses them into its own type.
+//!
+//! The `encode_*` functions are the only place that writes a JSON-RPC envelope: the broker,
+//! its providers, the contract kit and the CLI (its MCP server included) all send through
+//! them.
 
 use crate::error::{AbxError, ErrorCode, RpcError};
 use crate::id::Id;
@@ -302,6 +306,36 @@ pub fn encode_response_owned(id: &Id, result: Box<RawValue>) -> Vec<u8> {
     body
 }
 
+#[derive(Serialize)]
+struct OutResponseAny<'a, I: Serialize + ?Sized, R: Serialize + ?Sized> {
+    jsonrpc: &'static str,
+    id: &'a I,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a R>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a RpcError>,
+}
+
+/// [`encode_response`] for a server whose request ids are kept as the peer sent them (any
+/// JSON number or string, e.g. MCP's; `null` for none) and whose results are any
+/// serializable value. Byte-identical to [`encode_response`] for the same id and result.
+pub fn encode_response_any<I: Serialize + ?Sized, R: Serialize + ?Sized>(
+    id: &I,
+    outcome: Result<&R, &RpcError>,
+) -> Vec<u8> {
+    let (result, error) = match outcome {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e)),
+    };
+    serde_json::to_vec(&OutResponseAny {
+        jsonrpc: "2.0",
+        id,
+        result,
+        error,
+    })
+    .expect("a response of JSON values always serializes")
+}
+
 /// Serialize a request body (no framing).
 pub fn encode_request<P: Serialize + ?Sized>(id: &Id, method: &str, params: Option<&P>) -> Vec<u8> {
     serde_json::to_vec(&OutRequest {
@@ -322,6 +356,25 @@ pub fn encode_notification<P: Serialize + ?Sized>(method: &str, params: Option<&
         params,
     })
     .expect("params serialize")
+}
+
+/// [`encode_notification`] whose params the caller writes into the body itself: `params`
+/// appends exactly one JSON value (an object) to the buffer it is given. A large payload (an
+/// `exec/output` chunk as base64) is then encoded once, in place, without a `Value` tree or
+/// a second buffer. `capacity` is what the params will take, as a hint. Byte-identical to
+/// [`encode_notification`] with the same params.
+pub fn encode_notification_with(
+    method: &str,
+    capacity: usize,
+    params: impl FnOnce(&mut Vec<u8>),
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + method.len() + 40);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"#);
+    serde_json::to_writer(&mut out, method).expect("a string always serializes");
+    out.extend_from_slice(br#","params":"#);
+    params(&mut out);
+    out.push(b'}');
+    out
 }
 
 /// Join already-encoded bodies into one batch body.
@@ -477,6 +530,55 @@ mod tests {
             decode_limited(b"[1] x", 2),
             Ok(Incoming::Single(Err(_)))
         ));
+    }
+
+    #[test]
+    fn notifications_with_params_written_in_place_are_byte_identical() {
+        let params =
+            serde_json::json!({"data": "a\"b\n\u{e9}", "execId": "e1", "stream": "stdout"});
+        let want = encode_notification("exec/output", Some(&params));
+        let got = encode_notification_with("exec/output", 0, |out| {
+            serde_json::to_writer(out, &params).unwrap()
+        });
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            String::from_utf8(want).unwrap()
+        );
+        let odd = encode_notification_with("a\"b", 8, |out| out.extend_from_slice(b"{}"));
+        assert_eq!(
+            odd,
+            encode_notification("a\"b", Some(&serde_json::json!({})))
+        );
+        assert!(matches!(
+            decode(&odd),
+            Incoming::Single(Ok(Message::Notification(Notification { method, .. }))) if method == "a\"b"
+        ));
+    }
+
+    #[test]
+    fn responses_of_json_ids_are_byte_identical() {
+        let v = serde_json::json!({"content": [{"type": "text", "text": "hi"}]});
+        let raw = serde_json::value::to_raw_value(&v).unwrap();
+        for (json_id, id) in [
+            (serde_json::json!(7), Some(Id::Num(7))),
+            (serde_json::json!("x\"y"), Some(Id::Str("x\"y".into()))),
+            (serde_json::Value::Null, None),
+        ] {
+            assert_eq!(
+                encode_response_any(&json_id, Ok(&v)),
+                encode_response(id.as_ref(), Ok(&raw))
+            );
+            let err = AbxError::new(ErrorCode::MethodNotFound, &[("method", "m")]).to_rpc();
+            assert_eq!(
+                encode_response_any::<_, ()>(&json_id, Err(&err)),
+                encode_response(id.as_ref(), Err(&err))
+            );
+        }
+        // Ids an `Id` cannot hold are kept as sent.
+        let body = encode_response_any(&serde_json::json!(1.5), Ok(&v));
+        let back: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(back["id"], 1.5);
+        assert_eq!(back["result"], v);
     }
 
     #[test]

@@ -12,8 +12,14 @@
 //!   handlers wait, nobody else's. A request reserves its reply's bytes
 //!   ([`limits::reply_reserve`]) before it runs, so a client that never reads cannot make
 //!   the daemon build replies it has no room for.
-//! - A handler that panics is answered E9001 (and logged with its method); the connection
-//!   and the other requests carry on.
+//! - Every request gets exactly one response. A handler that panics is answered E9001 (and
+//!   logged with its method); the connection and the other requests carry on. Each path
+//!   catches it: a spawned request and a batch element in `run_request` (a lock the
+//!   handler poisoned included), a laned request through the same `serve_one`, the inline
+//!   `broker/ping`/`broker/status` in `inline` (a provider's `info()` may panic). A request
+//!   answered without running (cancelled, or the client gone while it waited for budget)
+//!   gets -32800; only a client already gone gets nothing. Held by the `panic_*` and
+//!   `cancel_*` tests of `broker/core/tests/core.rs` (one per path).
 //! - After a burst of large messages the allocator gives the freed memory back
 //!   ([`note_released`]).
 //! - The writer drains the queue, coalescing whatever is ready into one write. A client that
@@ -22,7 +28,8 @@
 //!   them, its exit included, for the next `exec/attach`.
 //! - Requests that must apply in order (`exec/write`, `exec/resize`, `exec/kill` of one
 //!   exec) run in arrival order on a lane of their own; the rest run concurrently.
-//! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once.
+//! - `$/cancelRequest` cancels the request's token; the request answers -32800 at once (one
+//!   waiting on its lane too, without running later).
 //! - Lifecycle: `shutdown` makes later requests fail with E1010; `exit` closes.
 
 use crate::broker::Broker;
@@ -69,7 +76,49 @@ pub struct Conn {
     lanes: Mutex<HashMap<String, mpsc::UnboundedSender<Laned>>>,
 }
 
-type Laned = (Request, CancellationToken, Held);
+/// A request queued on a lane.
+struct Laned {
+    req: Request,
+    token: CancellationToken,
+    held: Held,
+    /// For a request queued behind another: who answers it, the lane or (cancelled while
+    /// it waits) its [`cancel_watch`].
+    claim: Option<Arc<Claim>>,
+}
+
+/// Decides once who answers a queued request: the lane that starts it, or the watcher that
+/// answers its cancellation at once (-32800 without waiting for the requests before it).
+#[derive(Default)]
+struct Claim {
+    taken: AtomicBool,
+    /// Fired when the lane starts the request: its watcher ends.
+    started: CancellationToken,
+}
+
+impl Claim {
+    /// True for the first caller only.
+    fn take(&self) -> bool {
+        !self.taken.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Answer -32800 as soon as a request waiting on its lane is cancelled, unless the lane
+/// started it first (then the lane answers, as for any running request).
+async fn cancel_watch(conn: Arc<Conn>, id: Id, token: CancellationToken, claim: Arc<Claim>) {
+    tokio::select! {
+        _ = token.cancelled() => {}
+        _ = claim.started.cancelled() => return,
+        _ = conn.handle.closed() => return,
+    }
+    if !claim.take() {
+        return;
+    }
+    conn.pending.lock().expect("pending lock").remove(&id);
+    let err = AbxError::new(ErrorCode::RequestCancelled, &[]);
+    conn.handle
+        .send(message::encode_response(Some(&id), Err(&err.to_rpc())))
+        .await;
+}
 
 /// What a request holds while it is served: its in-flight slot and its frame's bytes.
 struct Held {
@@ -113,7 +162,20 @@ async fn lane_worker(
                 }
             }
         };
-        let (req, token, held) = item;
+        let Laned {
+            req,
+            token,
+            held,
+            claim,
+        } = item;
+        if let Some(claim) = claim {
+            if !claim.take() {
+                // Cancelled while it waited, and answered then: never run.
+                drop(held);
+                continue;
+            }
+            claim.started.cancel();
+        }
         serve_one(&broker, &conn, req, token).await;
         drop(held);
     }
@@ -442,12 +504,33 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
             let token = register(conn, &req.id);
             if let Some(key) = lane_key(&req) {
                 let mut lanes = conn.lanes.lock().expect("lanes lock");
-                let item = (req, token, held);
+                let item = Laned {
+                    req,
+                    token,
+                    held,
+                    claim: None,
+                };
                 let item = match lanes.get(&key) {
-                    Some(tx) => match tx.send(item) {
-                        Ok(()) => return false,
-                        Err(mpsc::error::SendError(item)) => item,
-                    },
+                    Some(tx) => {
+                        // Queued behind another: a cancellation is answered while it waits.
+                        let claim = Arc::new(Claim::default());
+                        let watch = (item.req.id.clone(), item.token.clone(), claim.clone());
+                        let item = Laned {
+                            claim: Some(claim),
+                            ..item
+                        };
+                        match tx.send(item) {
+                            Ok(()) => {
+                                let (id, token, claim) = watch;
+                                tokio::spawn(cancel_watch(conn.clone(), id, token, claim));
+                                return false;
+                            }
+                            Err(mpsc::error::SendError(item)) => Laned {
+                                claim: None,
+                                ..item
+                            },
+                        }
+                    }
                     None => item,
                 };
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -640,11 +723,18 @@ fn inline(broker: &Arc<Broker>, conn: &Conn, req: &Request) -> Option<Vec<u8>> {
     if req.params.as_deref().and_then(dispatch::array_params) == Some(false) {
         return None;
     }
-    let result = match req.method.as_str() {
-        methods::PING => dispatch::ping(),
-        methods::STATUS => dispatch::status(broker),
-        _ => return None,
-    };
+    if !matches!(req.method.as_str(), methods::PING | methods::STATUS) {
+        return None;
+    }
+    // `broker/status` asks every provider for its `info()`: a provider that panics there is
+    // answered E9001 like any handler, not allowed to take the reader (and the connection)
+    // down with it.
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match req.method.as_str() {
+            methods::PING => dispatch::ping(),
+            _ => dispatch::status(broker),
+        }))
+        .unwrap_or_else(|panic| Err(panicked(&req.method, conn.handle.id, &*panic)));
     Some(encode_outcome(&req.id, result))
 }
 
@@ -694,7 +784,12 @@ async fn run_request(
         conn.shutting_down.store(true, Ordering::Relaxed);
     }
     let body = encode_outcome(&req.id, outcome);
-    let hold = hold.lock().expect("hold lock").take();
+    // A handler that panicked while holding the hold's lock poisoned it: its reply (E9001)
+    // is still owed, so the lock is taken as it is rather than panicking here.
+    let hold = hold
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
     (body, hold)
 }
 

@@ -17,7 +17,7 @@
 //!
 //! **Invariants:** every request gets exactly one response, a panicking handler included
 //! (E9001); nothing here writes to stdout; a client that stops reading only ever blocks its
-//! own connection.
+//! own connection. (In-memory tests with an injected provider: `tests/core.rs`.)
 
 pub mod broker;
 pub mod conn;

@@ -68,3 +68,68 @@ pub fn recorded_pid(paths: &crate::Paths) -> Option<u32> {
 pub fn is_locked(paths: &crate::Paths) -> bool {
     matches!(FileLock::try_acquire(&paths.daemon_lock), Ok(None))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One holder at a time: a second try (another open of the same file, as another
+    /// process would do) gets `None` while the first holds it, and the lock once it is dropped.
+    #[test]
+    fn exclusive_try_acquire_is_none_while_held_and_free_after_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lock");
+        let held = FileLock::acquire(&path).unwrap();
+        assert!(FileLock::try_acquire(&path).unwrap().is_none());
+        assert!(FileLock::try_acquire(&path).unwrap().is_none());
+        drop(held);
+        let again = FileLock::try_acquire(&path)
+            .unwrap()
+            .expect("free after drop");
+        assert!(FileLock::try_acquire(&path).unwrap().is_none());
+        drop(again);
+        assert!(FileLock::try_acquire(&path).unwrap().is_some());
+    }
+
+    /// `acquire` waits for the holder and gets the lock once it is released.
+    #[test]
+    fn acquire_waits_for_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.lock");
+        let held = FileLock::acquire(&path).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        let waiter = std::thread::spawn(move || {
+            let l = FileLock::acquire(&p).unwrap();
+            tx.send(()).unwrap();
+            l
+        });
+        // Still held: the waiter cannot have it.
+        assert!(rx.try_recv().is_err());
+        assert!(FileLock::try_acquire(&path).unwrap().is_none());
+        drop(held);
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the waiter got the lock");
+        let l = waiter.join().unwrap();
+        assert!(FileLock::try_acquire(&path).unwrap().is_none());
+        drop(l);
+    }
+
+    /// The pid written is the one read back; `is_locked` follows the daemon lock.
+    #[test]
+    fn write_pid_is_recorded_and_is_locked_follows_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = crate::Paths::under(dir.path());
+        std::fs::create_dir_all(&paths.runtime_dir).unwrap();
+        assert!(!is_locked(&paths));
+        let mut l = FileLock::acquire(&paths.daemon_lock).unwrap();
+        l.write_pid().unwrap();
+        l.write_pid().unwrap();
+        assert_eq!(recorded_pid(&paths), Some(std::process::id()));
+        assert!(is_locked(&paths));
+        drop(l);
+        assert!(!is_locked(&paths));
+        // The file (and the pid in it) stays; only the lock goes.
+        assert_eq!(recorded_pid(&paths), Some(std::process::id()));
+    }
+}

@@ -9,6 +9,7 @@
 //! reply and the subscription). Every message read gets a sequence number, so a test can
 //! check that a reply came before the first notification of its stream.
 
+use abx_protocol::{message, Id};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fmt;
@@ -144,8 +145,8 @@ impl Client {
         *self.waiting.lock().expect("waiting") = what.into();
     }
 
-    async fn write(&self, msg: &Value) -> bool {
-        let mut line = serde_json::to_vec(msg).expect("JSON");
+    /// Write one message body (from `abx_protocol::message`'s encoders) as a line.
+    async fn write(&self, mut line: Vec<u8>) -> bool {
         line.push(b'\n');
         let mut w = self.writer.lock().await;
         w.write_all(&line).await.is_ok() && w.flush().await.is_ok()
@@ -165,8 +166,8 @@ impl Client {
             self.shared.pending.lock().expect("pending").remove(&id);
         }
         self.wait_for(format!("the reply to {method}"));
-        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        if !self.write(&msg).await {
+        let msg = message::encode_request(&Id::Num(id), method, Some(&params));
+        if !self.write(msg).await {
             self.shared.pending.lock().expect("pending").remove(&id);
         }
         (id, rx)
@@ -174,7 +175,7 @@ impl Client {
 
     /// Send a notification.
     pub async fn notify(&self, method: &str, params: Value) {
-        self.write(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+        self.write(message::encode_notification(method, Some(&params)))
             .await;
     }
 

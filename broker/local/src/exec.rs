@@ -1489,25 +1489,27 @@ fn frame(exec_id: &str, stream: &str, p: Payload<'_>) -> Vec<u8> {
         Payload::Text(t) => t.len(),
         Payload::Binary(b) => b.len(),
     };
-    let mut out = Vec::with_capacity(abx_protocol::b64::encoded_len(len) + 160);
-    // Keys in the order serde_json's map writes them (sorted), like every other message.
-    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"exec/output","params":{"data":"#);
-    match p {
-        Payload::Text(t) => {
-            serde_json::to_writer(&mut out, t).expect("vec write");
+    let capacity = abx_protocol::b64::encoded_len(len) + 120;
+    // The envelope is the protocol's; the params are written in place. Keys in the order
+    // serde_json's map writes them (sorted), like every other message.
+    abx_protocol::message::encode_notification_with("exec/output", capacity, |out| {
+        out.extend_from_slice(br#"{"data":"#);
+        match p {
+            Payload::Text(t) => {
+                serde_json::to_writer(&mut *out, t).expect("vec write");
+            }
+            Payload::Binary(b) => {
+                out.push(b'"');
+                abx_protocol::b64::encode_append(b, out);
+                out.extend_from_slice(br#"","encoding":"base64""#);
+            }
         }
-        Payload::Binary(b) => {
-            out.push(b'"');
-            abx_protocol::b64::encode_append(b, &mut out);
-            out.extend_from_slice(br#"","encoding":"base64""#);
-        }
-    }
-    out.extend_from_slice(br#","execId":"#);
-    serde_json::to_writer(&mut out, exec_id).expect("vec write");
-    out.extend_from_slice(br#","stream":"#);
-    serde_json::to_writer(&mut out, stream).expect("vec write");
-    out.extend_from_slice(b"}}");
-    out
+        out.extend_from_slice(br#","execId":"#);
+        serde_json::to_writer(&mut *out, exec_id).expect("vec write");
+        out.extend_from_slice(br#","stream":"#);
+        serde_json::to_writer(&mut *out, stream).expect("vec write");
+        out.push(b'}');
+    })
 }
 
 #[cfg(test)]

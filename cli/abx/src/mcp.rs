@@ -26,7 +26,7 @@ mod tools;
 use abx_client::mux::Mux;
 use abx_home::Paths;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
-use abx_protocol::DEFAULT_MAX_MESSAGE_SIZE;
+use abx_protocol::{message, RpcError, DEFAULT_MAX_MESSAGE_SIZE};
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -128,30 +128,32 @@ impl RpcErr {
         }
     }
 
-    fn to_json(&self) -> Value {
-        let mut e = json!({"code": self.code, "message": self.message});
-        if let Some(d) = &self.data {
-            e["data"] = d.clone();
+    /// The wire form (the same `{code, message, data?}` object as the broker's errors).
+    fn to_rpc(&self) -> RpcError {
+        RpcError {
+            code: self.code,
+            message: self.message.clone(),
+            data: self.data.clone(),
         }
-        e
     }
 }
 
-/// Lines for stdout, written in order by one writer task.
+/// Lines for stdout, written in order by one writer task. MCP is JSON-RPC 2.0 too: every
+/// envelope is encoded by `abx_protocol::message` (its `_any` encoder keeps MCP's ids as the
+/// client sent them).
 #[derive(Clone)]
 pub struct Out(mpsc::UnboundedSender<Vec<u8>>);
 
 impl Out {
-    /// Queue one message.
-    pub fn send(&self, v: &Value) {
-        let mut line = serde_json::to_vec(v).unwrap_or_default();
+    /// Queue one encoded message body.
+    pub fn send(&self, mut line: Vec<u8>) {
         line.push(b'\n');
         let _ = self.0.send(line);
     }
 
     /// Queue a notification.
     pub fn notify(&self, method: &str, params: Value) {
-        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}));
+        self.send(message::encode_notification(method, Some(&params)));
     }
 }
 
@@ -241,13 +243,13 @@ async fn serve(paths: &Paths) -> ExitCode {
                     }
                     if !futs.is_empty() {
                         tasks.spawn_local(async move {
-                            let replies: Vec<Value> = futures::future::join_all(futs)
+                            let replies: Vec<Vec<u8>> = futures::future::join_all(futs)
                                 .await
                                 .into_iter()
                                 .flatten()
                                 .collect();
                             if !replies.is_empty() {
-                                s.out.send(&Value::Array(replies));
+                                s.out.send(message::encode_batch(&replies));
                             }
                         });
                     }
@@ -257,17 +259,17 @@ async fn serve(paths: &Paths) -> ExitCode {
                         let s = server.clone();
                         tasks.spawn_local(async move {
                             if let Some(reply) = f.await {
-                                s.out.send(&reply);
+                                s.out.send(reply);
                             }
                         });
                     }
                 }
-                Err(e) => server.out.send(&error_reply(
+                Err(e) => server.out.send(error_reply(
                     Value::Null,
                     &RpcErr::new(PARSE_ERROR, format!("Parse error: {e}")),
                 )),
             },
-            Ok(Frame::TooLarge { .. }) => server.out.send(&error_reply(
+            Ok(Frame::TooLarge { .. }) => server.out.send(error_reply(
                 Value::Null,
                 &RpcErr::new(
                     INVALID_REQUEST,
@@ -320,10 +322,11 @@ impl Signals {
     }
 }
 
-type ReplyFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Value>>>>;
+/// The encoded reply to a request (`None`: nothing is sent).
+type ReplyFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>>>>;
 
-fn error_reply(id: Value, e: &RpcErr) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": e.to_json()})
+fn error_reply(id: Value, e: &RpcErr) -> Vec<u8> {
+    message::encode_response_any::<_, ()>(&id, Err(&e.to_rpc()))
 }
 
 fn id_key(id: &Value) -> String {
@@ -374,7 +377,7 @@ impl Server {
                 return None;
             }
             match outcome {
-                Outcome::Result(r) => Some(json!({"jsonrpc": "2.0", "id": id, "result": r})),
+                Outcome::Result(r) => Some(message::encode_response_any(&id, Ok(&r))),
                 Outcome::Error(e) => Some(error_reply(id, &e)),
                 Outcome::Cancelled => None,
             }
