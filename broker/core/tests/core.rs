@@ -764,6 +764,12 @@ async fn methods_of_the_composition_root_come_after_the_cores_own() {
         Some(Arc::new(RootMethods)),
     );
     let mut c = Client::connect(&b);
+    // `initialize` lists the root's methods beside the core's (clients check for them).
+    let init = c.call("initialize", json!({})).await.ok();
+    let listed = init["capabilities"]["methods"].as_array().unwrap().clone();
+    for m in ["test/echo", "test/panic", "broker/ping", "sandbox/create"] {
+        assert!(listed.contains(&json!(m)), "{m} not in {listed:?}");
+    }
     let v = c.call("test/echo", json!({"x": 1})).await.ok();
     assert_eq!(v, json!({"from": "root", "params": {"x": 1}}));
     assert_eq!(c.call("broker/ping", json!({})).await.ok(), json!({}));

@@ -98,7 +98,7 @@ impl Config {
 }
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/plugins/py-local")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/plugins/py-local")
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Res<()> {

@@ -277,8 +277,8 @@ impl Provider for TestProvider {
 pub struct RootMethods;
 
 impl Methods for RootMethods {
-    fn serves(&self, method: &str) -> bool {
-        matches!(method, "test/echo" | "test/panic" | "broker/ping")
+    fn names(&self) -> &[&'static str] {
+        &["test/echo", "test/panic", "broker/ping"]
     }
 
     fn call<'a>(

@@ -624,8 +624,12 @@ fn measure(
                         let (len, range) = p.conn.read_message().map_err(|e| format!("{}: {e}", p.name))?;
                         let dt = t0.elapsed();
                         let reply = &p.conn.buf[range];
-                        let idb = format!("\"id\":{id},");
-                        if crate::common::find_bytes(reply, idb.as_bytes()).is_none()
+                        let idb = format!("\"id\":{id}");
+                        let at = crate::common::find_bytes(reply, idb.as_bytes());
+                        let whole = at.is_some_and(|i| {
+                            !reply.get(i + idb.len()).is_some_and(u8::is_ascii_digit)
+                        });
+                        if !whole
                             || crate::common::find_bytes(reply, b"\"sandboxes\"").is_none()
                         {
                             return Err(format!("{}: answered {}", p.name, String::from_utf8_lossy(reply)));
