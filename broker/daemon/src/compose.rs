@@ -32,6 +32,25 @@ pub fn all_methods() -> Vec<&'static str> {
     dispatch::METHODS.iter().chain(METHODS).copied().collect()
 }
 
+/// The daemon's tokio runtime: `ABX_WORKER_THREADS` workers (default 2; `1` is a
+/// current-thread runtime, where every wakeup stays on one thread).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let n = std::env::var("ABX_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(2);
+    if n <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()
+    }
+}
+
 /// The broker settings from the environment: `ABX_BROKER_VERSION`, `ABX_MAX_MESSAGE_SIZE`,
 /// `ABX_MEMORY_BUDGET`, `ABX_TEST_HOOKS`.
 pub fn settings_from_env() -> Settings {

@@ -86,11 +86,7 @@ pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
         }
     }
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| startup_error(e, &paths))?;
+    let rt = crate::compose::runtime().map_err(|e| startup_error(e, &paths))?;
     let result = rt.block_on(serve(paths.clone()));
     rt.shutdown_timeout(Duration::from_millis(200));
     // Remove the socket while we still hold the lock, so we never remove a successor's.

@@ -8,10 +8,7 @@ pub fn run(paths: Paths) -> std::io::Result<()> {
     abx_confine::fds::cloexec_inherited_fds();
     crate::tune_allocator();
     let _log = logging::init(&paths, true);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = crate::compose::runtime()?;
     rt.block_on(async move {
         let broker = crate::compose::broker(paths);
         tracing::info!(version = %broker.version, "stdio broker started");

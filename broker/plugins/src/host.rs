@@ -175,6 +175,9 @@ struct Pending {
 
 struct Running {
     writer: mpsc::UnboundedSender<Vec<u8>>,
+    /// The child's stdin, shared with the writer task: a call whose line fits in one
+    /// atomic pipe write and finds it idle writes it itself ([`Running::send`]).
+    stdin: Arc<tokio::sync::Mutex<tokio::process::ChildStdin>>,
     pending: Arc<Mutex<HashMap<i64, Pending>>>,
     routes: Arc<Mutex<HashMap<String, Route>>>,
     next_id: AtomicI64,
@@ -389,7 +392,7 @@ impl Host {
         );
         let mut line = message::encode_request(&Id::Num(id_num), method, Some(params));
         line.push(b'\n');
-        if r.writer.send(line).is_err() {
+        if !r.send(line) {
             r.pending.lock().expect("pending").remove(&id_num);
             return Err(self.crashed_error(&r, "its stdin is closed"));
         }
@@ -535,6 +538,33 @@ impl Host {
         self.set_status(&st);
     }
 }
+
+impl Running {
+    /// Queue or write one line to the plugin. A line that fits in one atomic pipe write
+    /// (`PIPE_BUF`) is written by the caller when stdin is idle and has room: one system
+    /// call, no hand-off to the writer task. Never waits, so a dropped caller can never leave
+    /// half a line behind; false when the writer task is gone (stdin closed).
+    fn send(&self, line: Vec<u8>) -> bool {
+        use futures::FutureExt;
+        if line.len() <= PIPE_BUF {
+            if let Ok(mut stdin) = self.stdin.try_lock() {
+                // Polled once: on a pipe a write of at most PIPE_BUF bytes is all or nothing.
+                match stdin.write(&line).now_or_never() {
+                    Some(Ok(n)) if n == line.len() => return true,
+                    // (Not on a pipe.) The rest goes after it, through the queue.
+                    Some(Ok(n)) => return self.writer.send(line[n..].to_vec()).is_ok(),
+                    // A closed stdin: as before, the queue says so once the writer task
+                    // has seen it, and the reader fails the call when the plugin is gone.
+                    Some(Err(_)) | None => {}
+                }
+            }
+        }
+        self.writer.send(line).is_ok()
+    }
+}
+
+/// POSIX's bound on atomic pipe writes (Linux: 4096).
+const PIPE_BUF: usize = 4096;
 
 struct CancelOnDrop {
     writer: mpsc::UnboundedSender<Vec<u8>>,
@@ -729,10 +759,11 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             }
         });
     }
-    // stdin writer.
+    // stdin writer: whatever cannot be written at once by its sender.
     let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let stdin = Arc::new(tokio::sync::Mutex::new(stdin));
     {
-        let mut stdin = stdin;
+        let stdin = stdin.clone();
         tokio::spawn(async move {
             while let Some(first) = wrx.recv().await {
                 let mut buf = first;
@@ -742,6 +773,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
                         break;
                     }
                 }
+                let mut stdin = stdin.lock().await;
                 if stdin.write_all(&buf).await.is_err() || stdin.flush().await.is_err() {
                     break;
                 }
@@ -750,6 +782,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     }
     let running = Arc::new(Running {
         writer: wtx,
+        stdin,
         pending: pending.clone(),
         routes: routes.clone(),
         next_id: AtomicI64::new(1),
@@ -923,6 +956,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     // Rebuild with the handshake filled in (the tasks share the inner Arcs).
     Ok(Arc::new(Running {
         writer: r.writer.clone(),
+        stdin: r.stdin.clone(),
         pending: r.pending.clone(),
         routes: r.routes.clone(),
         next_id: AtomicI64::new(r.next_id.load(Ordering::Relaxed)),

@@ -11,13 +11,9 @@ use abx_protocol::codec::{Frame, FrameCodec, Framing};
 use abx_protocol::message::{self, Incoming, Message};
 use abx_protocol::{AbxError, ErrorCode, Id, DEFAULT_MAX_MESSAGE_SIZE};
 use bytes::BytesMut;
-use futures::StreamExt;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, Notify};
-use tokio_util::codec::FramedRead;
 
 #[derive(Default)]
 struct Track {
@@ -41,124 +37,214 @@ impl Track {
     }
 }
 
-/// Run the bridge until stdin closes and everything is answered, or the daemon goes away.
+/// Bytes read at a time from either side.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Run the bridge. The daemon is reached (and started, and version-checked) through the
+/// async client; then the bridge is two plain threads on blocking descriptors, one per
+/// direction: a message costs one read and one write each way, with no task or thread
+/// hand-off in between (tokio's stdin and stdout run every read and write on its blocking
+/// pool, which cost more than the daemon's whole hop to a plugin).
 pub async fn run(paths: &Paths) -> Result<(), AbxError> {
     let client = Client::connect(paths).await?;
-    let (mut from_daemon, mut to_daemon) = client.into_parts();
+    let (from_daemon, to_daemon) = client.into_parts();
+    let leftover = from_daemon.read_buffer().clone();
+    let socket = blocking_socket(&from_daemon.get_ref().0)
+        .map_err(|e| AbxError::detail(ErrorCode::BrokerUnreachable, e))?;
+    drop(from_daemon);
+    drop(to_daemon);
+    // Nothing else runs on this (current-thread) runtime: blocking it is fine.
+    bridge(socket, leftover)
+}
+
+/// A blocking duplicate of the daemon connection's descriptor.
+fn blocking_socket(
+    s: &interprocess::local_socket::tokio::Stream,
+) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let fd = match s {
+        interprocess::local_socket::tokio::Stream::UdSocket(u) => u.inner().as_raw_fd(),
+        #[allow(unreachable_patterns)]
+        _ => return Err(std::io::Error::other("not a Unix socket")),
+    };
+    // SAFETY: dup of a descriptor we hold; the copy is owned by the UnixStream.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(dup) };
+    // The file description is shared with tokio's copy (dropped right after): blocking now.
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// Stdout, written whole messages at a time by whichever side has one.
+struct Stdout(std::mem::ManuallyDrop<std::fs::File>);
+
+impl Stdout {
+    fn write(&self, bytes: &[u8]) -> bool {
+        use std::io::Write;
+        (&*self.0).write_all(bytes).is_ok()
+    }
+}
+
+fn bridge(socket: std::os::unix::net::UnixStream, leftover: BytesMut) -> Result<(), AbxError> {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
     let track = Arc::new(Mutex::new(Track::default()));
-    let changed = Arc::new(Notify::new());
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
+    // Which framing the client speaks (from its first message; replies use it).
     let framing = Arc::new(Mutex::new(Framing::Line));
+    // SAFETY: fds 0 and 1 are ours for the process's life; ManuallyDrop never closes them.
+    let stdout = Arc::new(Mutex::new(Stdout(std::mem::ManuallyDrop::new(unsafe {
+        std::fs::File::from_raw_fd(1)
+    }))));
+    let to_daemon = socket
+        .try_clone()
+        .map_err(|e| AbxError::detail(ErrorCode::BrokerUnreachable, e))?;
 
-    // stdout writer
-    let framing_w = framing.clone();
-    let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
-        let mut buf = BytesMut::new();
-        while let Some(body) = out_rx.recv().await {
-            let f = *framing_w.lock().expect("framing");
-            f.write(&body, &mut buf);
-            while let Ok(more) = out_rx.try_recv() {
-                f.write(&more, &mut buf);
-                if buf.len() > 256 * 1024 {
-                    break;
+    let (t_in, f_in, out_in) = (track.clone(), framing.clone(), stdout.clone());
+    std::thread::Builder::new()
+        .name("abx-rpc-stdin".into())
+        .spawn(move || {
+            let mut to_daemon = to_daemon;
+            // SAFETY: see above.
+            let mut stdin = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+            let mut codec = FrameCodec::new(DEFAULT_MAX_MESSAGE_SIZE);
+            let mut buf = BytesMut::with_capacity(READ_CHUNK);
+            let mut framing_set = false;
+            let mut send = Vec::with_capacity(READ_CHUNK);
+            let mut eof = false;
+            'read: while !eof {
+                buf.reserve(READ_CHUNK);
+                let spare = buf.spare_capacity_mut();
+                // SAFETY: reading into spare capacity; only the bytes read are exposed.
+                match (*stdin).read(unsafe {
+                    std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), spare.len())
+                }) {
+                    Ok(0) | Err(_) => eof = true,
+                    // SAFETY: n bytes were just written into the spare capacity.
+                    Ok(n) => unsafe { buf.set_len(buf.len() + n) },
                 }
-            }
-            if stdout.write_all(&buf).await.is_err() || stdout.flush().await.is_err() {
-                break;
-            }
-            buf.clear();
-        }
-    });
-
-    // stdin -> daemon
-    let (t_in, c_in, f_in, out_in) = (
-        track.clone(),
-        changed.clone(),
-        framing.clone(),
-        out_tx.clone(),
-    );
-    let reader = tokio::spawn(async move {
-        let mut stdin = FramedRead::new(
-            tokio::io::stdin(),
-            FrameCodec::new(DEFAULT_MAX_MESSAGE_SIZE),
-        );
-        let mut framing_set = false;
-        while let Some(frame) = stdin.next().await {
-            if !framing_set {
-                if let Some(f) = stdin.decoder().framing() {
-                    *f_in.lock().expect("framing") = f;
-                    framing_set = true;
-                }
-            }
-            match frame {
-                Ok(Frame::Message(mut body)) => {
-                    record_outgoing(&t_in, &body);
-                    // Newlines in JSON are only ever whitespace: flatten for line framing.
-                    for b in body.iter_mut() {
-                        if *b == b'\n' || *b == b'\r' {
-                            *b = b' ';
+                send.clear();
+                loop {
+                    // At EOF a last message without its newline still counts.
+                    let next = if eof {
+                        tokio_util::codec::Decoder::decode_eof(&mut codec, &mut buf)
+                    } else {
+                        tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
+                    };
+                    let frame = match next {
+                        Ok(Some(f)) => f,
+                        Ok(None) => break,
+                        Err(e) => {
+                            let e = AbxError::detail(ErrorCode::ParseError, e);
+                            reply_to_client(
+                                &out_in,
+                                &f_in,
+                                &message::encode_response(None, Err(&e.to_rpc())),
+                            );
+                            eof = true;
+                            break;
+                        }
+                    };
+                    if !framing_set {
+                        if let Some(f) = codec.framing() {
+                            *f_in.lock().expect("framing") = f;
+                            framing_set = true;
                         }
                     }
-                    body.extend_from_slice(b"\n");
-                    if to_daemon.write_all(&body).await.is_err() {
-                        break;
+                    match frame {
+                        Frame::Message(mut body) => {
+                            record_outgoing(&t_in, &body);
+                            for b in body.iter_mut() {
+                                if *b == b'\n' || *b == b'\r' {
+                                    *b = b' ';
+                                }
+                            }
+                            send.extend_from_slice(&body);
+                            send.push(b'\n');
+                        }
+                        Frame::TooLarge { .. } => {
+                            let e = AbxError::new(
+                                ErrorCode::MessageTooLarge,
+                                &[
+                                    ("size", ""),
+                                    ("limit", &DEFAULT_MAX_MESSAGE_SIZE.to_string()),
+                                ],
+                            );
+                            reply_to_client(
+                                &out_in,
+                                &f_in,
+                                &message::encode_response(None, Err(&e.to_rpc())),
+                            );
+                        }
                     }
                 }
-                Ok(Frame::TooLarge { .. }) => {
-                    let e = AbxError::new(
-                        ErrorCode::MessageTooLarge,
-                        &[
-                            ("size", ""),
-                            ("limit", &DEFAULT_MAX_MESSAGE_SIZE.to_string()),
-                        ],
-                    );
-                    let _ = out_in
-                        .send(message::encode_response(None, Err(&e.to_rpc())))
-                        .await;
-                }
-                Err(e) => {
-                    let e = AbxError::detail(ErrorCode::ParseError, e);
-                    let _ = out_in
-                        .send(message::encode_response(None, Err(&e.to_rpc())))
-                        .await;
-                    break;
+                if !send.is_empty() && to_daemon.write_all(&send).is_err() {
+                    break 'read;
                 }
             }
-        }
-        let _ = to_daemon.flush().await;
-        t_in.lock().expect("track").stdin_done = true;
-        c_in.notify_one();
-        to_daemon
-    });
+            let mut t = t_in.lock().expect("track");
+            t.stdin_done = true;
+            if t.idle() {
+                // Nothing more will come back that anyone waits for: end the other side.
+                let _ = to_daemon.shutdown(std::net::Shutdown::Both);
+            }
+        })
+        .map_err(|e| AbxError::internal(format!("thread: {e}")))?;
 
-    // daemon -> stdout, until idle after stdin closed
+    let mut from_daemon = socket;
+    let mut codec = FrameCodec::new(usize::MAX >> 1);
+    let mut buf = leftover;
+    let mut out = BytesMut::with_capacity(READ_CHUNK);
     loop {
+        out.clear();
+        let mut done = false;
+        loop {
+            match tokio_util::codec::Decoder::decode(&mut codec, &mut buf) {
+                Ok(Some(Frame::Message(body))) => {
+                    record_incoming(&track, &body);
+                    let f = *framing.lock().expect("framing");
+                    f.write(&body, &mut out);
+                }
+                Ok(Some(Frame::TooLarge { .. })) | Err(_) => {
+                    done = true;
+                    break;
+                }
+                Ok(None) => break,
+            }
+        }
+        if !out.is_empty() && !stdout.lock().expect("stdout").write(&out) {
+            break;
+        }
         {
             let t = track.lock().expect("track");
-            if t.stdin_done && t.idle() {
+            if done || (t.stdin_done && t.idle()) {
                 break;
             }
         }
-        let msg = tokio::select! {
-            m = from_daemon.next() => m,
-            _ = changed.notified() => continue,
+        buf.reserve(READ_CHUNK);
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: reading into spare capacity; only the bytes read are exposed.
+        let n = match from_daemon.read(unsafe {
+            std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), spare.len())
+        }) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
         };
-        match msg {
-            None | Some(Err(_)) => break,
-            Some(Ok(Frame::TooLarge { .. })) => break,
-            Some(Ok(Frame::Message(body))) => {
-                record_incoming(&track, &body);
-                if out_tx.send(body.to_vec()).await.is_err() {
-                    break;
-                }
-            }
-        }
+        // SAFETY: n bytes were just written into the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
     }
-    reader.abort();
-    drop(out_tx);
-    let _ = writer.await;
+    let _ = from_daemon.flush();
     Ok(())
+}
+
+/// An error of the bridge itself, in the client's framing.
+fn reply_to_client(out: &Mutex<Stdout>, framing: &Mutex<Framing>, body: &[u8]) {
+    let mut b = BytesMut::new();
+    framing.lock().expect("framing").write(body, &mut b);
+    out.lock().expect("stdout").write(&b);
 }
 
 fn record_outgoing(track: &Mutex<Track>, body: &[u8]) {
