@@ -1,5 +1,5 @@
 //! The OpenRPC description of the broker API (`docs/openrpc.json`), generated from the
-//! types of [`crate::schema`] and the E-codes of [`crate::error`].
+//! types of [`crate::api`] and the E-codes of [`crate::error`].
 //!
 //! [`document`] lists every method the broker answers (docs/broker-api.md; the broker's own
 //! methods and [`crate::features::PROVIDER_METHODS`]) with its by-name params, its result,
@@ -9,11 +9,11 @@
 //! `x-notifications`, and each method names those it may cause.
 //!
 //! A test (protocol/tests/openrpc.rs) fails when the checked-in document differs from this
-//! one; regenerate with `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc`.
+//! one; regenerate with `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc`.
 
+use crate::api::*;
 use crate::error::ErrorCode;
 use crate::features;
-use crate::schema::*;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};

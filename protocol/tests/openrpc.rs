@@ -1,6 +1,6 @@
 //! docs/openrpc.json is generated from the protocol types: this fails when the checked-in
 //! document drifts from the code. Regenerate it with
-//! `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc`.
+//! `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc`.
 
 use abx_protocol::openrpc;
 use abx_protocol::ErrorCode;
@@ -33,9 +33,9 @@ fn checked_in_openrpc_matches_the_code() {
             .position(|(a, b)| a != b)
             .unwrap_or_else(|| have.lines().count().min(want.lines().count()));
         panic!(
-            "docs/openrpc.json differs from the document generated from protocol/src/schema.rs \
+            "docs/openrpc.json differs from the document generated from protocol/src/api/ \
              and protocol/src/openrpc.rs (first difference at line {}).\n\
-             Regenerate it: ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc",
+             Regenerate it: ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc",
             first + 1
         );
     }
