@@ -1,6 +1,7 @@
 //! `exec/*` methods: run, start, write, resize, kill, attach, and their notifications.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// A terminal size.
@@ -16,7 +17,7 @@ pub struct PtySize {
 /// `exec/run` params.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(inline))]
 pub struct ExecRunParams {
     /// Sandbox id.
@@ -47,12 +48,20 @@ pub struct ExecRunParams {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(range(max = 16_777_216)))]
     pub max_output: Option<u64>,
+    /// Not for `exec/run` (E1004 "pty is for exec/start"): accepted so the error says so.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub pty: Option<PtySize>,
+    /// Client metadata (ignored).
+    #[serde(default, rename = "_meta")]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub meta: Option<Value>,
 }
 
 /// `exec/start` params.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(inline))]
 pub struct ExecStartParams {
     /// Sandbox id.
@@ -78,10 +87,37 @@ pub struct ExecStartParams {
     /// Encoding of `stdin`: `utf-8` (default) or `base64`.
     #[serde(default)]
     pub stdin_encoding: Option<String>,
+    /// Ignored by `exec/start` (output is streamed, not capped).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub max_output: Option<u64>,
     /// Run on a pseudo-terminal of this size (needs the `pty` feature); output comes as
     /// stream `pty`.
     #[serde(default)]
     pub pty: Option<PtySize>,
+    /// Client metadata (ignored).
+    #[serde(default, rename = "_meta")]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub meta: Option<Value>,
+}
+
+impl From<ExecRunParams> for ExecStartParams {
+    /// The same command, for code that spawns both kinds (`maxOutput` and `pty` kept).
+    fn from(p: ExecRunParams) -> Self {
+        ExecStartParams {
+            sandbox: p.sandbox,
+            command: p.command,
+            argv: p.argv,
+            cwd: p.cwd,
+            env: p.env,
+            timeout: p.timeout,
+            stdin: p.stdin,
+            stdin_encoding: p.stdin_encoding,
+            pty: p.pty,
+            max_output: p.max_output,
+            meta: p.meta,
+        }
+    }
 }
 
 /// `exec/run` (and `commands/run`) result.

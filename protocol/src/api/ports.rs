@@ -12,8 +12,12 @@ pub struct PortParams {
     /// Sandbox id.
     pub sandbox: String,
     /// Port number, 1..65535 (else E5002).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
-    pub port: u32,
+    // Any JSON: the provider answers E5002 (not E1004) for one that is not a port number.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u32", range(min = 1, max = 65535))
+    )]
+    pub port: Value,
 }
 
 /// `ports/url` result.

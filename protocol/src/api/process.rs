@@ -33,7 +33,8 @@ pub struct ProcessKillParams {
     /// Sandbox id.
     pub sandbox: String,
     /// A process of that sandbox; else E3006.
-    pub pid: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "i64"))]
+    pub pid: i32,
     /// Signal name; default `KILL`.
     #[serde(default)]
     pub signal: Option<String>,

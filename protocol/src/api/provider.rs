@@ -67,8 +67,8 @@ pub struct ProviderInfo {
     pub details: Map<String, Value>,
 }
 
-/// `provider/install` params.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// `provider/install` params (`replace` is also what `provider/update` installs with).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", default)]
 #[cfg_attr(feature = "schema", schemars(inline))]
@@ -271,8 +271,8 @@ pub struct ProviderTestParams {
     /// Tests run at once (default 16, at least 1): 1 for a provider whose sandboxes
     /// share one endpoint (`abx provider test ID --concurrency N`).
     #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub concurrency: Option<u64>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<u64>", range(min = 1)))]
+    pub concurrency: Option<usize>,
 }
 
 /// One contract test of `provider/test`.

@@ -89,9 +89,13 @@ pub struct SandboxCreateParams {
     #[serde(default)]
     pub template: Option<String>,
     /// Lifetime in seconds, 1..2592000 (default 300); else E2004.
+    // Any JSON: the provider answers E2004 (not E1004) for one that is not a number of seconds.
     #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 2_592_000)))]
-    pub timeout: Option<u64>,
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "Option<u64>", range(min = 1, max = 2_592_000))
+    )]
+    pub timeout: Option<Value>,
     /// Environment of every command in the sandbox.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
@@ -105,8 +109,10 @@ pub struct SandboxCreateParams {
     pub network: Option<String>,
     /// Limits (`local`): `{memory: bytes | "512M", cpus: 1.5, pids: 256}`; defaults from the
     /// broker config (`[local] memory|cpus|pids`, else 2G memory, 1024 processes).
+    // Any JSON: the provider checks it and names the bad limit (`local`: E1004).
     #[serde(default)]
-    pub limits: Option<SandboxLimits>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<SandboxLimits>"))]
+    pub limits: Option<Value>,
 }
 
 /// Limits of a sandbox.
@@ -186,8 +192,12 @@ pub struct SetTimeoutParams {
     /// Sandbox id.
     pub sandbox: String,
     /// Seconds from now, 1..2592000; else E2004.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 2_592_000)))]
-    pub timeout: u64,
+    // Any JSON: the provider answers E2004 (not E1004) for one that is not a number of seconds.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = 1, max = 2_592_000))
+    )]
+    pub timeout: Value,
 }
 
 /// `sandbox/capabilities` result.
