@@ -14,6 +14,7 @@
 //! `components/schemas`.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 pub mod broker;
 pub mod exec;
@@ -67,3 +68,31 @@ pub struct NoParams {}
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Empty {}
+
+/// `p` as the params object a client sends: members that are `null` (an absent option) are
+/// left out, so a request carries only what its sender set.
+pub fn to_params<T: Serialize>(p: &T) -> Value {
+    let mut v = serde_json::to_value(p).unwrap_or_else(|_| Value::Object(Default::default()));
+    if let Some(o) = v.as_object_mut() {
+        o.retain(|_, x| !x.is_null());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_params_leaves_out_absent_options_only() {
+        let p = ExecKillParams {
+            exec_id: "e-1".into(),
+            signal: None,
+            escalate: Some(false),
+        };
+        assert_eq!(
+            to_params(&p),
+            serde_json::json!({"execId": "e-1", "escalate": false})
+        );
+    }
+}
