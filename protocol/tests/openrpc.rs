@@ -117,3 +117,41 @@ fn the_document_is_well_formed() {
     assert_eq!(m("exec/start")["x-notifications"][1], "exec/exit");
     assert!(m("$/cancelRequest").get("result").is_none());
 }
+
+/// The document covers the params and the result of every method, each generated from an
+/// API type: no param or result is an empty (any-JSON) schema unless the type says so, and
+/// every request has a result.
+#[test]
+fn every_method_has_typed_params_and_a_result() {
+    let doc = openrpc::document();
+    let methods = doc["methods"].as_array().expect("methods");
+    let types = openrpc::method_types();
+    assert_eq!(methods.len(), types.len());
+    // Members that are any JSON on purpose (provider-defined or a JSON-RPC id).
+    let free = ["rest", "id"];
+    for (m, (name, params, result)) in methods.iter().zip(&types) {
+        assert_eq!(m["name"], *name);
+        assert!(
+            params.starts_with("abx_protocol::api::"),
+            "{name}: {params}"
+        );
+        for p in m["params"].as_array().expect("params") {
+            let schema = p["schema"].as_object().expect("schema");
+            let pname = p["name"].as_str().unwrap();
+            assert!(
+                !schema.is_empty() || free.contains(&pname),
+                "{name}: param {pname} has no schema"
+            );
+        }
+        let is_notification = ["initialized", "exit", "$/cancelRequest"].contains(name);
+        match (m.get("result"), result) {
+            (None, _) => assert!(is_notification, "{name}: a request without a result"),
+            (Some(r), Some(t)) => {
+                assert!(t.starts_with("abx_protocol::api::"), "{name}: {t}");
+                let r = r["schema"].as_object().expect("result schema");
+                assert!(!r.is_empty(), "{name}: result has no schema");
+            }
+            (Some(r), None) => assert_eq!(r["schema"]["type"], "null", "{name}"),
+        }
+    }
+}
