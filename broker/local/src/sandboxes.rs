@@ -931,6 +931,10 @@ impl Inner {
             Remove(RemoveParams),
             Rename(RenameParams),
         }
+        if method != "files/unwatch" && params.get("sandbox").is_none() {
+            // Without `sandbox` the call names the empty sandbox (E2009), as it always did.
+            self.get("")?;
+        }
         let op = match method {
             "files/unwatch" => {
                 let p: UnwatchParams = parse(method, params)?;
