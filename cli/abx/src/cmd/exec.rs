@@ -74,12 +74,13 @@ pub async fn run(
     command: &[String],
 ) -> Result<u8, Failure> {
     let mut c = cx.connect().await?;
-    let create = api::SandboxCreateParams {
+    let mut create = api::SandboxCreateParams {
+        provider: cx.provider.clone(),
         template: template.map(Into::into),
         ..Default::default()
     };
-    let mut params = cx.with_provider(to_params(&create));
-    opts.apply(&mut params);
+    opts.apply(&mut create);
+    let params = to_params(&create);
     // Listening before the sandbox exists: a SIGTERM or SIGHUP from here on still kills it.
     let mut ending = stream::Ending::new();
     let sb = call(&mut c, "sandbox/create", params).await?;

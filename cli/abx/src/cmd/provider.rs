@@ -556,7 +556,11 @@ pub async fn template(cx: &Ctx, action: &str, args: &[String]) -> Result<u8, Fai
         "init" => "templates/init",
         _ => "templates/build",
     };
-    let r = call1(cx, method, cx.with_provider(json!({"args": args}))).await?;
+    let params = api::TemplatesParams {
+        provider: cx.provider.clone(),
+        rest: [("args".to_owned(), json!(args))].into_iter().collect(),
+    };
+    let r = call1(cx, method, to_params(&params)).await?;
     if cx.json {
         print_json(&r);
     } else {

@@ -103,7 +103,8 @@ fn show(cx: &Ctx, sb: &Value) {
 
 /// `abx create`.
 pub async fn create(cx: &Ctx, a: CreateArgs) -> Result<u8, Failure> {
-    let create = api::SandboxCreateParams {
+    let mut create = api::SandboxCreateParams {
+        provider: cx.provider.clone(),
         template: a.template.clone(),
         timeout: a.timeout.map(|t| json!(t)),
         env: (!a.env.is_empty()).then(|| a.env.into_iter().collect()),
@@ -111,8 +112,8 @@ pub async fn create(cx: &Ctx, a: CreateArgs) -> Result<u8, Failure> {
             .then(|| a.metadata.into_iter().map(|(k, v)| (k, json!(v))).collect()),
         ..Default::default()
     };
-    let mut params = cx.with_provider(to_params(&create));
-    a.opts.apply(&mut params);
+    a.opts.apply(&mut create);
+    let params = to_params(&create);
     let sb = call1(cx, "sandbox/create", params).await?;
     show(cx, &sb);
     Ok(0)
