@@ -7,7 +7,9 @@
 //! - [`error`]: one enum of every E-code, each with its message template, default
 //!   suggestion and CLI exit code, and the wire error object built from it.
 //! - [`limits`]: the bounds on what one client can make the daemon hold.
-//! - [`api`]: method names and the parameter/result types shared by broker and clients.
+//! - [`api`]: method names and the param/result types of every method, shared by the
+//!   broker (which deserializes into them), the CLI, the MCP tools and `openrpc`.
+//! - `openrpc` (feature `schema`): `docs/openrpc.json`, generated from [`api`].
 //!
 //! **Architecture invariant:** nothing here does I/O. The broker and the CLI wrap these
 //! types in their own tokio plumbing.
@@ -22,8 +24,8 @@ pub mod id;
 pub mod limits;
 pub mod manifest;
 pub mod message;
+#[cfg(feature = "schema")]
 pub mod openrpc;
-pub mod schema;
 
 pub use codec::{Frame, FrameCodec, Framing, DEFAULT_MAX_MESSAGE_SIZE};
 pub use error::{AbxError, ErrorCode, RpcError};

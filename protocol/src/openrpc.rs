@@ -1,5 +1,5 @@
 //! The OpenRPC description of the broker API (`docs/openrpc.json`), generated from the
-//! types of [`crate::schema`] and the E-codes of [`crate::error`].
+//! types of [`crate::api`] and the E-codes of [`crate::error`].
 //!
 //! [`document`] lists every method the broker answers (docs/broker-api.md; the broker's own
 //! methods and [`crate::features::PROVIDER_METHODS`]) with its by-name params, its result,
@@ -9,11 +9,11 @@
 //! `x-notifications`, and each method names those it may cause.
 //!
 //! A test (protocol/tests/openrpc.rs) fails when the checked-in document differs from this
-//! one; regenerate with `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc`.
+//! one; regenerate with `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc`.
 
+use crate::api::*;
 use crate::error::ErrorCode;
 use crate::features;
-use crate::schema::*;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
@@ -38,8 +38,12 @@ struct Method {
     tag: &'static str,
     summary: &'static str,
     params: SchemaFn,
+    /// The Rust type of the params (`std::any::type_name`).
+    params_type: &'static str,
     /// `None`: a notification the client sends (no reply).
     result: Option<(&'static str, SchemaFn)>,
+    /// The Rust type of the result (`None` for notifications and `shutdown`'s `null`).
+    result_type: Option<&'static str>,
     errors: &'static [ErrorCode],
     /// Notifications the broker sends because of this call.
     notifications: &'static [&'static str],
@@ -75,7 +79,9 @@ macro_rules! m {
             tag: $tag,
             summary: $summary,
             params: s::<$params>,
+            params_type: std::any::type_name::<$params>(),
             result: Some(($rname, s::<$result>)),
+            result_type: Some(std::any::type_name::<$result>()),
             errors: &[$(E::$err),*],
             notifications: &[$($($n),*)?],
         }
@@ -92,7 +98,9 @@ fn catalogue() -> Vec<Method> {
             tag: "lifecycle",
             summary: "Notification after initialize (ignored).",
             params: s::<NoParams>,
+            params_type: std::any::type_name::<NoParams>(),
             result: None,
+            result_type: None,
             errors: &[],
             notifications: &[],
         },
@@ -101,7 +109,9 @@ fn catalogue() -> Vec<Method> {
             tag: "lifecycle",
             summary: "This connection accepts no more requests (later ones get E1010).",
             params: s::<NoParams>,
+            params_type: std::any::type_name::<NoParams>(),
             result: Some(("null", null)),
+            result_type: None,
             errors: &[],
             notifications: &[],
         },
@@ -110,7 +120,9 @@ fn catalogue() -> Vec<Method> {
             tag: "lifecycle",
             summary: "Notification: close this connection (ends `abx broker --stdio`).",
             params: s::<NoParams>,
+            params_type: std::any::type_name::<NoParams>(),
             result: None,
+            result_type: None,
             errors: &[],
             notifications: &[],
         },
@@ -119,7 +131,9 @@ fn catalogue() -> Vec<Method> {
             tag: "lifecycle",
             summary: "Notification: cancel an in-flight request; it answers E1006 (-32800). A running exec/run is killed.",
             params: s::<CancelParams>,
+            params_type: std::any::type_name::<CancelParams>(),
             result: None,
+            result_type: None,
             errors: &[],
             notifications: &[],
         },
@@ -309,6 +323,15 @@ pub fn method_names() -> Vec<&'static str> {
     catalogue().iter().map(|m| m.name).collect()
 }
 
+/// Each method the document describes with the Rust types its params and result are
+/// generated from (`std::any::type_name`; no result type for notifications and `shutdown`).
+pub fn method_types() -> Vec<(&'static str, &'static str, Option<&'static str>)> {
+    catalogue()
+        .iter()
+        .map(|m| (m.name, m.params_type, m.result_type))
+        .collect()
+}
+
 /// Turn an inline object schema into by-name content descriptors.
 fn params_of(schema: &Value) -> Vec<Value> {
     let required: Vec<&str> = schema["required"]
@@ -454,5 +477,28 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted.len(), names.len(), "duplicate methods");
+    }
+
+    /// Every provider method's params and result are types of [`crate::api`] (the ones the
+    /// broker and the providers deserialize into), not free-form JSON.
+    #[test]
+    fn every_provider_method_has_api_params_and_result_types() {
+        let types = method_types();
+        for m in features::PROVIDER_METHODS {
+            let (_, params, result) = types.iter().find(|t| t.0 == *m).expect(m);
+            assert!(params.starts_with("abx_protocol::api::"), "{m}: {params}");
+            let result = result.unwrap_or_else(|| panic!("{m}: no result type"));
+            assert!(result.starts_with("abx_protocol::api::"), "{m}: {result}");
+        }
+        // Only methods that take nothing have no params type of their own.
+        for (m, params, _) in &types {
+            if params.ends_with("::NoParams") {
+                assert!(
+                    !features::PROVIDER_METHODS.contains(m)
+                        || matches!(*m, "sandbox/subscribe" | "sandbox/unsubscribe"),
+                    "{m} takes params but is described without"
+                );
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! docs/openrpc.json is generated from the protocol types: this fails when the checked-in
 //! document drifts from the code. Regenerate it with
-//! `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc`.
+//! `ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc`.
 
 use abx_protocol::openrpc;
 use abx_protocol::ErrorCode;
@@ -33,9 +33,9 @@ fn checked_in_openrpc_matches_the_code() {
             .position(|(a, b)| a != b)
             .unwrap_or_else(|| have.lines().count().min(want.lines().count()));
         panic!(
-            "docs/openrpc.json differs from the document generated from protocol/src/schema.rs \
+            "docs/openrpc.json differs from the document generated from protocol/src/api/ \
              and protocol/src/openrpc.rs (first difference at line {}).\n\
-             Regenerate it: ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc",
+             Regenerate it: ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc",
             first + 1
         );
     }
@@ -116,4 +116,42 @@ fn the_document_is_well_formed() {
     assert_eq!(names, ["path", "sandbox", "encoding", "length", "offset"]);
     assert_eq!(m("exec/start")["x-notifications"][1], "exec/exit");
     assert!(m("$/cancelRequest").get("result").is_none());
+}
+
+/// The document covers the params and the result of every method, each generated from an
+/// API type: no param or result is an empty (any-JSON) schema unless the type says so, and
+/// every request has a result.
+#[test]
+fn every_method_has_typed_params_and_a_result() {
+    let doc = openrpc::document();
+    let methods = doc["methods"].as_array().expect("methods");
+    let types = openrpc::method_types();
+    assert_eq!(methods.len(), types.len());
+    // Members that are any JSON on purpose (provider-defined or a JSON-RPC id).
+    let free = ["rest", "id"];
+    for (m, (name, params, result)) in methods.iter().zip(&types) {
+        assert_eq!(m["name"], *name);
+        assert!(
+            params.starts_with("abx_protocol::api::"),
+            "{name}: {params}"
+        );
+        for p in m["params"].as_array().expect("params") {
+            let schema = p["schema"].as_object().expect("schema");
+            let pname = p["name"].as_str().unwrap();
+            assert!(
+                !schema.is_empty() || free.contains(&pname),
+                "{name}: param {pname} has no schema"
+            );
+        }
+        let is_notification = ["initialized", "exit", "$/cancelRequest"].contains(name);
+        match (m.get("result"), result) {
+            (None, _) => assert!(is_notification, "{name}: a request without a result"),
+            (Some(r), Some(t)) => {
+                assert!(t.starts_with("abx_protocol::api::"), "{name}: {t}");
+                let r = r["schema"].as_object().expect("result schema");
+                assert!(!r.is_empty(), "{name}: result has no schema");
+            }
+            (Some(r), None) => assert_eq!(r["schema"]["type"], "null", "{name}"),
+        }
+    }
 }

@@ -140,6 +140,77 @@ fn bad_lifecycle_input_gets_typed_errors() {
     assert_eq!(abx_code(&e), "E8004");
 }
 
+/// The local provider deserializes into the protocol's API types: bad params keep the
+/// E-codes and messages they had (E1004 naming the field, the provider's own codes for
+/// values it checks itself).
+#[test]
+fn bad_params_keep_their_codes_and_messages() {
+    let (_home, mut c, id) = setup();
+    let msg = |e: &Value| e["message"].as_str().unwrap_or_default().to_owned();
+    let fields = "expected one of `sandbox`, `command`, `argv`, `cwd`, `env`, `timeout`, \
+                  `stdin`, `stdinEncoding`, `maxOutput`, `pty`, `_meta`";
+    for m in ["exec/run", "exec/start"] {
+        let e = c.call_err(m, json!({"sandbox": id, "command": "true", "bogus": 1}));
+        assert_eq!(abx_code(&e), "E1004", "{e}");
+        assert_eq!(
+            msg(&e),
+            format!("Invalid params for '{m}': unknown field `bogus`, {fields}")
+        );
+    }
+    let e = c.call_err(
+        "exec/run",
+        json!({"sandbox": id, "command": "true", "pty": {"cols": 80, "rows": 24}}),
+    );
+    assert_eq!(
+        msg(&e),
+        "Invalid params for 'exec/run': pty is for exec/start"
+    );
+    let e = c.call_err("files/read", json!({"sandbox": id}));
+    assert_eq!(
+        msg(&e),
+        "Invalid params for 'files/read': missing field `path`"
+    );
+    let e = c.call_err("files/rename", json!({"sandbox": id, "from": "a"}));
+    assert_eq!(
+        msg(&e),
+        "Invalid params for 'files/rename': missing field `to`"
+    );
+    let e = c.call_err(
+        "files/write",
+        json!({"sandbox": id, "path": "a", "data": 5}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    assert!(
+        msg(&e).contains("invalid type: integer `5`, expected a string"),
+        "{e}"
+    );
+    // Without a sandbox, files/* name the empty one, as they always did.
+    let e = c.call_err("files/list", json!({}));
+    assert_eq!(
+        (abx_code(&e), msg(&e).as_str()),
+        ("E2009", "Sandbox '' not found.")
+    );
+    let e = c.call_err("files/unwatch", json!({}));
+    assert_eq!(
+        msg(&e),
+        "Invalid params for 'files/unwatch': missing field `watchId`"
+    );
+    // Values the provider checks itself keep its codes.
+    let e = c.call_err("sandbox/setTimeout", json!({"sandbox": id, "timeout": "x"}));
+    assert_eq!(abx_code(&e), "E2004", "{e}");
+    let e = c.call_err("sandbox/setTimeout", json!({"sandbox": id}));
+    assert_eq!(
+        msg(&e),
+        "Invalid params for 'sandbox/setTimeout': missing field `timeout`"
+    );
+    let e = c.call_err("ports/url", json!({"sandbox": id, "port": "x"}));
+    assert_eq!(abx_code(&e), "E5002", "{e}");
+    let e = c.call_err("process/kill", json!({"sandbox": id, "pid": 1_i64 << 40}));
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    let e = c.call_err("exec/kill", json!({"execId": 5}));
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+}
+
 #[test]
 fn exec_run_shell_argv_cwd_env_stdin() {
     let (_home, mut c, id) = setup();

@@ -4,7 +4,8 @@ use crate::broker::Broker;
 use crate::conn::Conn;
 use crate::provider::{CallCx, Provider};
 use abx_protocol::api::{
-    methods, BrokerShutdownParams, InitializeParams, InitializeResult, PeerInfo,
+    methods, BrokerShutdownParams, InitializeParams, InitializeResult, NoParams, PeerInfo,
+    ProviderIdParams,
 };
 use abx_protocol::features;
 use abx_protocol::{AbxError, ErrorCode, PROTOCOL_VERSION};
@@ -238,16 +239,7 @@ fn provider_list(cx: &Cx) -> Reply {
     reply(&json!({ "providers": list }))
 }
 
-/// Params of methods that take none: unknown members are ignored, like everywhere.
-#[derive(serde::Deserialize)]
-struct NoParams {}
-
-#[derive(serde::Deserialize)]
-struct IdParam {
-    id: String,
-}
-
-fn provider_info(cx: &Cx, p: IdParam) -> Reply {
+fn provider_info(cx: &Cx, p: ProviderIdParams) -> Reply {
     let prov = cx.broker.registry.get(&p.id)?;
     let s = prov.summary();
     let mut v = json!({

@@ -9,8 +9,10 @@ use abx_home::Paths;
 use abx_plugins::install::{self, Request};
 use abx_plugins::installed;
 use abx_plugins::plugin::PluginProvider;
+use abx_protocol::api::{
+    ProviderConfigureParams, ProviderIdParams, ProviderUninstallParams, ProviderUpdateParams,
+};
 use abx_protocol::{AbxError, ErrorCode};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -116,20 +118,11 @@ pub async fn install(m: &Plugins, b: &Arc<Broker>, req: Request) -> Result<Value
     serde_json::to_value(&plan).map_err(AbxError::internal)
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-/// `provider/uninstall` params.
-pub struct UninstallParams {
-    id: String,
-    #[serde(default)]
-    confirm: bool,
-}
-
 /// `provider/uninstall`.
 pub async fn uninstall(
     m: &Plugins,
     b: &Arc<Broker>,
-    p: UninstallParams,
+    p: ProviderUninstallParams,
 ) -> Result<Value, AbxError> {
     let prov = exec_provider(&b.registry, &p.id)?;
     if !p.confirm {
@@ -154,20 +147,12 @@ pub async fn uninstall(
     Ok(json!({}))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-/// `provider/update` params.
-pub struct UpdateParams {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    check: bool,
-    #[serde(default, rename = "ref")]
-    git_ref: Option<String>,
-}
-
 /// `provider/update`: re-resolve each provider's source; with `check`, only report.
-pub async fn update(m: &Plugins, b: &Arc<Broker>, p: UpdateParams) -> Result<Value, AbxError> {
+pub async fn update(
+    m: &Plugins,
+    b: &Arc<Broker>,
+    p: ProviderUpdateParams,
+) -> Result<Value, AbxError> {
     let targets: Vec<installed::Installed> = match &p.id {
         Some(id) => {
             exec_provider(&b.registry, id)?;
@@ -233,15 +218,8 @@ pub async fn update(m: &Plugins, b: &Arc<Broker>, p: UpdateParams) -> Result<Val
     Ok(json!({"providers": out}))
 }
 
-#[derive(Deserialize)]
-/// `provider/doctor`, `provider/setDefault` params.
-pub struct IdParams {
-    /// The provider.
-    pub id: String,
-}
-
 /// `provider/doctor`: installed, integrity, config, handshake, permissions, isolation.
-pub async fn doctor(m: &Plugins, b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
+pub async fn doctor(m: &Plugins, b: &Arc<Broker>, p: ProviderIdParams) -> Result<Value, AbxError> {
     let prov = b.registry.get(&p.id)?;
     let s = prov.summary().clone();
     let mut checks = vec![
@@ -322,18 +300,11 @@ fn list_or_none(v: &Value) -> String {
     }
 }
 
-#[derive(Deserialize)]
-/// `provider/configure` params.
-pub struct ConfigureParams {
-    id: String,
-    values: serde_json::Map<String, Value>,
-}
-
 /// `provider/configure`: store values (secrets included) in the provider's 0600 file.
 pub async fn configure(
     m: &Plugins,
     b: &Arc<Broker>,
-    p: ConfigureParams,
+    p: ProviderConfigureParams,
 ) -> Result<Value, AbxError> {
     exec_provider(&b.registry, &p.id)?;
     let e = m
@@ -370,7 +341,7 @@ pub async fn configure(
 }
 
 /// `provider/setDefault`.
-pub fn set_default(b: &Arc<Broker>, p: IdParams) -> Result<Value, AbxError> {
+pub fn set_default(b: &Arc<Broker>, p: ProviderIdParams) -> Result<Value, AbxError> {
     b.registry.set_default(&p.id)?;
     store_default(&b.paths, &p.id)?;
     Ok(json!({}))

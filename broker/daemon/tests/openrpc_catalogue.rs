@@ -12,8 +12,8 @@ fn every_broker_method_is_in_the_openrpc_document() {
         assert!(
             described.contains(m),
             "'{m}' is answered by the broker but missing from protocol/src/openrpc.rs; add it \
-             there (types in protocol/src/schema.rs), then regenerate docs/openrpc.json with \
-             ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --test openrpc"
+             there (types in protocol/src/api/), then regenerate docs/openrpc.json with \
+             ABX_UPDATE_OPENRPC=1 cargo test -p abx-protocol --features schema --test openrpc"
         );
     }
     // And nothing described is unknown to the broker (client notifications aside).

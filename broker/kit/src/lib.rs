@@ -30,7 +30,6 @@ use client::{Client, RpcErr, Waiting};
 pub use client::{Connector, Halves};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -291,19 +290,8 @@ pub const COVERAGE: &[(&str, &str)] = &[
     ("network.vpc", "test_capabilities_match_features"),
 ];
 
-/// `provider/test` params.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Params {
-    /// The provider to test.
-    pub id: String,
-    /// Substrings of test names, comma-separated.
-    #[serde(default)]
-    pub filter: Option<String>,
-    /// Tests at once (default 16).
-    #[serde(default)]
-    pub concurrency: Option<usize>,
-}
+/// `provider/test` params: the API type.
+pub type Params = abx_protocol::api::ProviderTestParams;
 
 /// The provider under test, as the daemon knows it.
 pub struct Target {

@@ -15,7 +15,6 @@ use super::{isolate, procs, SandboxDirs};
 use abx_core::outbound::{Outbound, Permits, Pool};
 use abx_core::signals::{escalation, signal_name, KILL_GRACE};
 use abx_protocol::{AbxError, ErrorCode};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -60,52 +59,10 @@ fn grow_pipe(fd: &impl std::os::fd::AsRawFd) {
     }
 }
 
-/// The params shared by `exec/run` and `exec/start`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ExecParams {
-    /// The sandbox (already resolved by the broker).
-    pub sandbox: String,
-    /// A shell string, run with `sh -c`.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// Or an argv, run directly.
-    #[serde(default)]
-    pub argv: Option<Vec<String>>,
-    /// Working directory (sandbox path; default /workspace).
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// Extra environment.
-    #[serde(default)]
-    pub env: Option<BTreeMap<String, String>>,
-    /// Seconds before the whole tree is killed.
-    #[serde(default)]
-    pub timeout: Option<f64>,
-    /// Input for stdin (then closed).
-    #[serde(default)]
-    pub stdin: Option<String>,
-    /// Encoding of `stdin`: utf-8 (default) or base64.
-    #[serde(default)]
-    pub stdin_encoding: Option<String>,
-    /// Cap per captured stream (`exec/run`).
-    #[serde(default)]
-    pub max_output: Option<u64>,
-    /// Terminal size: run on a pty (`exec/start`).
-    #[serde(default)]
-    pub pty: Option<PtySize>,
-    /// Client metadata (ignored).
-    #[serde(default, rename = "_meta")]
-    pub meta: Option<Value>,
-}
-
-/// A pty size.
-#[derive(Clone, Copy, Debug, Deserialize)]
-pub struct PtySize {
-    /// Columns.
-    pub cols: u16,
-    /// Rows.
-    pub rows: u16,
-}
+/// What spawns a command: `exec/start`'s params (`exec/run`'s convert into them, keeping
+/// `maxOutput`).
+pub type ExecParams = abx_protocol::api::ExecStartParams;
+pub use abx_protocol::api::PtySize;
 
 /// Decode `data` in `encoding` (utf-8 or base64).
 pub fn decode_data(data: &str, encoding: Option<&str>) -> Result<Vec<u8>, AbxError> {

@@ -6,11 +6,17 @@
 //! expiry). Lifetimes are the daemon's to enforce, so they survive restarts.
 
 use super::container::{self, Container};
-use super::exec::{self, ExecParams, PtySize};
+use super::exec::{self, PtySize};
 use super::limits::{self, Cgroup, Limits};
 use super::{files, isolate, procs, watch, SandboxDirs};
 use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use abx_home::util::{now_ms, replace_file, rfc3339};
+use abx_protocol::api::{
+    ExecIdParams, ExecKillParams, ExecResizeParams, ExecRunParams, ExecStartParams,
+    ExecWriteParams, FilesListParams, FilesReadParams, FilesWriteParams, MkdirParams, PathParams,
+    PortParams, ProcessKillParams, RemoveParams, RenameParams, SandboxCreateParams, SandboxParams,
+    SetTimeoutParams, TransferParams, UnwatchParams, WatchParams,
+};
 use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -363,28 +369,6 @@ struct Inner {
     events: abx_core::events::Events,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CreateParams {
-    #[serde(default)]
-    template: Option<String>,
-    #[serde(default)]
-    network: Option<String>,
-    #[serde(default)]
-    limits: Option<Value>,
-    #[serde(default)]
-    timeout: Option<Value>,
-    #[serde(default)]
-    env: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    metadata: Option<BTreeMap<String, Value>>,
-}
-
-#[derive(Deserialize)]
-struct SandboxParam {
-    sandbox: String,
-}
-
 fn parse<T: for<'de> Deserialize<'de>>(method: &str, v: Value) -> Result<T, AbxError> {
     serde_json::from_value(v).map_err(|e| AbxError::invalid_params(method, e))
 }
@@ -425,11 +409,17 @@ impl Inner {
     /// `exec/run`, answered as raw JSON (see [`exec::run`]).
     async fn exec_run(self: &Arc<Self>, cx: &CallCx, params: Value) -> Reply {
         let method = "exec/run";
-        let p: ExecParams = parse(method, params)?;
+        let p: ExecRunParams = parse(method, params)?;
         let sb = self.running(&p.sandbox)?;
         let id = p.sandbox.clone();
         let parts = sb.exec_parts().await?;
-        exec::run(parts.site(&sb, &id), p, cx.conn.pool().clone(), &cx.hold).await
+        exec::run(
+            parts.site(&sb, &id),
+            p.into(),
+            cx.conn.pool().clone(),
+            &cx.hold,
+        )
+        .await
     }
 
     fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
@@ -533,7 +523,7 @@ impl Inner {
         Ok(sb)
     }
 
-    async fn create(&self, p: CreateParams) -> Result<Value, AbxError> {
+    async fn create(&self, p: SandboxCreateParams) -> Result<Value, AbxError> {
         let template = p
             .template
             .filter(|t| !t.is_empty())
@@ -612,7 +602,7 @@ impl Inner {
             expires_ms: now + (timeout as i64) * 1000,
             timeout,
             env: p.env.unwrap_or_default(),
-            metadata: p.metadata.unwrap_or_default(),
+            metadata: p.metadata.unwrap_or_default().into_iter().collect(),
             network,
             limits,
         };
@@ -739,7 +729,7 @@ impl Inner {
         params: Value,
     ) -> Result<Value, AbxError> {
         let sandbox = || -> Result<String, AbxError> {
-            Ok(parse::<SandboxParam>(method, params.clone())?.sandbox)
+            Ok(parse::<SandboxParams>(method, params.clone())?.sandbox)
         };
         match method {
             "sandbox/create" => self.create(parse(method, params)?).await,
@@ -762,12 +752,8 @@ impl Inner {
             }
             "sandbox/kill" => Ok(self.kill(&sandbox()?).await),
             "sandbox/setTimeout" => {
-                let id = sandbox()?;
-                let t = params
-                    .get("timeout")
-                    .cloned()
-                    .ok_or_else(|| AbxError::invalid_params(method, "missing field `timeout`"))?;
-                self.set_timeout(&id, &t)
+                let p: SetTimeoutParams = parse(method, params)?;
+                self.set_timeout(&p.sandbox, &p.timeout)
             }
             "sandbox/pause" => self.set_paused(&sandbox()?, true).await,
             "sandbox/resume" => self.set_paused(&sandbox()?, false).await,
@@ -793,7 +779,7 @@ impl Inner {
             }
             "exec/run" => Err(AbxError::internal("exec/run is served by exec_run")),
             "exec/start" => {
-                let p: ExecParams = parse(method, params)?;
+                let p: ExecStartParams = parse(method, params)?;
                 let sb = self.running(&p.sandbox)?;
                 let exec_id = format!(
                     "e-{}-{}",
@@ -824,18 +810,7 @@ impl Inner {
                 Ok(json!({"execId": exec_id, "pid": pid}))
             }
             "exec/write" => {
-                #[derive(Deserialize)]
-                #[serde(rename_all = "camelCase")]
-                struct P {
-                    exec_id: String,
-                    #[serde(default)]
-                    data: String,
-                    #[serde(default)]
-                    encoding: Option<String>,
-                    #[serde(default)]
-                    eof: bool,
-                }
-                let p: P = parse(method, params)?;
+                let p: ExecWriteParams = parse(method, params)?;
                 let bytes = exec::decode_data(&p.data, p.encoding.as_deref())?;
                 self.stream(cx, &p.exec_id, true)?
                     .write(&bytes, p.eof)
@@ -843,14 +818,7 @@ impl Inner {
                 Ok(json!({}))
             }
             "exec/resize" => {
-                #[derive(Deserialize)]
-                #[serde(rename_all = "camelCase")]
-                struct P {
-                    exec_id: String,
-                    cols: u16,
-                    rows: u16,
-                }
-                let p: P = parse(method, params)?;
+                let p: ExecResizeParams = parse(method, params)?;
                 self.stream(cx, &p.exec_id, true)?.resize(PtySize {
                     cols: p.cols,
                     rows: p.rows,
@@ -858,16 +826,7 @@ impl Inner {
                 Ok(json!({}))
             }
             "exec/kill" => {
-                #[derive(Deserialize)]
-                #[serde(rename_all = "camelCase")]
-                struct P {
-                    exec_id: String,
-                    #[serde(default)]
-                    signal: Option<String>,
-                    #[serde(default)]
-                    escalate: Option<bool>,
-                }
-                let p: P = parse(method, params)?;
+                let p: ExecKillParams = parse(method, params)?;
                 let sig = signal(p.signal.as_deref())?;
                 let s = self.stream(cx, &p.exec_id, true)?;
                 procs::kill_tree(s.pid, sig);
@@ -877,12 +836,7 @@ impl Inner {
                 Ok(json!({}))
             }
             "exec/attach" => {
-                #[derive(Deserialize)]
-                #[serde(rename_all = "camelCase")]
-                struct P {
-                    exec_id: String,
-                }
-                let p: P = parse(method, params)?;
+                let p: ExecIdParams = parse(method, params)?;
                 let s = self.stream(cx, &p.exec_id, false)?;
                 Ok(s.attach(cx.conn.clone()).await)
             }
@@ -908,14 +862,7 @@ impl Inner {
                 })
             }
             "process/kill" => {
-                #[derive(Deserialize)]
-                struct P {
-                    sandbox: String,
-                    pid: i32,
-                    #[serde(default)]
-                    signal: Option<String>,
-                }
-                let p: P = parse(method, params)?;
+                let p: ProcessKillParams = parse(method, params)?;
                 let sb = self.get(&p.sandbox)?;
                 let sig = signal(p.signal.as_deref())?;
                 let not_found = || {
@@ -941,12 +888,7 @@ impl Inner {
             }
             m if m.starts_with("files/") => self.files(cx, m, params).await,
             "ports/url" => {
-                #[derive(Deserialize)]
-                struct P {
-                    sandbox: String,
-                    port: Value,
-                }
-                let p: P = parse(method, params)?;
+                let p: PortParams = parse(method, params)?;
                 let sb = self.get(&p.sandbox)?;
                 let port = p
                     .port
@@ -979,59 +921,37 @@ impl Inner {
         method: &str,
         params: Value,
     ) -> Result<Value, AbxError> {
-        #[derive(Deserialize, Default)]
-        #[serde(rename_all = "camelCase")]
-        struct P {
-            #[serde(default)]
-            sandbox: String,
-            #[serde(default)]
-            path: Option<String>,
-            #[serde(default)]
-            offset: Option<u64>,
-            #[serde(default)]
-            length: Option<u64>,
-            #[serde(default)]
-            encoding: Option<String>,
-            #[serde(default)]
-            data: Option<String>,
-            #[serde(default)]
-            append: bool,
-            #[serde(default)]
-            mode: Option<u32>,
-            #[serde(default)]
-            recursive: bool,
-            #[serde(default)]
-            parents: bool,
-            #[serde(default)]
-            from: Option<String>,
-            #[serde(default)]
-            to: Option<String>,
-            #[serde(default)]
-            local_path: Option<String>,
-            #[serde(default)]
-            watch_id: Option<String>,
+        /// The `files/*` calls answered on a blocking thread, with their params.
+        enum Op {
+            Read(FilesReadParams),
+            Write(FilesWriteParams),
+            List(FilesListParams),
+            Stat(PathParams),
+            Mkdir(MkdirParams),
+            Remove(RemoveParams),
+            Rename(RenameParams),
         }
-        let p: P = parse(method, params)?;
-        if method == "files/unwatch" {
-            let id = p
-                .watch_id
-                .ok_or_else(|| AbxError::invalid_params(method, "missing field `watchId`"))?;
-            return match self.watches.lock().expect("watches").remove(&id) {
-                Some(_) => Ok(json!({})),
-                None => Err(AbxError::invalid_params(method, format!("no watch '{id}'"))),
-            };
+        if method != "files/unwatch" && params.get("sandbox").is_none() {
+            // Without `sandbox` the call names the empty sandbox (E2009), as it always did.
+            self.get("")?;
         }
-        let sb = self.get(&p.sandbox)?;
-        let need = |v: Option<String>, f: &str| {
-            v.ok_or_else(|| AbxError::invalid_params(method, format!("missing field `{f}`")))
-        };
-        let dirs = sb.dirs.clone();
-        let id = p.sandbox.clone();
-        match method {
+        let op = match method {
+            "files/unwatch" => {
+                let p: UnwatchParams = parse(method, params)?;
+                return match self.watches.lock().expect("watches").remove(&p.watch_id) {
+                    Some(_) => Ok(json!({})),
+                    None => Err(AbxError::invalid_params(
+                        method,
+                        format!("no watch '{}'", p.watch_id),
+                    )),
+                };
+            }
             "files/watch" => {
-                let path = need(p.path, "path")?;
+                let p: WatchParams = parse(method, params)?;
+                let sb = self.get(&p.sandbox)?;
+                let id = p.sandbox;
                 let (tx, mut rx) = tokio::sync::mpsc::channel::<watch::Change>(256);
-                let w = watch::Watch::start(&dirs, &id, &path, p.recursive, tx)?;
+                let w = watch::Watch::start(&sb.dirs, &id, &p.path, p.recursive, tx)?;
                 let watch_id = format!(
                     "w-{}-{}",
                     self.next.fetch_add(1, Ordering::Relaxed),
@@ -1056,8 +976,12 @@ impl Inner {
                 return Ok(json!({"watchId": watch_id}));
             }
             "files/upload" | "files/download" => {
-                let local = PathBuf::from(need(p.local_path, "localPath")?);
-                let path = need(p.path, "path")?;
+                let p: TransferParams = parse(method, params)?;
+                let sb = self.get(&p.sandbox)?;
+                let dirs = sb.dirs.clone();
+                let id = p.sandbox;
+                let local = PathBuf::from(p.local_path);
+                let path = p.path;
                 let path_view = path.clone();
                 let conn = cx.conn.clone();
                 let up = method == "files/upload";
@@ -1096,19 +1020,38 @@ impl Inner {
                 let _ = fwd.await;
                 return Ok(json!({"size": res, "localPath": local, "path": path_view}));
             }
-            _ => {}
+            "files/read" => Op::Read(parse(method, params)?),
+            "files/write" => Op::Write(parse(method, params)?),
+            "files/list" => Op::List(parse(method, params)?),
+            "files/stat" => Op::Stat(parse(method, params)?),
+            "files/mkdir" => Op::Mkdir(parse(method, params)?),
+            "files/remove" => Op::Remove(parse(method, params)?),
+            "files/rename" => Op::Rename(parse(method, params)?),
+            other => {
+                return Err(AbxError::new(
+                    ErrorCode::MethodNotFound,
+                    &[("method", other)],
+                ))
+            }
+        };
+        let id = match &op {
+            Op::Read(p) => &p.sandbox,
+            Op::Write(p) => &p.sandbox,
+            Op::List(p) => &p.sandbox,
+            Op::Stat(p) => &p.sandbox,
+            Op::Mkdir(p) => &p.sandbox,
+            Op::Remove(p) => &p.sandbox,
+            Op::Rename(p) => &p.sandbox,
         }
-        let method = method.to_owned();
+        .clone();
+        let dirs = self.get(&id)?.dirs.clone();
         tokio::task::spawn_blocking(move || -> Result<Value, AbxError> {
-            let need = |v: Option<String>, f: &str| {
-                v.ok_or_else(|| AbxError::invalid_params(&method, format!("missing field `{f}`")))
-            };
-            match method.as_str() {
-                "files/read" => {
+            match op {
+                Op::Read(p) => {
                     let r = files::read(
                         &dirs,
                         &id,
-                        &need(p.path, "path")?,
+                        &p.path,
                         p.offset.unwrap_or(0),
                         p.length,
                         p.encoding.as_deref(),
@@ -1116,12 +1059,12 @@ impl Inner {
                     // Moves the (large) data string into the Value: no copy.
                     Ok(json!({"data": r.data, "encoding": r.encoding, "size": r.size, "eof": r.eof, "offset": r.offset}))
                 }
-                "files/write" => {
+                Op::Write(p) => {
                     let size = files::write(
                         &dirs,
                         &id,
-                        &need(p.path, "path")?,
-                        &need(p.data, "data")?,
+                        &p.path,
+                        &p.data,
                         p.encoding.as_deref(),
                         p.offset,
                         p.append,
@@ -1129,7 +1072,7 @@ impl Inner {
                     )?;
                     Ok(json!({"size": size}))
                 }
-                "files/list" => {
+                Op::List(p) => {
                     let entries = files::list(
                         &dirs,
                         &id,
@@ -1138,25 +1081,13 @@ impl Inner {
                     )?;
                     Ok(json!({"entries": entries}))
                 }
-                "files/stat" => {
-                    Ok(
-                        serde_json::to_value(files::stat(&dirs, &id, &need(p.path, "path")?)?)
-                            .map_err(AbxError::internal)?,
-                    )
+                Op::Stat(p) => Ok(serde_json::to_value(files::stat(&dirs, &id, &p.path)?)
+                    .map_err(AbxError::internal)?),
+                Op::Mkdir(p) => files::mkdir(&dirs, &id, &p.path, p.parents).map(|_| json!({})),
+                Op::Remove(p) => {
+                    files::remove(&dirs, &id, &p.path, p.recursive).map(|_| json!({}))
                 }
-                "files/mkdir" => {
-                    files::mkdir(&dirs, &id, &need(p.path, "path")?, p.parents).map(|_| json!({}))
-                }
-                "files/remove" => files::remove(&dirs, &id, &need(p.path, "path")?, p.recursive)
-                    .map(|_| json!({})),
-                "files/rename" => {
-                    files::rename(&dirs, &id, &need(p.from, "from")?, &need(p.to, "to")?)
-                        .map(|_| json!({}))
-                }
-                other => Err(AbxError::new(
-                    ErrorCode::MethodNotFound,
-                    &[("method", other)],
-                )),
+                Op::Rename(p) => files::rename(&dirs, &id, &p.from, &p.to).map(|_| json!({})),
             }
         })
         .await

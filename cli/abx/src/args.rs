@@ -211,26 +211,21 @@ pub struct SandboxOpts {
 
 impl SandboxOpts {
     /// Put the options into `sandbox/create` params.
-    pub fn apply(&self, params: &mut serde_json::Value) {
+    pub fn apply(&self, params: &mut abx_protocol::api::SandboxCreateParams) {
         use serde_json::json;
         if let Some(n) = &self.network {
-            params["network"] = json!(n);
+            params.network = Some(n.clone());
         }
-        let mut limits = serde_json::Map::new();
-        if let Some(m) = &self.memory {
-            limits.insert(
-                "memory".into(),
-                m.parse::<u64>().map_or_else(|_| json!(m), |n| json!(n)),
-            );
-        }
-        if let Some(c) = self.cpus {
-            limits.insert("cpus".into(), json!(c));
-        }
-        if let Some(p) = self.pids {
-            limits.insert("pids".into(), json!(p));
-        }
-        if !limits.is_empty() {
-            params["limits"] = serde_json::Value::Object(limits);
+        let limits = abx_protocol::api::SandboxLimits {
+            memory: self
+                .memory
+                .as_ref()
+                .map(|m| m.parse::<u64>().map_or_else(|_| json!(m), |n| json!(n))),
+            cpus: self.cpus,
+            pids: self.pids,
+        };
+        if limits.memory.is_some() || limits.cpus.is_some() || limits.pids.is_some() {
+            params.limits = Some(abx_protocol::api::to_params(&limits));
         }
     }
 }

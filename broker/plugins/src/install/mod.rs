@@ -42,7 +42,7 @@ use super::digest::{self, refused, TreeError};
 use super::installed::{self, Installed, Source, Trust};
 use abx_protocol::manifest::{self, Manifest, Security};
 use abx_protocol::{AbxError, ErrorCode};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -73,30 +73,8 @@ pub const MAX_DOWNLOAD: u64 = 256 << 20;
 pub const MAX_FETCH: usize = 512 << 20;
 const MAX_MANIFEST: u64 = 1 << 20;
 
-/// The params of `provider/install` (DESIGN §4), plus `replace` for updates.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct Request {
-    /// A local directory, a git URL or an archive URL.
-    pub source: String,
-    /// The plugin root inside the source.
-    pub subdir: Option<String>,
-    /// Git: a full commit id (pinned), or a branch / tag (moving).
-    #[serde(rename = "ref")]
-    pub git_ref: Option<String>,
-    /// The expected content digest (`sha256:<hex>` or bare hex).
-    pub sha256: Option<String>,
-    /// Accept a moving ref.
-    pub allow_unpinned: bool,
-    /// Accept `file://` and `http://`.
-    pub allow_insecure_transport: bool,
-    /// The user confirmed (`--yes`, a prompt, `confirm: true`).
-    pub confirm: bool,
-    /// Only return the plan.
-    pub dry_run: bool,
-    /// Replace an installed provider of the same id (update).
-    pub replace: bool,
-}
+/// The params of `provider/install` (DESIGN §4; `replace` for updates): the API type.
+pub type Request = abx_protocol::api::ProviderInstallParams;
 
 /// An installed (or, for a dry run, installable) provider.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -4,7 +4,7 @@ use super::Ctx;
 use crate::output::{print_fields, print_json, text, Failure};
 use abx_client::client::Client;
 use abx_client::spawn;
-use abx_protocol::api::methods;
+use abx_protocol::api::{methods, to_params, NoParams};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ fn fmt_uptime(ms: u64) -> String {
 /// `abx broker status`: never starts the daemon (E1007 when none runs).
 pub async fn status(cx: &Ctx) -> Result<u8, Failure> {
     let mut c = Client::connect_existing(&cx.paths).await?;
-    let st = super::call(&mut c, methods::STATUS, json!({})).await?;
+    let st = super::call(&mut c, methods::STATUS, to_params(&NoParams {})).await?;
     if cx.json {
         print_json(&st);
         return Ok(0);
@@ -43,7 +43,7 @@ pub async fn status(cx: &Ctx) -> Result<u8, Failure> {
 pub async fn start(cx: &Ctx) -> Result<u8, Failure> {
     let started = spawn::start_daemon(&cx.paths).await?;
     let mut c = Client::connect(&cx.paths).await?;
-    let st = super::call(&mut c, methods::STATUS, json!({})).await?;
+    let st = super::call(&mut c, methods::STATUS, to_params(&NoParams {})).await?;
     let pid = st["pid"].as_u64().unwrap_or(0);
     if cx.json {
         print_json(
@@ -67,7 +67,7 @@ pub async fn stop(cx: &Ctx) -> Result<u8, Failure> {
         }
         return Ok(0);
     };
-    let st = super::call(&mut c, methods::STATUS, json!({})).await?;
+    let st = super::call(&mut c, methods::STATUS, to_params(&NoParams {})).await?;
     c.call(methods::BROKER_SHUTDOWN, None::<&Value>).await?;
     drop(c);
     spawn::wait_stopped(&cx.paths, Duration::from_secs(10)).await?;

@@ -5,24 +5,25 @@ use super::{call, Ctx};
 use crate::output::{print_json, Failure};
 use crate::stream;
 use crate::term;
+use abx_protocol::api::{self, to_params};
 use serde_json::{json, Value};
 
 /// `exec/run` params plus piped stdin (for -j).
 fn run_params(sandbox: &str, command: &str, timeout: Option<f64>, cwd: Option<&str>) -> Value {
-    let mut p = json!({"sandbox": sandbox, "command": command});
-    if let Some(t) = timeout {
-        p["timeout"] = json!(t);
-    }
-    if let Some(c) = cwd {
-        p["cwd"] = json!(c);
-    }
+    let mut p = api::ExecRunParams {
+        sandbox: sandbox.into(),
+        command: Some(command.into()),
+        timeout,
+        cwd: cwd.map(Into::into),
+        ..Default::default()
+    };
     if !term::stdin_is_tty() {
         if let Some(buf) = stream::piped_stdin() {
-            p["stdin"] = json!(abx_protocol::b64::encode(&buf));
-            p["stdinEncoding"] = json!("base64");
+            p.stdin = Some(abx_protocol::b64::encode(&buf));
+            p.stdin_encoding = Some("base64".into());
         }
     }
-    p
+    to_params(&p)
 }
 
 fn exit_of(r: &Value) -> u8 {
@@ -73,11 +74,13 @@ pub async fn run(
     command: &[String],
 ) -> Result<u8, Failure> {
     let mut c = cx.connect().await?;
-    let mut params = cx.with_provider(json!({}));
-    if let Some(t) = template {
-        params["template"] = json!(t);
-    }
-    opts.apply(&mut params);
+    let mut create = api::SandboxCreateParams {
+        provider: cx.provider.clone(),
+        template: template.map(Into::into),
+        ..Default::default()
+    };
+    opts.apply(&mut create);
+    let params = to_params(&create);
     // Listening before the sandbox exists: a SIGTERM or SIGHUP from here on still kills it.
     let mut ending = stream::Ending::new();
     let sb = call(&mut c, "sandbox/create", params).await?;
@@ -103,7 +106,8 @@ pub async fn run(
     };
     // Always clean up, on success, failure, Ctrl-C, SIGTERM or SIGHUP, on a fresh connection.
     if let Ok(mut k) = cx.connect().await {
-        let _ = call(&mut k, "sandbox/kill", json!({"sandbox": full})).await;
+        let kill = api::SandboxParams { sandbox: full };
+        let _ = call(&mut k, "sandbox/kill", to_params(&kill)).await;
     }
     result
 }

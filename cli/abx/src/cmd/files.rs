@@ -11,11 +11,21 @@ use crate::output::{out, out_bytes, print_json, text, Failure};
 use crate::table::Table;
 use crate::term;
 use abx_client::client::Client;
+use abx_protocol::api::{self, to_params};
 use abx_protocol::message::Notification;
 use abx_protocol::{AbxError, ErrorCode};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+/// `files/upload` / `files/download` params.
+fn transfer_params(sandbox: &str, local: &Path, path: &str) -> Value {
+    to_params(&api::TransferParams {
+        sandbox: sandbox.into(),
+        local_path: local.to_string_lossy().into_owned(),
+        path: path.into(),
+    })
+}
 
 fn local_err(path: &Path, detail: impl std::fmt::Display) -> Failure {
     AbxError::new(
@@ -168,7 +178,7 @@ pub async fn upload(cx: &Ctx, sandbox: &str, local: &Path, remote: &str) -> Resu
     let r = transfer(
         &mut c,
         "files/upload",
-        json!({"sandbox": sandbox, "localPath": abs, "path": remote}),
+        transfer_params(sandbox, &abs, remote),
         &format!("Uploading {}", local.display()),
         cx.json,
     )
@@ -197,7 +207,7 @@ pub async fn download(cx: &Ctx, sandbox: &str, remote: &str, local: &Path) -> Re
     let r = transfer(
         &mut c,
         "files/download",
-        json!({"sandbox": sandbox, "localPath": abs, "path": remote}),
+        transfer_params(sandbox, &abs, remote),
         &format!("Downloading {remote}"),
         cx.json,
     )
@@ -235,7 +245,11 @@ pub async fn files(cx: &Ctx, f: FilesCmd) -> Result<u8, Failure> {
             call(
                 &mut c,
                 "files/remove",
-                json!({"sandbox": sandbox, "path": path, "recursive": recursive}),
+                to_params(&api::RemoveParams {
+                    sandbox: sandbox.clone(),
+                    path: path.clone(),
+                    recursive,
+                }),
             )
             .await
             .map_err(|f| {
@@ -261,7 +275,11 @@ pub async fn files(cx: &Ctx, f: FilesCmd) -> Result<u8, Failure> {
             call(
                 &mut c,
                 "files/mkdir",
-                json!({"sandbox": sandbox, "path": path, "parents": parents}),
+                to_params(&api::MkdirParams {
+                    sandbox: sandbox.clone(),
+                    path: path.clone(),
+                    parents,
+                }),
             )
             .await
             .map_err(|f| {
@@ -282,10 +300,11 @@ pub async fn files(cx: &Ctx, f: FilesCmd) -> Result<u8, Failure> {
 }
 
 async fn list(cx: &Ctx, sandbox: &str, path: Option<&str>, recursive: bool) -> Result<u8, Failure> {
-    let mut params = json!({"sandbox": sandbox, "recursive": recursive});
-    if let Some(p) = path {
-        params["path"] = json!(p);
-    }
+    let params = to_params(&api::FilesListParams {
+        sandbox: sandbox.into(),
+        path: path.map(Into::into),
+        recursive,
+    });
     let mut c = cx.connect().await?;
     let r = call(&mut c, "files/list", params).await?;
     let entries = r["entries"].as_array().cloned().unwrap_or_default();
@@ -330,7 +349,13 @@ async fn read(cx: &Ctx, sandbox: &str, path: &str) -> Result<u8, Failure> {
         let r = call(
             &mut c,
             "files/read",
-            json!({"sandbox": sandbox, "path": path, "offset": offset, "length": READ_CHUNK, "encoding": "base64"}),
+            to_params(&api::FilesReadParams {
+                sandbox: sandbox.into(),
+                path: path.into(),
+                offset: Some(offset),
+                length: Some(READ_CHUNK),
+                encoding: Some("base64".into()),
+            }),
         )
         .await?;
         let data =
@@ -371,7 +396,7 @@ async fn write(cx: &Ctx, sandbox: &str, path: &str, from: Option<&Path>) -> Resu
         let r = transfer(
             &mut c,
             "files/upload",
-            json!({"sandbox": sandbox, "localPath": abs, "path": path}),
+            transfer_params(sandbox, &abs, path),
             &format!("Writing {path}"),
             cx.json,
         )
@@ -390,8 +415,15 @@ async fn write(cx: &Ctx, sandbox: &str, path: &str, from: Option<&Path>) -> Resu
             let r = call(
                 &mut c,
                 "files/write",
-                json!({"sandbox": sandbox, "path": path, "encoding": "base64",
-                       "data": abx_protocol::b64::encode(&head)}),
+                to_params(&api::FilesWriteParams {
+                    sandbox: sandbox.into(),
+                    path: path.into(),
+                    data: abx_protocol::b64::encode(&head),
+                    encoding: Some("base64".into()),
+                    offset: None,
+                    append: false,
+                    mode: None,
+                }),
             )
             .await?;
             r["size"].as_u64().unwrap_or(head.len() as u64)
@@ -406,7 +438,7 @@ async fn write(cx: &Ctx, sandbox: &str, path: &str, from: Option<&Path>) -> Resu
             let r = transfer(
                 &mut c,
                 "files/upload",
-                json!({"sandbox": sandbox, "localPath": spool.0, "path": path}),
+                transfer_params(sandbox, &spool.0, path),
                 &format!("Writing {path}"),
                 cx.json,
             )

@@ -33,14 +33,6 @@ impl Ctx {
     pub async fn connect(&self) -> Result<Client, Failure> {
         Ok(Client::connect(&self.paths).await?)
     }
-
-    /// `params` plus `provider` when one was chosen (for calls no sandbox id routes).
-    pub fn with_provider(&self, mut params: Value) -> Value {
-        if let Some(p) = &self.provider {
-            params["provider"] = json!(p);
-        }
-        params
-    }
 }
 
 /// Call `method` and turn a failure into a [`Failure`] that remembers the method.

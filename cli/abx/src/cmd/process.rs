@@ -5,13 +5,19 @@ use crate::args::ProcessCmd;
 use crate::output::{out, print_json, text, Failure};
 use crate::table::Table;
 use crate::term;
+use abx_protocol::api::{self, to_params};
 use serde_json::json;
 
 /// `abx sandbox process ...`.
 pub async fn process(cx: &Ctx, p: ProcessCmd) -> Result<u8, Failure> {
     match p {
         ProcessCmd::List(a) => {
-            let r = call1(cx, "process/list", json!({"sandbox": a.sandbox})).await?;
+            let r = call1(
+                cx,
+                "process/list",
+                to_params(&api::SandboxParams { sandbox: a.sandbox }),
+            )
+            .await?;
             let procs = r["processes"].as_array().cloned().unwrap_or_default();
             if cx.json {
                 print_json(&json!({"processes": procs}));

@@ -4,8 +4,14 @@ use super::{call1, Ctx};
 use crate::output::{line, out, print_fields, print_json, text, Failure};
 use crate::table::Table;
 use crate::term;
+use abx_protocol::api::{self, to_params};
 use abx_protocol::features;
 use serde_json::{json, Value};
+
+/// The params of the calls that name only a provider.
+fn id_params(id: &str) -> Value {
+    to_params(&api::ProviderIdParams { id: id.into() })
+}
 
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
@@ -17,7 +23,7 @@ fn strings(v: &Value) -> Vec<String> {
 
 /// `abx provider list`: the seed's table, features grouped (`sandbox(lifecycle,timeout)`).
 pub async fn list(cx: &Ctx) -> Result<u8, Failure> {
-    let r = call1(cx, "provider/list", json!({})).await?;
+    let r = call1(cx, "provider/list", to_params(&api::NoParams {})).await?;
     let list = r["providers"].as_array().cloned().unwrap_or_default();
     if cx.json {
         print_json(&json!({"providers": list}));
@@ -86,7 +92,7 @@ fn config_keys(v: &Value) -> String {
 
 /// `abx provider info ID`: the seed's `Key  value` layout.
 pub async fn info(cx: &Ctx, id: &str) -> Result<u8, Failure> {
-    let p = call1(cx, "provider/info", json!({"id": id})).await?;
+    let p = call1(cx, "provider/info", id_params(id)).await?;
     if cx.json {
         print_json(&p);
         return Ok(0);
@@ -177,15 +183,16 @@ fn install_params(a: &crate::args::InstallArgs, confirm: bool, dry_run: bool) ->
         Ok(p) if !a.source.contains("://") => p.display().to_string(),
         _ => a.source.clone(),
     };
-    json!({
-        "source": source,
-        "subdir": a.subdir,
-        "ref": a.git_ref,
-        "sha256": a.sha256,
-        "allowUnpinned": a.allow_unpinned,
-        "allowInsecureTransport": a.allow_insecure_transport,
-        "confirm": confirm,
-        "dryRun": dry_run,
+    to_params(&api::ProviderInstallParams {
+        source,
+        subdir: a.subdir.clone(),
+        git_ref: a.git_ref.clone(),
+        sha256: a.sha256.clone(),
+        allow_unpinned: a.allow_unpinned,
+        allow_insecure_transport: a.allow_insecure_transport,
+        confirm,
+        dry_run,
+        replace: false,
     })
 }
 
@@ -326,7 +333,10 @@ pub async fn uninstall(cx: &Ctx, id: &str) -> Result<u8, Failure> {
     call1(
         cx,
         "provider/uninstall",
-        json!({"id": id, "confirm": confirm}),
+        to_params(&api::ProviderUninstallParams {
+            id: id.into(),
+            confirm,
+        }),
     )
     .await?;
     if cx.json {
@@ -347,7 +357,11 @@ pub async fn update(
     let r = call1(
         cx,
         "provider/update",
-        json!({"id": id, "check": check, "ref": git_ref}),
+        to_params(&api::ProviderUpdateParams {
+            id: id.map(Into::into),
+            check,
+            git_ref: git_ref.map(Into::into),
+        }),
     )
     .await?;
     if cx.json {
@@ -380,7 +394,7 @@ pub async fn update(
 
 /// `abx provider doctor ID`: `ok    installed  Name 1.0` lines; exit 1 on any failure.
 pub async fn doctor(cx: &Ctx, id: &str) -> Result<u8, Failure> {
-    let r = call1(cx, "provider/doctor", json!({"id": id})).await?;
+    let r = call1(cx, "provider/doctor", id_params(id)).await?;
     let ok = r["checks"]
         .as_array()
         .into_iter()
@@ -408,10 +422,11 @@ pub async fn test(
 ) -> Result<u8, Failure> {
     use abx_protocol::message::Message;
     let mut c = cx.connect().await?;
-    let mut params = json!({"id": id, "filter": filter});
-    if let Some(n) = concurrency {
-        params["concurrency"] = json!(n);
-    }
+    let params = to_params(&api::ProviderTestParams {
+        id: id.into(),
+        filter: filter.map(Into::into),
+        concurrency: concurrency.map(|n| n as usize),
+    });
     let req = c.send_request("provider/test", Some(&params)).await?;
     let print_line = |v: &Value| {
         let outcome = text(&v["outcome"]);
@@ -502,7 +517,15 @@ pub async fn configure(
             "Give KEY=VALUE pairs or --unset KEY.",
         ));
     }
-    let r = call1(cx, "provider/configure", json!({"id": id, "values": map})).await?;
+    let r = call1(
+        cx,
+        "provider/configure",
+        to_params(&api::ProviderConfigureParams {
+            id: id.into(),
+            values: map,
+        }),
+    )
+    .await?;
     if cx.json {
         print_json(&r);
     } else {
@@ -516,7 +539,7 @@ pub async fn configure(
 
 /// `abx provider default ID`.
 pub async fn set_default(cx: &Ctx, id: &str) -> Result<u8, Failure> {
-    call1(cx, "provider/setDefault", json!({"id": id})).await?;
+    call1(cx, "provider/setDefault", id_params(id)).await?;
     if cx.json {
         print_json(&json!({"default": id}));
     } else {
@@ -533,7 +556,11 @@ pub async fn template(cx: &Ctx, action: &str, args: &[String]) -> Result<u8, Fai
         "init" => "templates/init",
         _ => "templates/build",
     };
-    let r = call1(cx, method, cx.with_provider(json!({"args": args}))).await?;
+    let params = api::TemplatesParams {
+        provider: cx.provider.clone(),
+        rest: [("args".to_owned(), json!(args))].into_iter().collect(),
+    };
+    let r = call1(cx, method, to_params(&params)).await?;
     if cx.json {
         print_json(&r);
     } else {

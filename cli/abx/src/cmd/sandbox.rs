@@ -6,7 +6,15 @@ use crate::args::CreateArgs;
 use crate::output::{out, print_fields, print_json, provider_warning, text, Failure};
 use crate::table::Table;
 use crate::term;
+use abx_protocol::api::{self, to_params};
 use serde_json::{json, Map, Value};
+
+/// The params of the calls that name only a sandbox.
+fn sandbox_params(sandbox: &str) -> Value {
+    to_params(&api::SandboxParams {
+        sandbox: sandbox.into(),
+    })
+}
 
 /// `provider:id` of a Sandbox object (the bare id when it has no provider).
 pub fn full_id(sb: &Value) -> String {
@@ -95,21 +103,17 @@ fn show(cx: &Ctx, sb: &Value) {
 
 /// `abx create`.
 pub async fn create(cx: &Ctx, a: CreateArgs) -> Result<u8, Failure> {
-    let mut params = cx.with_provider(json!({}));
-    if let Some(t) = &a.template {
-        params["template"] = json!(t);
-    }
-    if let Some(t) = a.timeout {
-        params["timeout"] = json!(t);
-    }
-    if !a.env.is_empty() {
-        params["env"] = Value::Object(a.env.into_iter().map(|(k, v)| (k, json!(v))).collect());
-    }
-    if !a.metadata.is_empty() {
-        params["metadata"] =
-            Value::Object(a.metadata.into_iter().map(|(k, v)| (k, json!(v))).collect());
-    }
-    a.opts.apply(&mut params);
+    let mut create = api::SandboxCreateParams {
+        provider: cx.provider.clone(),
+        template: a.template.clone(),
+        timeout: a.timeout.map(|t| json!(t)),
+        env: (!a.env.is_empty()).then(|| a.env.into_iter().collect()),
+        metadata: (!a.metadata.is_empty())
+            .then(|| a.metadata.into_iter().map(|(k, v)| (k, json!(v))).collect()),
+        ..Default::default()
+    };
+    a.opts.apply(&mut create);
+    let params = to_params(&create);
     let sb = call1(cx, "sandbox/create", params).await?;
     show(cx, &sb);
     Ok(0)
@@ -117,14 +121,21 @@ pub async fn create(cx: &Ctx, a: CreateArgs) -> Result<u8, Failure> {
 
 /// `abx info`.
 pub async fn info(cx: &Ctx, sandbox: &str) -> Result<u8, Failure> {
-    let sb = call1(cx, "sandbox/info", json!({"sandbox": sandbox})).await?;
+    let sb = call1(cx, "sandbox/info", sandbox_params(sandbox)).await?;
     show(cx, &sb);
     Ok(0)
 }
 
 /// `abx list` / `abx sandbox list`.
 pub async fn list(cx: &Ctx) -> Result<u8, Failure> {
-    let r = call1(cx, "sandbox/list", cx.with_provider(json!({}))).await?;
+    let r = call1(
+        cx,
+        "sandbox/list",
+        to_params(&api::SandboxListParams {
+            provider: cx.provider.clone(),
+        }),
+    )
+    .await?;
     let list = r["sandboxes"].as_array().cloned().unwrap_or_default();
     // Providers that could not answer: the others are listed anyway, each failure is a
     // warning line on stderr and the exit code is 1.
@@ -185,7 +196,7 @@ pub async fn kill(cx: &Ctx, sandbox: &str) -> Result<u8, Failure> {
             }
         }
     }
-    let r = call1(cx, "sandbox/kill", json!({"sandbox": sandbox})).await?;
+    let r = call1(cx, "sandbox/kill", sandbox_params(sandbox)).await?;
     let killed = r["killed"].as_bool().unwrap_or(true);
     if cx.json {
         print_json(&json!({"sandbox": sandbox, "killed": killed}));
@@ -206,7 +217,7 @@ pub async fn pause_resume(cx: &Ctx, sandbox: &str, pause: bool) -> Result<u8, Fa
     } else {
         "sandbox/resume"
     };
-    let sb = call1(cx, method, json!({"sandbox": sandbox})).await?;
+    let sb = call1(cx, method, sandbox_params(sandbox)).await?;
     if cx.json {
         print_json(&sandbox_json(&sb));
     } else {
@@ -221,7 +232,10 @@ pub async fn set_timeout(cx: &Ctx, sandbox: &str, seconds: u64) -> Result<u8, Fa
     let sb = call1(
         cx,
         "sandbox/setTimeout",
-        json!({"sandbox": sandbox, "timeout": seconds}),
+        to_params(&api::SetTimeoutParams {
+            sandbox: sandbox.into(),
+            timeout: seconds.into(),
+        }),
     )
     .await?;
     if cx.json {
@@ -238,7 +252,15 @@ pub async fn set_timeout(cx: &Ctx, sandbox: &str, seconds: u64) -> Result<u8, Fa
 
 /// `abx ports`.
 pub async fn ports(cx: &Ctx, sandbox: &str, port: u16) -> Result<u8, Failure> {
-    let r = call1(cx, "ports/url", json!({"sandbox": sandbox, "port": port})).await?;
+    let r = call1(
+        cx,
+        "ports/url",
+        to_params(&api::PortParams {
+            sandbox: sandbox.into(),
+            port: port.into(),
+        }),
+    )
+    .await?;
     if cx.json {
         print_json(&json!({
             "sandbox": sandbox,
@@ -259,7 +281,7 @@ pub async fn ports(cx: &Ctx, sandbox: &str, port: u16) -> Result<u8, Failure> {
 
 /// `abx sandbox capabilities`.
 pub async fn capabilities(cx: &Ctx, sandbox: &str) -> Result<u8, Failure> {
-    let r = call1(cx, "sandbox/capabilities", json!({"sandbox": sandbox})).await?;
+    let r = call1(cx, "sandbox/capabilities", sandbox_params(sandbox)).await?;
     if cx.json {
         print_json(&json!({
             "capabilities": r.get("capabilities").cloned().unwrap_or_else(|| json!([])),
@@ -307,7 +329,7 @@ pub fn isolation_text(v: &Value) -> String {
 /// `abx sandbox system info`: the seed's keys first (OS, Arch, Hostname, CPU_Count,
 /// Disk_Total_GB, Disk_Free_GB), then what else the provider tells, then Isolation.
 pub async fn system_info(cx: &Ctx, sandbox: &str) -> Result<u8, Failure> {
-    let r = call1(cx, "sandbox/systemInfo", json!({"sandbox": sandbox})).await?;
+    let r = call1(cx, "sandbox/systemInfo", sandbox_params(sandbox)).await?;
     if cx.json {
         print_json(&r);
         return Ok(0);
@@ -372,7 +394,11 @@ pub async fn command_run(
     let r = call(
         &mut c,
         "commands/run",
-        json!({"sandbox": sandbox, "name": name, "args": args}),
+        to_params(&api::CommandRunParams {
+            sandbox: sandbox.into(),
+            name: name.into(),
+            args: Some(args.to_vec()),
+        }),
     )
     .await?;
     let code = r["exitCode"].as_i64().unwrap_or(0).clamp(0, 255) as u8;
@@ -399,7 +425,7 @@ pub async fn command_run(
 /// JSON object per line), until interrupted or `count` changes.
 pub async fn events(cx: &Ctx, count: Option<u64>) -> Result<u8, Failure> {
     let mut c = cx.connect().await?;
-    call(&mut c, "sandbox/subscribe", json!({})).await?;
+    call(&mut c, "sandbox/subscribe", to_params(&api::NoParams {})).await?;
     if count == Some(0) {
         return Ok(0);
     }

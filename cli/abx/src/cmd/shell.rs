@@ -9,9 +9,10 @@ use super::Ctx;
 use crate::output::{out_bytes, Failure};
 use crate::stream::{self, write_stdin};
 use crate::term;
+use abx_protocol::api::{self, to_params};
 use abx_protocol::message::Message;
 use abx_protocol::{AbxError, ErrorCode};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// What runs when no CMD is given: the sandbox's bash, else sh, interactive.
@@ -32,14 +33,19 @@ pub async fn shell(cx: &Ctx, sandbox: &str, command: &[String]) -> Result<u8, Fa
         stream::shell_join(command)
     };
     let (cols, rows) = term::pty_size();
-    let mut params =
-        json!({"sandbox": sandbox, "command": cmd, "pty": {"cols": cols, "rows": rows}});
+    let mut start = api::ExecStartParams {
+        sandbox: sandbox.into(),
+        command: Some(cmd),
+        pty: Some(api::PtySize { cols, rows }),
+        ..Default::default()
+    };
     // The terminal type, as ssh passes it (the sandbox's default is xterm-256color).
     if let Ok(t) = std::env::var("TERM") {
         if !t.is_empty() && t != "dumb" && term::stdin_is_tty() {
-            params["env"] = json!({ "TERM": t });
+            start.env = Some([("TERM".to_owned(), t)].into());
         }
     }
+    let params = to_params(&start);
     let mut c = cx.connect().await?;
     let started = super::call(&mut c, "exec/start", params).await?;
     let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
@@ -85,7 +91,11 @@ pub async fn shell(cx: &Ctx, sandbox: &str, command: &[String]) -> Result<u8, Fa
                 let size = term::pty_size();
                 if size != last_size {
                     last_size = size;
-                    let p = json!({"execId": exec_id, "cols": size.0, "rows": size.1});
+                    let p = to_params(&api::ExecResizeParams {
+                        exec_id: exec_id.clone(),
+                        cols: size.0,
+                        rows: size.1,
+                    });
                     c.send_request("exec/resize", Some(&p)).await?;
                 }
             }
@@ -99,7 +109,11 @@ async fn hang_up(c: &mut abx_client::client::Client, exec_id: &str, sig: u8) -> 
     let _ = c
         .call(
             "exec/kill",
-            Some(&json!({"execId": exec_id, "signal": "HUP"})),
+            Some(&to_params(&api::ExecKillParams {
+                exec_id: exec_id.into(),
+                signal: Some("HUP".into()),
+                escalate: None,
+            })),
         )
         .await;
     128 + sig

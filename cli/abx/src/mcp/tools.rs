@@ -1,6 +1,12 @@
 //! The tools of `abx mcp`: definitions (JSON Schema inputs, output schemas) and their
 //! implementations over the broker API.
 //!
+//! A tool's arguments are a small struct here that derives `JsonSchema` (its input schema is
+//! generated from it by [`input_schema`]) and converts into the params type of the broker
+//! method it calls (`abx_protocol::api`): what the tool fixes (`exec`'s empty stdin) is set
+//! in the conversion, and so is what it names differently for agents (`files_write`'s
+//! `content` is `data`).
+//!
 //! Every tool takes its sandbox id as an explicit argument. A failure is a result with
 //! `isError: true` whose text is the broker's E-code line and suggestion
 //! (`[E2009] Sandbox 'x' not found.` ...), so the model sees it and can correct itself.
@@ -8,7 +14,9 @@
 use super::{Era, Out};
 use abx_client::client::CallError;
 use abx_client::mux::Mux;
+use abx_protocol::api::{self, to_params};
 use abx_protocol::{AbxError, ErrorCode};
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -47,18 +55,7 @@ const TOOLS: &[Def] = &[
         description: "Create a sandbox and return it (its `id` is the `sandbox` argument of every \
             other tool). It lives `timeout` seconds (default 300) unless extended with \
             sandbox_set_timeout; kill it with sandbox_kill when done.",
-        input: || {
-            object(
-                json!({
-                    "provider": {"type": "string", "description": "Provider id (see provider_list). Default: the broker's default provider."},
-                    "template": {"type": "string", "description": "Template of the provider (the local provider has 'base')."},
-                    "timeout": {"type": "integer", "minimum": 1, "maximum": 2_592_000, "description": "Lifetime in seconds (default 300)."},
-                    "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Environment variables of every command run in the sandbox."},
-                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Labels to attach to the sandbox."},
-                }),
-                &[],
-            )
-        },
+        input: input_schema::<CreateArgs>,
         output: Some(sandbox_schema),
         read_only: false,
         destructive: false,
@@ -68,12 +65,7 @@ const TOOLS: &[Def] = &[
         name: "sandbox_list",
         title: "List sandboxes",
         description: "List the running sandboxes (of one provider, or of all). A provider that fails is named in errors; the others are listed anyway.",
-        input: || {
-            object(
-                json!({"provider": {"type": "string", "description": "Only this provider's sandboxes."}}),
-                &[],
-            )
-        },
+        input: input_schema::<ProviderArg>,
         output: Some(|| {
             object(
                 json!({
@@ -103,7 +95,7 @@ const TOOLS: &[Def] = &[
         name: "sandbox_info",
         title: "Show a sandbox",
         description: "Show one sandbox: status, template, when it started and when it expires.",
-        input: || object(json!({"sandbox": sandbox_arg()}), &["sandbox"]),
+        input: input_schema::<SandboxArg>,
         output: Some(sandbox_schema),
         read_only: true,
         destructive: false,
@@ -114,7 +106,7 @@ const TOOLS: &[Def] = &[
         title: "Kill a sandbox",
         description: "Kill a sandbox: every process stops and its files are deleted. Idempotent \
             (`killed` is false when it was already gone).",
-        input: || object(json!({"sandbox": sandbox_arg()}), &["sandbox"]),
+        input: input_schema::<SandboxArg>,
         output: Some(|| object(json!({"killed": {"type": "boolean"}}), &["killed"])),
         read_only: false,
         destructive: true,
@@ -124,15 +116,7 @@ const TOOLS: &[Def] = &[
         name: "sandbox_set_timeout",
         title: "Set a sandbox's lifetime",
         description: "Set the remaining lifetime of a sandbox: it ends `timeout` seconds from now.",
-        input: || {
-            object(
-                json!({
-                    "sandbox": sandbox_arg(),
-                    "timeout": {"type": "integer", "minimum": 1, "maximum": 2_592_000, "description": "Seconds from now."},
-                }),
-                &["sandbox", "timeout"],
-            )
-        },
+        input: input_schema::<TimeoutArgs>,
         output: Some(sandbox_schema),
         read_only: false,
         destructive: false,
@@ -144,18 +128,7 @@ const TOOLS: &[Def] = &[
         description: "Run a shell command (sh -c) in a sandbox and return its exit code, stdout \
             and stderr. Output is streamed as progress notifications when the client asks for \
             progress. Stdin is empty. Cancelling the call kills the command.",
-        input: || {
-            object(
-                json!({
-                    "sandbox": sandbox_arg(),
-                    "command": {"type": "string", "description": "The command, run with sh -c (pipes, &&, redirections work)."},
-                    "cwd": {"type": "string", "description": "Working directory (default /workspace)."},
-                    "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Extra environment variables."},
-                    "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the command (and everything it started) is killed. Default: no limit."},
-                }),
-                &["sandbox", "command"],
-            )
-        },
+        input: input_schema::<ExecArgs>,
         output: Some(|| {
             object(
                 json!({
@@ -179,12 +152,7 @@ const TOOLS: &[Def] = &[
         description:
             "Read a file of a sandbox (up to 4 MiB). Text comes back as is; a file that is \
             not UTF-8 comes back base64-encoded (`encoding: base64`).",
-        input: || {
-            object(
-                json!({"sandbox": sandbox_arg(), "path": path_arg()}),
-                &["sandbox", "path"],
-            )
-        },
+        input: input_schema::<PathArgs>,
         output: Some(|| {
             object(
                 json!({
@@ -206,16 +174,7 @@ const TOOLS: &[Def] = &[
         title: "Write a file",
         description: "Write a text file in a sandbox, replacing it whole (atomically); missing \
             parent directories are created.",
-        input: || {
-            object(
-                json!({
-                    "sandbox": sandbox_arg(),
-                    "path": path_arg(),
-                    "content": {"type": "string", "description": "The whole new content (UTF-8 text)."},
-                }),
-                &["sandbox", "path", "content"],
-            )
-        },
+        input: input_schema::<WriteArgs>,
         output: Some(|| {
             object(
                 json!({"path": {"type": "string"}, "size": {"type": "integer"}}),
@@ -231,15 +190,7 @@ const TOOLS: &[Def] = &[
         title: "List a directory",
         description: "List a directory of a sandbox: name, type, size, mode and modification time \
             of each entry.",
-        input: || {
-            object(
-                json!({
-                    "sandbox": sandbox_arg(),
-                    "path": {"type": "string", "description": "Directory (default /workspace)."},
-                }),
-                &["sandbox"],
-            )
-        },
+        input: input_schema::<ListArgs>,
         output: Some(|| {
             object(
                 json!({"entries": {"type": "array", "items": {
@@ -267,15 +218,7 @@ const TOOLS: &[Def] = &[
         description:
             "The URL where a port of a sandbox is reached (start a server listening on it \
             first), and the headers a client must send.",
-        input: || {
-            object(
-                json!({
-                    "sandbox": sandbox_arg(),
-                    "port": {"type": "integer", "minimum": 1, "maximum": 65535},
-                }),
-                &["sandbox", "port"],
-            )
-        },
+        input: input_schema::<PortArgs>,
         output: Some(|| {
             object(
                 json!({
@@ -295,7 +238,7 @@ const TOOLS: &[Def] = &[
         description:
             "List the sandbox providers of the broker, their features and which one is the \
             default.",
-        input: || object(json!({}), &[]),
+        input: input_schema::<NoArgs>,
         output: Some(|| {
             object(
                 json!({"providers": {"type": "array", "items": {
@@ -328,12 +271,37 @@ fn object(properties: Value, required: &[&str]) -> Value {
     s
 }
 
-fn sandbox_arg() -> Value {
-    json!({"type": "string", "description": "Sandbox id (`id` or `provider:id`), as sandbox_create or sandbox_list returned it."})
-}
-
-fn path_arg() -> Value {
-    json!({"type": "string", "description": "Path in the sandbox: under /workspace (relative paths are taken from there) or /tmp."})
+/// A tool's input schema, generated from its arguments type: inlined, an optional argument
+/// is left out rather than `null` (its type is not nullable), without the root's `$schema`,
+/// `title` and `description` (the tool has its own).
+fn input_schema<T: JsonSchema>() -> Value {
+    let mut g = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|s| s.inline_subschemas = true)
+        .into_generator();
+    let mut v = g.root_schema_for::<T>().to_value();
+    if let Some(o) = v.as_object_mut() {
+        for k in ["$schema", "title", "description"] {
+            o.remove(k);
+        }
+        // Some clients want `properties` even when there are none.
+        o.entry("properties").or_insert_with(|| json!({}));
+        for prop in o
+            .get_mut("properties")
+            .and_then(Value::as_object_mut)
+            .into_iter()
+            .flat_map(|p| p.values_mut())
+        {
+            // `["string", "null"]` → `"string"`.
+            if let Some(Value::Array(types)) = prop.get("type") {
+                let rest: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                prop["type"] = match <[Value; 1]>::try_from(rest) {
+                    Ok([one]) => one,
+                    Err(many) => Value::Array(many),
+                };
+            }
+        }
+    }
+    v
 }
 
 fn sandbox_schema() -> Value {
@@ -448,76 +416,223 @@ pub async fn call(cx: &Cx<'_>, name: &str, a: Value) -> Option<Value> {
     }
 }
 
-#[derive(Deserialize)]
+// Tool arguments. Each derives its input schema (field docs are what agents read) and
+// converts into the params of the broker method it calls.
+
+const SANDBOX_ARG: &str =
+    "Sandbox id (`id` or `provider:id`), as sandbox_create or sandbox_list returned it.";
+const PATH_ARG: &str =
+    "Path in the sandbox: under /workspace (relative paths are taken from there) or /tmp.";
+
+// `sandbox_create` → `sandbox/create`.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateArgs {
+    /// Provider id (see provider_list). Default: the broker's default provider.
     provider: Option<String>,
+    /// Template of the provider (the local provider has 'base').
     template: Option<String>,
+    /// Lifetime in seconds (default 300).
+    #[schemars(range(min = 1, max = 2_592_000))]
     timeout: Option<u64>,
+    /// Environment variables of every command run in the sandbox.
     env: Option<BTreeMap<String, String>>,
+    /// Labels to attach to the sandbox.
+    #[schemars(with = "Option<BTreeMap<String, String>>")]
     metadata: Option<Map<String, Value>>,
 }
 
-#[derive(Deserialize)]
+impl From<CreateArgs> for api::SandboxCreateParams {
+    fn from(a: CreateArgs) -> Self {
+        api::SandboxCreateParams {
+            provider: a.provider,
+            template: a.template,
+            timeout: a.timeout.map(Value::from),
+            env: a.env,
+            metadata: a.metadata,
+            ..Default::default()
+        }
+    }
+}
+
+// `sandbox_list` → `sandbox/list`.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ProviderArg {
+    /// Only this provider's sandboxes.
     provider: Option<String>,
 }
 
-#[derive(Deserialize)]
+impl From<ProviderArg> for api::SandboxListParams {
+    fn from(a: ProviderArg) -> Self {
+        api::SandboxListParams {
+            provider: a.provider,
+        }
+    }
+}
+
+// `sandbox_info`, `sandbox_kill` → `sandbox/info`, `sandbox/kill`.
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SandboxArg {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
 }
 
-#[derive(Deserialize)]
+impl From<SandboxArg> for api::SandboxParams {
+    fn from(a: SandboxArg) -> Self {
+        api::SandboxParams { sandbox: a.sandbox }
+    }
+}
+
+// `sandbox_set_timeout` → `sandbox/setTimeout`.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct TimeoutArgs {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
+    /// Seconds from now.
+    #[schemars(range(min = 1, max = 2_592_000))]
     timeout: u64,
 }
 
-#[derive(Deserialize)]
+impl From<TimeoutArgs> for api::SetTimeoutParams {
+    fn from(a: TimeoutArgs) -> Self {
+        api::SetTimeoutParams {
+            sandbox: a.sandbox,
+            timeout: a.timeout.into(),
+        }
+    }
+}
+
+// `files_read` → `files/read` (the whole file, up to the broker's 4 MiB).
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct PathArgs {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
+    #[schemars(description = PATH_ARG)]
     path: String,
 }
 
-#[derive(Deserialize)]
+impl From<PathArgs> for api::FilesReadParams {
+    fn from(a: PathArgs) -> Self {
+        api::FilesReadParams {
+            sandbox: a.sandbox,
+            path: a.path,
+            offset: None,
+            length: None,
+            encoding: None,
+        }
+    }
+}
+
+// `files_write` → `files/write` (`content` is `data`, as text).
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct WriteArgs {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
+    #[schemars(description = PATH_ARG)]
     path: String,
+    /// The whole new content (UTF-8 text).
     content: String,
 }
 
-#[derive(Deserialize)]
+impl From<WriteArgs> for api::FilesWriteParams {
+    fn from(a: WriteArgs) -> Self {
+        api::FilesWriteParams {
+            sandbox: a.sandbox,
+            path: a.path,
+            data: a.content,
+            encoding: None,
+            offset: None,
+            append: false,
+            mode: None,
+        }
+    }
+}
+
+// `files_list` → `files/list` (not recursive).
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ListArgs {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
+    /// Directory (default /workspace).
     path: Option<String>,
 }
 
-#[derive(Deserialize)]
+impl From<ListArgs> for api::FilesListParams {
+    fn from(a: ListArgs) -> Self {
+        api::FilesListParams {
+            sandbox: a.sandbox,
+            path: a.path,
+            recursive: false,
+        }
+    }
+}
+
+// `ports_url` → `ports/url`.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct PortArgs {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
+    #[schemars(range(min = 1, max = 65535))]
     port: u16,
 }
 
-#[derive(Deserialize)]
+impl From<PortArgs> for api::PortParams {
+    fn from(a: PortArgs) -> Self {
+        api::PortParams {
+            sandbox: a.sandbox,
+            port: a.port.into(),
+        }
+    }
+}
+
+// `provider_list` → `provider/list`.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct NoArgs {}
 
-#[derive(Deserialize)]
+impl From<NoArgs> for api::NoParams {
+    fn from(_: NoArgs) -> Self {
+        api::NoParams {}
+    }
+}
+
+// `exec` → `exec/start` (or `exec/run`): a shell command, stdin empty and closed.
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ExecArgs {
+    #[schemars(description = SANDBOX_ARG)]
     sandbox: String,
+    /// The command, run with sh -c (pipes, &&, redirections work).
     command: String,
+    /// Working directory (default /workspace).
     cwd: Option<String>,
+    /// Extra environment variables.
     env: Option<BTreeMap<String, String>>,
+    /// Seconds before the command (and everything it started) is killed. Default: no limit.
+    #[schemars(extend("exclusiveMinimum" = 0))]
     timeout: Option<f64>,
+}
+
+impl From<ExecArgs> for api::ExecStartParams {
+    fn from(a: ExecArgs) -> Self {
+        api::ExecStartParams {
+            sandbox: a.sandbox,
+            command: Some(a.command),
+            cwd: a.cwd,
+            env: a.env,
+            timeout: a.timeout,
+            // Empty and closed, so a command that reads stdin does not wait forever.
+            stdin: Some(String::new()),
+            ..Default::default()
+        }
+    }
 }
 
 fn put<T: serde::Serialize>(p: &mut Value, k: &str, v: Option<T>) {
@@ -534,20 +649,13 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
     Ok(match name {
         "sandbox_create" => {
             let a: CreateArgs = args(name, a)?;
-            let mut p = json!({});
-            put(&mut p, "provider", a.provider);
-            put(&mut p, "template", a.template);
-            put(&mut p, "timeout", a.timeout);
-            put(&mut p, "env", a.env);
-            put(&mut p, "metadata", a.metadata);
+            let p = to_params(&api::SandboxCreateParams::from(a));
             let sb = call("sandbox/create", p).await?;
             ok(cx, pretty(&sb), sb)
         }
         "sandbox_list" => {
             let a: ProviderArg = args(name, a)?;
-            let mut p = json!({});
-            put(&mut p, "provider", a.provider);
-            let r = call("sandbox/list", p).await?;
+            let r = call("sandbox/list", to_params(&api::SandboxListParams::from(a))).await?;
             // A provider that failed is named under the list; the others are listed anyway.
             let mut text = pretty(&r);
             for e in r["errors"].as_array().into_iter().flatten() {
@@ -558,12 +666,13 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
         }
         "sandbox_info" => {
             let a: SandboxArg = args(name, a)?;
-            let sb = call("sandbox/info", json!({"sandbox": a.sandbox})).await?;
+            let sb = call("sandbox/info", to_params(&api::SandboxParams::from(a))).await?;
             ok(cx, pretty(&sb), sb)
         }
         "sandbox_kill" => {
             let a: SandboxArg = args(name, a)?;
-            let r = call("sandbox/kill", json!({"sandbox": a.sandbox})).await?;
+            let p = to_params(&api::SandboxParams::from(a.clone()));
+            let r = call("sandbox/kill", p).await?;
             let killed = r["killed"].as_bool().unwrap_or(false);
             let text = if killed {
                 format!("Sandbox '{}' killed.", a.sandbox)
@@ -574,16 +683,14 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
         }
         "sandbox_set_timeout" => {
             let a: TimeoutArgs = args(name, a)?;
-            let sb = call(
-                "sandbox/setTimeout",
-                json!({"sandbox": a.sandbox, "timeout": a.timeout}),
-            )
-            .await?;
+            let p = to_params(&api::SetTimeoutParams::from(a));
+            let sb = call("sandbox/setTimeout", p).await?;
             ok(cx, pretty(&sb), sb)
         }
         "files_read" => {
             let a: PathArgs = args(name, a)?;
-            let r = call("files/read", json!({"sandbox": a.sandbox, "path": a.path})).await?;
+            let p = to_params(&api::FilesReadParams::from(a.clone()));
+            let r = call("files/read", p).await?;
             let content = r["data"].as_str().unwrap_or_default().to_owned();
             let encoding = r["encoding"].as_str().unwrap_or("utf-8").to_owned();
             let size = r["size"].as_u64().unwrap_or(0);
@@ -606,17 +713,18 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
         }
         "files_write" => {
             let a: WriteArgs = args(name, a)?;
-            let p = json!({"sandbox": a.sandbox, "path": a.path, "data": a.content});
+            let p = to_params(&api::FilesWriteParams::from(a.clone()));
             let r = match m.call("files/write", p.clone()).await {
                 Err(CallError::Rpc(e)) if e.error_code() == Some(ErrorCode::FileNotFound) => {
                     // A missing parent directory: create it, then write again.
                     match parent(&a.path) {
                         Some(dir) => {
-                            call(
-                                "files/mkdir",
-                                json!({"sandbox": a.sandbox, "path": dir, "parents": true}),
-                            )
-                            .await?;
+                            let mkdir = api::MkdirParams {
+                                sandbox: a.sandbox.clone(),
+                                path: dir,
+                                parents: true,
+                            };
+                            call("files/mkdir", to_params(&mkdir)).await?;
                             call("files/write", p).await?
                         }
                         None => return Err(fail(&CallError::Rpc(e))),
@@ -633,9 +741,11 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
         }
         "files_list" => {
             let a: ListArgs = args(name, a)?;
-            let mut p = json!({"sandbox": a.sandbox});
-            put(&mut p, "path", a.path.clone());
-            let r = call("files/list", p).await?;
+            let r = call(
+                "files/list",
+                to_params(&api::FilesListParams::from(a.clone())),
+            )
+            .await?;
             let entries = r["entries"].as_array().cloned().unwrap_or_default();
             let dir = a.path.unwrap_or_else(|| "/workspace".into());
             let mut text = if entries.is_empty() {
@@ -658,14 +768,14 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
         }
         "ports_url" => {
             let a: PortArgs = args(name, a)?;
-            let r = call("ports/url", json!({"sandbox": a.sandbox, "port": a.port})).await?;
+            let r = call("ports/url", to_params(&api::PortParams::from(a))).await?;
             let headers = r.get("headers").cloned().unwrap_or_else(|| json!({}));
             let url = r["url"].clone();
             ok(cx, pretty(&r), json!({"url": url, "headers": headers}))
         }
         "provider_list" => {
-            let _: NoArgs = args(name, a)?;
-            let r = call("provider/list", json!({})).await?;
+            let a: NoArgs = args(name, a)?;
+            let r = call("provider/list", to_params(&api::NoParams::from(a))).await?;
             ok(cx, pretty(&r), r)
         }
         other => return Err(fail_text(format!("Unknown tool '{other}'."))),
@@ -742,11 +852,7 @@ async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
         Ok(c) => c,
         Err(e) => return Some(fail_abx(&e)),
     };
-    // Stdin: empty and closed, so a command that reads it does not wait forever.
-    let mut p = json!({"sandbox": a.sandbox, "command": a.command, "stdin": ""});
-    put(&mut p, "cwd", a.cwd);
-    put(&mut p, "env", a.env);
-    put(&mut p, "timeout", a.timeout);
+    let p = to_params(&api::ExecStartParams::from(a.clone()));
     // Not raced with the cancel token: an exec that started must be known to be killed.
     let (started, mut events) = match conn.start_stream("exec/start", p.clone()).await {
         Ok(r) => r,
@@ -813,7 +919,8 @@ async fn exec(cx: &Cx<'_>, a: Value) -> Option<Value> {
                 }
             },
             _ = cx.cancel.cancelled() => {
-                let _ = conn.call("exec/kill", json!({"execId": exec_id})).await;
+                let kill = api::ExecIdParams { exec_id };
+                let _ = conn.call("exec/kill", to_params(&kill)).await;
                 return None;
             }
         }
@@ -902,6 +1009,131 @@ mod unit {
         c.push("é");
         c.push("b");
         assert_eq!(c.text(), format!("{}éb", "a".repeat(HEAD - 1)));
+    }
+
+    /// `v` without what schemars adds that says nothing new to an agent: integer `format`s
+    /// and the `minimum: 0` of unsigned integers; `required` sorted.
+    fn essential(mut v: Value) -> Value {
+        if let Some(o) = v.as_object_mut() {
+            if o.get("format")
+                .and_then(Value::as_str)
+                .is_some_and(|f| f.starts_with("uint") || f == "double")
+            {
+                o.remove("format");
+                if o.get("minimum") == Some(&json!(0)) {
+                    o.remove("minimum");
+                }
+            }
+            if let Some(Value::Array(r)) = o.get_mut("required") {
+                r.sort_by_key(|x| x.to_string());
+            }
+            for x in o.values_mut() {
+                *x = essential(x.take());
+            }
+        }
+        v
+    }
+
+    /// The input schemas agents see are generated from the argument types, and say what the
+    /// hand-written ones said (names, types, bounds, descriptions, required, closed).
+    #[test]
+    fn input_schemas_are_generated_and_unchanged_for_agents() {
+        let want: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/mcp_input_schemas.json"))
+                .expect("fixture");
+        let want = want.as_object().expect("object");
+        assert_eq!(want.len(), TOOLS.len());
+        for d in TOOLS {
+            let have = essential((d.input)());
+            assert_eq!(&have, &essential(want[d.name].clone()), "{}", d.name);
+        }
+    }
+
+    /// Every argument of a tool reaches the broker as a member of the method's params
+    /// (the API type's schema has it), except those the tool renames or fixes.
+    #[test]
+    fn every_tool_argument_is_a_member_of_the_methods_params() {
+        fn api_props<T: JsonSchema>() -> Vec<String> {
+            let s = input_schema::<T>();
+            s["properties"]
+                .as_object()
+                .expect("properties")
+                .keys()
+                .cloned()
+                .collect()
+        }
+        // tool, method's params properties, renames (argument → member).
+        type Renames = &'static [(&'static str, &'static str)];
+        let cases: Vec<(&str, Vec<String>, Renames)> = vec![
+            (
+                "sandbox_create",
+                api_props::<api::SandboxCreateParams>(),
+                &[],
+            ),
+            ("sandbox_list", api_props::<api::SandboxListParams>(), &[]),
+            ("sandbox_info", api_props::<api::SandboxParams>(), &[]),
+            ("sandbox_kill", api_props::<api::SandboxParams>(), &[]),
+            (
+                "sandbox_set_timeout",
+                api_props::<api::SetTimeoutParams>(),
+                &[],
+            ),
+            ("exec", api_props::<api::ExecStartParams>(), &[]),
+            ("files_read", api_props::<api::FilesReadParams>(), &[]),
+            (
+                "files_write",
+                api_props::<api::FilesWriteParams>(),
+                &[("content", "data")],
+            ),
+            ("files_list", api_props::<api::FilesListParams>(), &[]),
+            ("ports_url", api_props::<api::PortParams>(), &[]),
+            ("provider_list", api_props::<api::NoParams>(), &[]),
+        ];
+        assert_eq!(cases.len(), TOOLS.len());
+        for (tool, members, renames) in cases {
+            let d = TOOLS.iter().find(|d| d.name == tool).expect(tool);
+            let input = (d.input)();
+            for arg in input["properties"].as_object().expect("properties").keys() {
+                let member = renames
+                    .iter()
+                    .find(|(a, _)| a == arg)
+                    .map_or(arg.as_str(), |(_, m)| m);
+                assert!(
+                    members.iter().any(|m| m == member),
+                    "{tool}: {arg} is not a param"
+                );
+            }
+        }
+    }
+
+    /// The conversions carry every argument into the request (and what the tool fixes).
+    #[test]
+    fn tool_arguments_convert_into_the_requests() {
+        let a: ExecArgs = serde_json::from_value(
+            json!({"sandbox": "s", "command": "ls", "cwd": "/tmp", "env": {"A": "1"}, "timeout": 2.5}),
+        )
+        .expect("args");
+        assert_eq!(
+            to_params(&api::ExecStartParams::from(a)),
+            json!({"sandbox": "s", "command": "ls", "cwd": "/tmp", "env": {"A": "1"}, "timeout": 2.5, "stdin": ""})
+        );
+        let a: CreateArgs =
+            serde_json::from_value(json!({"timeout": 60, "metadata": {"k": "v"}})).expect("args");
+        assert_eq!(
+            to_params(&api::SandboxCreateParams::from(a)),
+            json!({"timeout": 60, "metadata": {"k": "v"}})
+        );
+        let a: WriteArgs =
+            serde_json::from_value(json!({"sandbox": "s", "path": "p", "content": "x"}))
+                .expect("args");
+        assert_eq!(
+            to_params(&api::FilesWriteParams::from(a)),
+            json!({"sandbox": "s", "path": "p", "data": "x", "append": false})
+        );
+        // Unknown arguments are refused (the schemas are closed).
+        assert!(
+            serde_json::from_value::<PortArgs>(json!({"sandbox": "s", "port": 1, "x": 1})).is_err()
+        );
     }
 
     #[test]

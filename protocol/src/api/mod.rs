@@ -1,0 +1,98 @@
+//! The broker API's types: the params and results of every method, one module per method
+//! family. The broker deserializes its params into them, the CLI and the MCP tools build
+//! requests from them, and (with the `schema` feature, which derives `schemars::JsonSchema`)
+//! [`crate::openrpc`] generates `docs/openrpc.json` and the MCP tools their input schemas
+//! from them.
+//!
+//! They describe the wire as docs/broker-api.md does: field names, optionality, defaults and
+//! aliases are what the broker accepts. Unknown members of params are ignored (except where a
+//! type says otherwise); a provider may add fields of its own to results (clients must ignore
+//! unknown fields).
+//!
+//! With the `schema` feature, param types are inlined in the OpenRPC document (each field
+//! becomes one by-name param); result types and the types they contain are shared under
+//! `components/schemas`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod broker;
+pub mod exec;
+pub mod files;
+pub mod ports;
+pub mod process;
+pub mod provider;
+pub mod sandbox;
+
+pub use broker::*;
+pub use exec::*;
+pub use files::*;
+pub use ports::*;
+pub use process::*;
+pub use provider::*;
+pub use sandbox::*;
+
+/// Method names of the broker API (DESIGN §4) handled by the broker itself.
+pub mod methods {
+    /// LSP-style handshake (optional for scripts).
+    pub const INITIALIZE: &str = "initialize";
+    /// Notification after `initialize`.
+    pub const INITIALIZED: &str = "initialized";
+    /// LSP shutdown request: the connection accepts no more requests.
+    pub const SHUTDOWN: &str = "shutdown";
+    /// LSP exit notification: the connection closes.
+    pub const EXIT: &str = "exit";
+    /// Cancel an in-flight request.
+    pub const CANCEL_REQUEST: &str = "$/cancelRequest";
+    /// Liveness.
+    pub const PING: &str = "broker/ping";
+    /// Daemon status.
+    pub const STATUS: &str = "broker/status";
+    /// Stop the daemon.
+    pub const BROKER_SHUTDOWN: &str = "broker/shutdown";
+    /// This connection receives `sandbox/changed` from now on (idempotent).
+    pub const SUBSCRIBE: &str = "sandbox/subscribe";
+    /// This connection stops receiving `sandbox/changed` (idempotent).
+    pub const UNSUBSCRIBE: &str = "sandbox/unsubscribe";
+    /// Notification: a sandbox of some provider changed (to subscribed connections).
+    pub const SANDBOX_CHANGED: &str = "sandbox/changed";
+}
+
+/// A method without params (unknown members are ignored, like everywhere).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct NoParams {}
+
+/// An empty object result (`{}`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Empty {}
+
+/// `p` as the params object a client sends: members that are `null` (an absent option) are
+/// left out, so a request carries only what its sender set.
+pub fn to_params<T: Serialize>(p: &T) -> Value {
+    let mut v = serde_json::to_value(p).unwrap_or_else(|_| Value::Object(Default::default()));
+    if let Some(o) = v.as_object_mut() {
+        o.retain(|_, x| !x.is_null());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_params_leaves_out_absent_options_only() {
+        let p = ExecKillParams {
+            exec_id: "e-1".into(),
+            signal: None,
+            escalate: Some(false),
+        };
+        assert_eq!(
+            to_params(&p),
+            serde_json::json!({"execId": "e-1", "escalate": false})
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! `sandbox/*` methods: create, info, list, kill, setTimeout, capabilities, systemInfo, and
+//! the `sandbox/changed` notification.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// A sandbox.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    /// The provider's id of the sandbox (`provider:id` also routes).
+    pub id: String,
+    /// The provider that holds it.
+    pub provider: String,
+    /// `running` or `paused`.
+    pub status: String,
+    /// Its template.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// A provider URL of the sandbox.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Where it runs.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Its lifetime in seconds.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// When it started (RFC 3339 UTC).
+    #[serde(default)]
+    pub started_at: Option<String>,
+    /// When it ends (RFC 3339 UTC).
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    /// Metadata given at create.
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    /// Its network mode (`local`: `none`, `internet` or `host`).
+    #[serde(default)]
+    pub network: Option<String>,
+}
+
+/// What happened to a sandbox (`sandbox/changed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum SandboxChange {
+    /// It was created (through the broker, or reported by its provider).
+    Created,
+    /// It was killed.
+    Killed,
+    /// It was paused.
+    Paused,
+    /// It was resumed.
+    Resumed,
+    /// Its lifetime ended and it was reaped (no client acted).
+    Expired,
+    /// Its lifetime was changed (`sandbox/setTimeout`): `sandboxInfo.expiresAt` is the new end.
+    Timeout,
+}
+
+/// `sandbox/changed` notification params (to connections that called `sandbox/subscribe`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxChanged {
+    /// The sandbox's id as `sandbox/list` shows it (`provider:sandbox` always routes to it).
+    pub sandbox: String,
+    /// The provider that holds it.
+    pub provider: String,
+    /// What happened.
+    pub change: SandboxChange,
+    /// The sandbox as `sandbox/info` returns it, where known (never for killed / expired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_info: Option<Sandbox>,
+}
+
+/// `sandbox/create` params.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct SandboxCreateParams {
+    /// Provider id (default: `ABX_PROVIDER` of the broker, else the configured default).
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// Template (the provider's; `local` has `base`); unknown: E2005.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// Lifetime in seconds, 1..2592000 (default 300); else E2004.
+    // Any JSON: the provider answers E2004 (not E1004) for one that is not a number of seconds.
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "Option<u64>", range(min = 1, max = 2_592_000))
+    )]
+    pub timeout: Option<Value>,
+    /// Environment of every command in the sandbox.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Metadata to attach.
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+    /// Network of the sandbox (`local`): `none` (loopback only), `internet` (outbound, not
+    /// the host's loopback; needs `pasta`) or `host`; default from the broker config
+    /// (`[local] network`, else `none`). Unknown: E1004.
+    #[serde(default)]
+    pub network: Option<String>,
+    /// Limits (`local`): `{memory: bytes | "512M", cpus: 1.5, pids: 256}`; defaults from the
+    /// broker config (`[local] memory|cpus|pids`, else 2G memory, 1024 processes).
+    // Any JSON: the provider checks it and names the bad limit (`local`: E1004).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<SandboxLimits>"))]
+    pub limits: Option<Value>,
+}
+
+/// Limits of a sandbox.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SandboxLimits {
+    /// Memory: bytes, or a string with a unit (`512M`, `2G`); the OOM killer ends a command
+    /// that goes over it (`oomKilled: true` in its exit).
+    #[serde(default)]
+    pub memory: Option<Value>,
+    /// CPUs (`0.5`: half a core).
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// Processes and threads.
+    #[serde(default)]
+    pub pids: Option<u64>,
+}
+
+/// Params naming a sandbox.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct SandboxParams {
+    /// Sandbox id: `id` or `provider:id`; unknown: E2009.
+    pub sandbox: String,
+}
+
+/// `sandbox/list` params.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct SandboxListParams {
+    /// Only this provider's sandboxes (default: every provider's).
+    #[serde(default)]
+    pub provider: Option<String>,
+}
+
+/// `sandbox/list` result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SandboxList {
+    /// The sandboxes, oldest first per provider.
+    pub sandboxes: Vec<Sandbox>,
+    /// Without `provider`: one entry per provider that could not list its sandboxes
+    /// (absent when every provider answered); the others' sandboxes are listed anyway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ProviderFailure>,
+}
+
+/// A provider that failed its part of a call across providers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ProviderFailure {
+    /// The provider's id.
+    pub provider: String,
+    /// Its error's code, e.g. `E8011`.
+    pub code: String,
+    /// Its error's message.
+    pub message: String,
+    /// What to do about it.
+    pub suggestion: String,
+}
+
+/// `sandbox/kill` result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct KillResult {
+    /// False when it was gone already (kill is idempotent).
+    pub killed: bool,
+}
+
+/// `sandbox/setTimeout` params.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct SetTimeoutParams {
+    /// Sandbox id.
+    pub sandbox: String,
+    /// Seconds from now, 1..2592000; else E2004.
+    // Any JSON: the provider answers E2004 (not E1004) for one that is not a number of seconds.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = 1, max = 2_592_000))
+    )]
+    pub timeout: Value,
+}
+
+/// `sandbox/capabilities` result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Capabilities {
+    /// Derived from the features: `code`, `files`, `ports`, `processes`, `pty`, `shell`,
+    /// `templates`, `watch`.
+    pub capabilities: Vec<String>,
+    /// The provider's declared features.
+    pub features: Vec<String>,
+}
+
+/// `sandbox/systemInfo` result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SystemInfo {
+    /// Operating system (`Linux`).
+    pub os: String,
+    /// CPU architecture (`x86_64`).
+    pub arch: String,
+    /// Host name.
+    pub hostname: String,
+    /// Kernel release.
+    #[serde(default)]
+    pub kernel: Option<String>,
+    /// CPUs available.
+    pub cpu_count: u64,
+    /// Memory in MB.
+    #[serde(default)]
+    pub memory_total_mb: Option<u64>,
+    /// Disk size in GB.
+    pub disk_total_gb: f64,
+    /// Free disk in GB.
+    pub disk_free_gb: f64,
+    /// How the sandbox is confined: `{model, landlock: {abi, enforced}, namespaces, network}`.
+    #[serde(default)]
+    pub isolation: Option<Map<String, Value>>,
+}
