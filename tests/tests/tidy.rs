@@ -11,7 +11,8 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The layers, top of the stack first: a crate may depend only on crates listed before it.
+/// The layers, lowest first (protocol is what everything stands on, the binaries come last):
+/// a crate may depend only on crates listed before it (an "upward edge" reaches later).
 /// This is DESIGN §2 (../shared/DESIGN.md) and the crate graph in docs/architecture.md; change
 /// them together. Workspace crates not listed here (abx-tests, which drives the real
 /// binaries from outside) are exempt.
