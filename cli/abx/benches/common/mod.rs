@@ -1,5 +1,6 @@
-//! What the CLI benches share: finding `abx`, timing commands (optionally pinned to CPU 0),
-//! percentiles, and a throwaway `ABX_HOME` whose daemon is stopped on drop.
+//! What the CLI benches share: finding `abx` and the daemon binary `abx-broker` beside it
+//! (built first under cargo), timing commands (optionally pinned to CPU 0), percentiles, and
+//! a throwaway `ABX_HOME` whose daemon is stopped on drop.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -16,13 +17,17 @@ pub fn have(prog: &str, arg: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The `abx` binary and the number of runs (`ABX_BENCH_N`, else `default_n`); exits when
-/// there is no binary.
+/// The `abx` binary and the number of runs (`ABX_BENCH_N`, else `default_n`), with the
+/// daemon binary in place beside `abx` ([`ensure_broker`]); exits when either is missing.
 pub fn setup(default_n: usize) -> (PathBuf, usize) {
     let Some(abx) = find_abx() else {
         eprintln!("abx binary not found: build it first (cargo build --release -p abx-cli)");
         std::process::exit(1);
     };
+    if let Err(e) = ensure_broker(&abx) {
+        eprintln!("{e}");
+        std::process::exit(1);
+    }
     let n = std::env::var("ABX_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -56,6 +61,47 @@ pub fn find_abx() -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// `abx` starts the daemon from `abx-broker` beside it (abx-client's `spawn.rs`), and
+/// `cargo bench -p abx-cli` builds only abx-cli's binary: the daemon is another package's.
+/// So under cargo (`CARGO` set) build it first with the same cargo and profile (a no-op when
+/// it is fresh; never a stale daemon, and never a build inside a timed `abx` call); outside
+/// cargo use the one beside `abx` as it is.
+pub fn ensure_broker(abx: &Path) -> Result<PathBuf, String> {
+    let dir = abx.parent().ok_or("abx has no directory")?;
+    let broker = dir.join("abx-broker");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let mut c = Command::new(cargo);
+        c.args([
+            "build",
+            "--quiet",
+            "-p",
+            "abx-broker",
+            "--bin",
+            "abx-broker",
+        ])
+        .arg("--manifest-path")
+        .arg(&manifest);
+        if release {
+            c.arg("--release");
+        }
+        eprintln!("building abx-broker beside {} ...", abx.display());
+        let st = c.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+        if !st.success() {
+            return Err(format!("cargo build -p abx-broker failed: {st}"));
+        }
+    }
+    if broker.is_file() {
+        Ok(broker)
+    } else {
+        Err(format!(
+            "{} is missing: build it (cargo build --release -p abx-broker)",
+            broker.display()
+        ))
+    }
 }
 
 /// A command, optionally pinned to CPU 0.
@@ -139,7 +185,11 @@ impl Home {
         let mut argv = vec![abx];
         argv.extend_from_slice(args);
         let mut c = cmd(pinned, &argv);
+        // No CARGO*: `abx` run by cargo would build a missing daemon itself (spawn.rs).
         c.env("ABX_HOME", self.dir.path())
+            .env_remove("CARGO")
+            .env_remove("CARGO_MANIFEST_DIR")
+            .env_remove("ABX_BROKER_BIN")
             .env_remove("ABX_PROVIDER")
             .env("ABX_NO_REPLACE", "1");
         c
