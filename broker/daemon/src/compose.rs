@@ -32,13 +32,20 @@ pub fn all_methods() -> Vec<&'static str> {
     dispatch::METHODS.iter().chain(METHODS).copied().collect()
 }
 
-/// The daemon's tokio runtime: `ABX_WORKER_THREADS` workers (default 2; `1` is a
-/// current-thread runtime, where every wakeup stays on one thread).
+/// The daemon's tokio runtime: one worker per CPU the daemon may run on, at most two
+/// (`ABX_WORKER_THREADS` overrides). With one, a current-thread runtime: every wakeup stays on
+/// its thread. Measured (docs/performance.md, "Plugin hop"): confined to one CPU, two
+/// workers only add hand-offs (the hop to a plugin cost 1.08x lspmux's at p50 with two, 0.90x
+/// with one); on two CPUs, two workers keep the unpinned p99 down (0.83x against 1.73x).
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let n = std::env::var("ABX_WORKER_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(2);
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .min(2)
+        });
     if n <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

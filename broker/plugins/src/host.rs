@@ -429,12 +429,10 @@ impl Host {
                 Err(AbxError::new(ErrorCode::RequestCancelled, &[]))
             }
         };
-        {
-            let st = self.state.try_lock();
-            if let Ok(st) = st {
-                self.set_status(&st);
-            }
-        }
+        // Only the count of calls in flight changes per call (the rest of the status when the
+        // process starts, stops or fails): no allocation on this path.
+        let in_flight = r.pending.lock().expect("pending").len();
+        self.status.lock().expect("status").in_flight = in_flight;
         outcome
     }
 
