@@ -1148,3 +1148,48 @@ fn an_exit_written_to_a_dead_client_stays_for_the_next_attach() {
     let s = other.collect(&e);
     assert_eq!((s.exit["exitCode"].clone(), s.exits), (json!(7), 1));
 }
+
+/// A sandbox process a daemon of the Landlock model left running (it is in the daemon's own
+/// PID namespace) cannot drive the next daemon either, even one of the namespaces model,
+/// which otherwise refuses peers by PID namespace alone: at start it finds such processes
+/// and checks every peer's ancestry again.
+#[test]
+fn a_sandbox_process_left_by_a_landlock_daemon_cannot_drive_its_successor() {
+    let mut home = Home::new();
+    home.env.push(("ABX_ISOLATION".into(), "landlock".into()));
+    home.start();
+    let mut c = home.connect();
+    let id = c.create(json!({"timeout": 600}));
+    let probe = format!(
+        "import os, socket, time\nwhile not os.path.exists('go'):\n  time.sleep(0.05)\ns=socket.socket(socket.AF_UNIX)\ntry:\n  s.connect({:?})\n  s.settimeout(10)\n  s.sendall(b'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"broker/ping\"}}\\n')\n  d=s.recv(100)\nexcept OSError as e:\n  d=b''\nopen('result.tmp','w').write('served' if d else 'refused')\nos.rename('result.tmp','result')\n",
+        home.socket().display().to_string()
+    );
+    c.call(
+        "files/write",
+        json!({"sandbox": id, "path": "probe.py", "data": probe}),
+    );
+    let r = c.sh(
+        &id,
+        "setsid python3 probe.py </dev/null >/dev/null 2>&1 & echo started",
+    );
+    assert_eq!(r["stdout"], "started\n", "{r}");
+    drop(c);
+    assert!(home.run(&["broker", "stop"]).status.success());
+    // The successor runs the default model.
+    home.env.retain(|(k, _)| k != "ABX_ISOLATION");
+    home.start();
+    let mut c = home.connect();
+    c.call(
+        "files/write",
+        json!({"sandbox": id, "path": "go", "data": ""}),
+    );
+    let mut result = Value::Null;
+    wait_until("the probe's verdict", Duration::from_secs(30), || {
+        result = c.request("files/read", json!({"sandbox": id, "path": "result"}));
+        result["result"]["data"].is_string()
+    });
+    assert_eq!(
+        result["result"]["data"], "refused",
+        "a left-over sandbox process was served: {result}"
+    );
+}

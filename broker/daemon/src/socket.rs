@@ -116,6 +116,10 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
         .map_err(|e| startup_error(e, &paths))?;
 
     let broker = crate::compose::broker(paths.clone());
+    // Sandbox processes a daemon of a weaker model left in this PID namespace (only when
+    // sandboxes exist from before): peers are then checked by ancestry too.
+    let any = broker.registry.all().iter().any(|p| p.sandbox_count() > 0);
+    abx_local::procs::scan_for_host_sandbox_processes(any);
     info!(version = %broker.version, pid = std::process::id(), socket = %paths.socket.display(), "daemon listening");
     signal_ready();
 
@@ -205,6 +209,9 @@ fn foreign_peer(pid: i32) -> Option<String> {
     }
     if let Some(id) = abx_plugins::launch::plugin_of(pid) {
         return Some(format!("the peer is a process of plugin '{id}'"));
+    }
+    if !abx_local::procs::may_have_host_sandbox_processes() {
+        return None;
     }
     abx_local::procs::sandbox_of(pid).map(|sb| format!("the peer belongs to sandbox {sb}"))
 }

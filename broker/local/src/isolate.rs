@@ -440,6 +440,9 @@ impl Confine {
             tmp.clone().into_os_string(),
             host_cwd.clone().into_os_string(),
         );
+        if model != Model::Namespaces {
+            super::procs::note_host_sandbox_process();
+        }
         let env = vec![
             (super::procs::MARKER, OsString::from(sandbox_id)),
             ("HOME", home),

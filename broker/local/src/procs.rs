@@ -19,6 +19,49 @@ use std::fs;
 /// The environment variable naming the sandbox of a process.
 pub const MARKER: &str = "ABX_SANDBOX_ID";
 
+/// Whether a process of a sandbox may run in the daemon's own PID namespace: set when a
+/// weaker model starts one ([`note_host_sandbox_process`]) and at start when such processes
+/// are found ([`scan_for_host_sandbox_processes`]). Until then [`sandbox_of`]'s walk of a
+/// peer's ancestors (two `/proc` reads per ancestor, a third of a CLI call's wait) is
+/// skipped: every sandbox process of the `namespaces` model is in a PID namespace of its
+/// own, which the daemon refuses first.
+static HOST_SANDBOX_PROCESSES: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// A sandbox process now runs in the daemon's PID namespace (the weaker models).
+pub fn note_host_sandbox_process() {
+    HOST_SANDBOX_PROCESSES.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// True when a peer must be checked with [`sandbox_of`].
+pub fn may_have_host_sandbox_processes() -> bool {
+    HOST_SANDBOX_PROCESSES.load(std::sync::atomic::Ordering::SeqCst)
+        || super::isolate::model() != super::isolate::Model::Namespaces
+}
+
+/// At daemon start: look for processes of the daemon's user that carry the marker (left by
+/// a daemon that ran a weaker model); if any, peers are checked by ancestry from now on.
+/// Only when sandboxes exist from before (`any_sandboxes`): a fresh start has none.
+pub fn scan_for_host_sandbox_processes(any_sandboxes: bool) {
+    if !any_sandboxes || may_have_host_sandbox_processes() {
+        return;
+    }
+    let me = std::process::id() as i32;
+    let Ok(rd) = fs::read_dir("/proc") else {
+        note_host_sandbox_process();
+        return;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid != me && marker_of(pid).is_some() {
+            note_host_sandbox_process();
+            return;
+        }
+    }
+}
+
 /// One process of a sandbox (`process/list`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProcInfo {
