@@ -309,17 +309,19 @@ async fn resolve_sandbox(cx: &Cx, s: &str) -> Result<(Arc<dyn Provider>, String)
 /// Route a provider method: resolve, gate, rewrite, call, record.
 async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     let b = &cx.broker;
-    let mut params: Value = match p {
-        Some(raw) => {
-            serde_json::from_str(raw.get()).map_err(|e| AbxError::invalid_params(method, e))?
-        }
-        None => json!({}),
+    // The params' members stay raw: the broker reads the few it routes on and rewrites
+    // `sandbox` (and drops `provider`); everything else reaches the provider as it came.
+    let mut obj = match &p {
+        Some(raw) => members(method, raw)?,
+        None => Members::new(),
     };
-    check_bounds(method, &params)?;
-    let Some(obj) = params.as_object_mut() else {
-        return Err(AbxError::invalid_params(method, "params must be an object"));
-    };
-    let explicit = match obj.remove("provider") {
+    drop(p);
+    check_bounds(method, &obj)?;
+    let explicit = match obj
+        .remove("provider")
+        .map(|r| member_value(method, &r))
+        .transpose()?
+    {
         Some(Value::String(s)) => Some(s),
         Some(Value::Null) | None => None,
         Some(_) => {
@@ -329,11 +331,21 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
             ))
         }
     };
-    let (provider, local_id) = if let Some(sb) = obj.get("sandbox") {
-        let s = sb
-            .as_str()
-            .ok_or_else(|| AbxError::invalid_params(method, "sandbox must be a string"))?;
-        let (prov, id) = match resolve_sandbox(cx, s).await {
+    let str_member = |key: &str, what: &str| -> Result<Option<String>, AbxError> {
+        match obj.get(key) {
+            None => Ok(None),
+            Some(r) => match serde_json::from_str::<Value>(r.get()) {
+                Ok(Value::String(s)) => Ok(Some(s)),
+                _ => Err(AbxError::invalid_params(
+                    method,
+                    format!("{what} must be a string"),
+                )),
+            },
+        }
+    };
+    let sandbox = str_member("sandbox", "sandbox")?;
+    let (provider, local_id) = if let Some(s) = sandbox {
+        let (prov, id) = match resolve_sandbox(cx, &s).await {
             Ok(r) => r,
             // Killing is idempotent: a sandbox that is gone is killed already.
             Err(e) if method == "sandbox/kill" && e.code == ErrorCode::SandboxNotFound => {
@@ -342,14 +354,14 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
             Err(e) => return Err(e),
         };
         (prov, Some(id))
-    } else if let Some(h) = obj.get("execId").or_else(|| obj.get("watchId")) {
-        let h = h
-            .as_str()
-            .ok_or_else(|| AbxError::invalid_params(method, "execId/watchId must be a string"))?;
-        match b.handles.get(h) {
+    } else if let Some(h) = match str_member("execId", "execId/watchId")? {
+        Some(h) => Some(h),
+        None => str_member("watchId", "execId/watchId")?,
+    } {
+        match b.handles.get(&h) {
             Some(pid) => (b.registry.get(&pid)?, None),
             None if obj.contains_key("execId") => {
-                return Err(AbxError::new(ErrorCode::ExecNotFound, &[("exec", h)]))
+                return Err(AbxError::new(ErrorCode::ExecNotFound, &[("exec", &h)]))
             }
             None => return Err(AbxError::invalid_params(method, format!("no watch '{h}'"))),
         }
@@ -361,8 +373,11 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     };
     if matches!(method, "files/upload" | "files/download") {
         // The daemon's working directory is nobody's: local paths must be absolute.
-        if let Some(lp) = obj.get("localPath").and_then(Value::as_str) {
-            if !std::path::Path::new(lp).is_absolute() {
+        if let Some(Value::String(lp)) = obj
+            .get("localPath")
+            .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+        {
+            if !std::path::Path::new(&lp).is_absolute() {
                 return Err(AbxError::invalid_params(
                     method,
                     format!("localPath must be absolute, not '{lp}'"),
@@ -371,7 +386,8 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         }
     }
     let summary = provider.summary().clone();
-    let has_pty = method == "exec/start" && obj.get("pty").is_some_and(|v| !v.is_null());
+    let has_pty =
+        method == "exec/start" && obj.get("pty").is_some_and(|v| v.get().trim() != "null");
     for f in [
         features::for_method(method, has_pty),
         has_pty.then_some("exec.stream"),
@@ -384,15 +400,31 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         }
     }
     if let Some(id) = &local_id {
-        obj.insert("sandbox".into(), Value::String(id.clone()));
+        obj.insert(
+            "sandbox".into(),
+            serde_json::value::to_raw_value(id).map_err(AbxError::internal)?,
+        );
     }
+
     let ccx = CallCx {
         conn: cx.conn.handle.clone(),
         cancel: cx.cancel.clone(),
         replied: cx.replied.clone(),
         hold: cx.hold.clone(),
     };
-    let res = provider.call(&ccx, method, params).await;
+    let res = if provider.takes_raw() {
+        let params = serde_json::value::to_raw_value(&obj).map_err(AbxError::internal)?;
+        drop(obj);
+        provider.call_raw(&ccx, method, params).await
+    } else {
+        // One member at a time, each raw member freed once parsed (a 64 MiB `data` is
+        // held twice at most, as when the whole params were parsed at once).
+        let mut map = serde_json::Map::new();
+        for (k, v) in std::mem::take(&mut obj) {
+            map.insert(k, member_value(method, &v)?);
+        }
+        provider.call(&ccx, method, Value::Object(map)).await
+    };
     match (&res, method) {
         (Ok(raw), "sandbox/create") => {
             let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
@@ -440,12 +472,34 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     res
 }
 
+/// A params object with its members still raw (sorted by name, as `serde_json`'s own map).
+type Members = std::collections::BTreeMap<String, Box<RawValue>>;
+
+/// The members of by-name params: an object, else E1004 (the JSON error, or "params must be
+/// an object").
+fn members(method: &str, raw: &RawValue) -> Result<Members, AbxError> {
+    serde_json::from_str::<Members>(raw.get()).map_err(|e| {
+        match serde_json::from_str::<Value>(raw.get()) {
+            Ok(_) => AbxError::invalid_params(method, "params must be an object"),
+            Err(_) => AbxError::invalid_params(method, e),
+        }
+    })
+}
+
+fn member_value(method: &str, raw: &RawValue) -> Result<Value, AbxError> {
+    serde_json::from_str(raw.get()).map_err(|e| AbxError::invalid_params(method, e))
+}
+
 /// The upper bounds of the params that size a reply (the same for every provider).
-fn check_bounds(method: &str, params: &Value) -> Result<(), AbxError> {
+fn check_bounds(method: &str, params: &Members) -> Result<(), AbxError> {
     let num = |k: &str| -> Result<Option<u64>, AbxError> {
-        match params.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
+        let v = match params.get(k) {
+            None => return Ok(None),
+            Some(r) => member_value(method, r)?,
+        };
+        match v {
+            Value::Null => Ok(None),
+            v => match v.as_u64() {
                 Some(n) => Ok(Some(n)),
                 // A number too large for u64 (1e30) is above the bound too.
                 None if v.as_f64().is_some_and(|f| f > u64::MAX as f64) => Ok(Some(u64::MAX)),

@@ -94,6 +94,30 @@ pub trait Provider: Send + Sync + std::any::Any {
     /// provider's own id. Gating has been done by the caller.
     fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply>;
 
+    /// True when the broker should hand this provider its params raw ([`Provider::call_raw`]):
+    /// a plugin forwards them unread. A provider that reads them (the builtin `local`) gets a
+    /// `Value` built once ([`Provider::call`]).
+    fn takes_raw(&self) -> bool {
+        false
+    }
+
+    /// The same from raw params, as the broker routes them (`sandbox` already rewritten,
+    /// `provider` removed): what [`crate::dispatch`] calls. The default parses them and
+    /// calls [`Provider::call`]; a provider that passes params through unread (a plugin)
+    /// overrides it, so nothing builds a `Value` tree of them.
+    fn call_raw<'a>(
+        &'a self,
+        cx: &'a CallCx,
+        method: &'a str,
+        params: Box<RawValue>,
+    ) -> BoxFut<'a, Reply> {
+        Box::pin(async move {
+            let v: Value = serde_json::from_str(params.get())
+                .map_err(|e| AbxError::invalid_params(method, e))?;
+            self.call(cx, method, v).await
+        })
+    }
+
     /// Called when the broker stops.
     fn shutdown(&self) -> BoxFut<'_, ()> {
         Box::pin(async {})

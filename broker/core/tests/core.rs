@@ -983,3 +983,75 @@ fn registry_owner_of_asks_each_provider() {
     r.remove("u");
     assert!(r.owner_of("u1").is_none());
 }
+
+/// A provider that takes its params raw (as a plugin does) and answers with what it got.
+struct RawProbe {
+    summary: abx_core::provider::ProviderSummary,
+    got: std::sync::Mutex<Vec<String>>,
+}
+
+impl Provider for RawProbe {
+    fn summary(&self) -> &abx_core::provider::ProviderSummary {
+        &self.summary
+    }
+    fn owns(&self, sandbox: &str) -> bool {
+        sandbox == "sb-1"
+    }
+    fn takes_raw(&self) -> bool {
+        true
+    }
+    fn call<'a>(
+        &'a self,
+        _cx: &'a abx_core::provider::CallCx,
+        _method: &'a str,
+        _params: Value,
+    ) -> abx_core::provider::BoxFut<'a, abx_core::provider::Reply> {
+        Box::pin(async { panic!("a raw provider is called raw") })
+    }
+    fn call_raw<'a>(
+        &'a self,
+        _cx: &'a abx_core::provider::CallCx,
+        _method: &'a str,
+        params: Box<serde_json::value::RawValue>,
+    ) -> abx_core::provider::BoxFut<'a, abx_core::provider::Reply> {
+        Box::pin(async move {
+            self.got.lock().unwrap().push(params.get().to_owned());
+            Ok(serde_json::value::to_raw_value(&json!({"ok": true})).unwrap())
+        })
+    }
+}
+
+/// Issue 25: a provider that takes raw params gets every member as the client wrote it,
+/// byte for byte (number spellings, escapes, spacing inside members), with only `sandbox`
+/// rewritten to its own id and `provider` removed; a provider that reads params gets them
+/// parsed (the test provider above, everywhere else in this file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_params_reach_a_raw_provider_as_written_but_for_the_sandbox() {
+    let probe = Arc::new(RawProbe {
+        summary: abx_core::provider::ProviderSummary {
+            id: "raw".into(),
+            name: "raw probe".into(),
+            version: "0".into(),
+            kind: abx_core::provider::Kind::Exec,
+            trust: "local".into(),
+            features: vec!["exec.stream".into(), "sandbox.lifecycle".into()],
+            description: String::new(),
+        },
+        got: Default::default(),
+    });
+    let (b, _dir) = broker_with(
+        vec![probe.clone() as Arc<dyn Provider>],
+        abx_core::outbound::DEFAULT_POOL,
+        None,
+    );
+    let mut c = Client::connect(&b);
+    let body = br#"{"jsonrpc":"2.0","id":7,"method":"exec/start","params":{"sandbox":"raw:sb-1","provider":"raw","command":[ "echo" , "caf\u00e9" ],"env":{"N":"1.50e2"},"n":1.50e2}}"#;
+    c.write(body.to_vec()).await;
+    let r = c.reply(&Id::Num(7)).await;
+    assert_eq!(r.ok(), json!({"ok": true}));
+    let got = probe.got.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![r#"{"command":[ "echo" , "caf\u00e9" ],"env":{"N":"1.50e2"},"n":1.50e2,"sandbox":"sb-1"}"#.to_owned()],
+    );
+}

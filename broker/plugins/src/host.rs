@@ -369,10 +369,10 @@ impl Host {
 
     /// Call a method on the plugin. `conn` and `replied` route the stream that the reply may
     /// open (exec/start, files/watch) to the calling connection.
-    pub async fn call(
+    pub async fn call<P: serde::Serialize + ?Sized>(
         &self,
         method: &str,
-        params: &Value,
+        params: &P,
         conn: Option<Outbound>,
         replied: Option<CancellationToken>,
         cancel: Option<CancellationToken>,

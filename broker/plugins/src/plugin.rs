@@ -537,6 +537,59 @@ impl Provider for PluginProvider {
         })
     }
 
+    fn takes_raw(&self) -> bool {
+        true
+    }
+
+    /// The lean path of a plugin call: the params go to the plugin as they came (only the
+    /// broker rewrote `sandbox`), and a reply the broker does not look into comes back as it
+    /// came. Methods the broker serves or watches itself take [`Provider::call`].
+    fn call_raw<'a>(
+        &'a self,
+        cx: &'a CallCx,
+        method: &'a str,
+        params: Box<serde_json::value::RawValue>,
+    ) -> BoxFut<'a, Reply> {
+        Box::pin(async move {
+            let has = |f: &str| self.summary.features.iter().any(|x| x == f);
+            let own = match method {
+                "exec/kill" | "exec/attach" | "exec/run" | "sandbox/capabilities" => true,
+                "files/upload" | "files/download" => !has("files.transfer"),
+                _ => false,
+            };
+            if own {
+                let v: Value = serde_json::from_str(params.get())
+                    .map_err(|e| AbxError::invalid_params(method, e))?;
+                return self.call(cx, method, v).await;
+            }
+            self.verify().await?;
+            let raw = self
+                .host
+                .call(
+                    method,
+                    &*params,
+                    Some(cx.conn.clone()),
+                    Some(cx.replied.clone()),
+                    Some(cx.cancel.clone()),
+                    None,
+                )
+                .await?;
+            drop(params);
+            if !method.starts_with("sandbox/") {
+                return Ok(raw);
+            }
+            // `sandbox/*` replies carry sandboxes, which the broker tags with their provider.
+            let mut v: Value = serde_json::from_str(raw.get()).map_err(|e| {
+                AbxError::new(
+                    ErrorCode::BadPluginReply,
+                    &[("provider", &self.record.id), ("detail", &e.to_string())],
+                )
+            })?;
+            tag_provider(&mut v, &self.record.id);
+            serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
+        })
+    }
+
     fn shutdown(&self) -> BoxFut<'_, ()> {
         Box::pin(async move { self.host.stop().await })
     }
