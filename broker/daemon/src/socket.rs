@@ -116,10 +116,10 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
         .map_err(|e| startup_error(e, &paths))?;
 
     let broker = crate::compose::broker(paths.clone());
-    // Sandbox processes a daemon of a weaker model left in this PID namespace (only when
-    // sandboxes exist from before): peers are then checked by ancestry too.
+    // Sandbox processes a daemon of a weaker model left in this PID namespace: peers are
+    // then checked by ancestry too.
     let any = broker.registry.all().iter().any(|p| p.sandbox_count() > 0);
-    abx_local::procs::scan_for_host_sandbox_processes(any);
+    abx_local::procs::scan_for_host_sandbox_processes(&paths.data_dir, any);
     info!(version = %broker.version, pid = std::process::id(), socket = %paths.socket.display(), "daemon listening");
     signal_ready();
 

@@ -39,27 +39,42 @@ pub fn may_have_host_sandbox_processes() -> bool {
         || super::isolate::model() != super::isolate::Model::Namespaces
 }
 
-/// At daemon start: look for processes of the daemon's user that carry the marker (left by
-/// a daemon that ran a weaker model); if any, peers are checked by ancestry from now on.
-/// Only when sandboxes exist from before (`any_sandboxes`): a fresh start has none.
-pub fn scan_for_host_sandbox_processes(any_sandboxes: bool) {
-    if !any_sandboxes || may_have_host_sandbox_processes() {
+/// At daemon start: whether processes of a weaker model's sandboxes may be left in this PID
+/// namespace, and if so whether any is (then peers are checked by ancestry from now on).
+/// `data/local/host-processes` says `maybe` after a daemon ran a weaker model or found such
+/// processes, `none` after one looked and found none, so a scan of `/proc` runs only after a
+/// weaker model (or, without the file, when sandboxes exist from before: `any_sandboxes`).
+pub fn scan_for_host_sandbox_processes(data_dir: &std::path::Path, any_sandboxes: bool) {
+    let file = data_dir.join("local").join("host-processes");
+    let record = |v: &str| {
+        let _ = fs::create_dir_all(data_dir.join("local"));
+        let _ = abx_home::util::replace_file(&file, v.as_bytes());
+    };
+    if super::isolate::model() != super::isolate::Model::Namespaces {
+        record("maybe\n");
+        return;
+    }
+    let maybe = match fs::read_to_string(&file) {
+        Ok(s) => s.trim() != "none",
+        Err(_) => any_sandboxes,
+    };
+    if !maybe {
         return;
     }
     let me = std::process::id() as i32;
-    let Ok(rd) = fs::read_dir("/proc") else {
-        note_host_sandbox_process();
-        return;
+    let found = match fs::read_dir("/proc") {
+        Err(_) => true,
+        Ok(rd) => rd.flatten().any(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+                .is_some_and(|pid| pid != me && marker_of(pid).is_some())
+        }),
     };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid != me && marker_of(pid).is_some() {
-            note_host_sandbox_process();
-            return;
-        }
+    if found {
+        note_host_sandbox_process();
     }
+    record(if found { "maybe\n" } else { "none\n" });
 }
 
 /// One process of a sandbox (`process/list`).
