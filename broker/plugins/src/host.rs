@@ -444,16 +444,7 @@ impl Host {
 
     fn crashed_error(&self, r: &Running, what: &str) -> AbxError {
         let secrets = self.spec.lock().expect("spec").secrets.clone();
-        let tail: Vec<String> = r
-            .stderr_tail
-            .lock()
-            .expect("tail")
-            .iter()
-            .rev()
-            .take(3)
-            .rev()
-            .cloned()
-            .collect();
+        let tail = last_lines(&r.stderr_tail, 3);
         let detail = if tail.is_empty() {
             what.to_owned()
         } else {
@@ -559,6 +550,12 @@ impl Running {
         }
         self.writer.send(line).is_ok()
     }
+}
+
+/// The last `n` lines of a plugin's stderr tail, oldest first.
+fn last_lines(tail: &Mutex<VecDeque<String>>, n: usize) -> Vec<String> {
+    let t = tail.lock().expect("tail");
+    t.iter().skip(t.len().saturating_sub(n)).cloned().collect()
 }
 
 /// POSIX's bound on atomic pipe writes (Linux: 4096).
@@ -822,15 +819,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             // The private copy of a plugin run without namespaces (its launcher removes it,
             // unless it was killed first).
             let _ = std::fs::remove_dir_all(&copy_dir);
-            let tail: Vec<String> = tail
-                .lock()
-                .expect("tail")
-                .iter()
-                .rev()
-                .take(3)
-                .rev()
-                .cloned()
-                .collect();
+            let tail = last_lines(&tail, 3);
             let detail = format!(
                 "{why} ({}){}",
                 status.map_or_else(|| "no status".into(), |s| s.to_string()),

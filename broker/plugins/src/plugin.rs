@@ -171,11 +171,14 @@ impl PluginProvider {
         // The fast path: the tree passed a walk less than RESTAMP_EVERY ago and nothing
         // changed in it since.
         {
-            let w = self.watch.lock().expect("watch");
+            let mut w = self.watch.lock().expect("watch");
             if let Some((changes, at)) = &*w {
                 if at.elapsed() < super::changes::RESTAMP_EVERY && changes.quiet() {
                     return Ok(());
                 }
+                // Whatever this look read is gone from the queue: no other call may take the
+                // fast path on it before the walk below has judged the tree.
+                *w = None;
             }
         }
         let mut last = self.verified.lock().await;
