@@ -303,6 +303,17 @@ local function render_dir(buf, sandbox, path, entries)
   }))
 end
 
+--- A change that came while the buffer was busy: looked at again, once it is idle.
+local function replay_missed(buf, st)
+  local p = st.missed
+  if p then
+    st.missed = nil
+    vim.schedule(function()
+      M.on_changed(buf, p)
+    end)
+  end
+end
+
 --- Fill `buf` from SANDBOX:PATH. Returns true, or false and the error (also notified).
 function M.load(buf, sandbox, path, opts)
   opts = opts or {}
@@ -359,6 +370,7 @@ function M.load(buf, sandbox, path, opts)
   record_stat(buf, sandbox, path, bytes)
   st.busy = false
   watch(buf, sandbox, path)
+  replay_missed(buf, st)
   if not opts.silent then
     vim.api.nvim_echo({ { string.format('"%s" %dL, %dB', M.name(sandbox, path), #lines, #bytes) } }, false, {})
   end
@@ -369,11 +381,21 @@ end
 --- changed one.
 function M.on_changed(buf, p)
   local st = M.state[buf]
-  if not st or st.busy or st.dir or not vim.api.nvim_buf_is_valid(buf) then
+  if not st or st.dir or not vim.api.nvim_buf_is_valid(buf) then
+    return
+  end
+  if st.busy then
+    -- A load or write of ours is under way: look again once it is done (a change that
+    -- lands while we read, such as a shell's write after its truncate, is not lost).
+    st.missed = p
     return
   end
   abx.call("files/stat", { sandbox = st.sandbox, path = st.path }, function(err, res)
-    if M.state[buf] ~= st or st.busy or not vim.api.nvim_buf_is_valid(buf) then
+    if M.state[buf] ~= st or not vim.api.nvim_buf_is_valid(buf) then
+      return
+    end
+    if st.busy then
+      st.missed = p
       return
     end
     local now = (not err) and { size = res.size, modifiedAt = res.modifiedAt } or nil
@@ -450,6 +472,7 @@ local function write_lines(buf, target, lines, empty, whole)
     record_stat(buf, sandbox, path, bytes)
     st.busy = false
     watch(buf, sandbox, path)
+    replay_missed(buf, st)
   elseif st then
     st.busy = false
   end
