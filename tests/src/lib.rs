@@ -168,6 +168,8 @@ impl Home {
     pub fn daemon_pid(&self) -> Option<u32> {
         std::fs::read_to_string(self.path.join("run/broker.lock"))
             .ok()?
+            .lines()
+            .next()?
             .trim()
             .parse()
             .ok()

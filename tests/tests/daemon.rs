@@ -385,3 +385,110 @@ fn the_daemon_binary_is_found_beside_abx_or_named_by_abx_broker_bin() {
     );
     assert!(home.daemon_pid().is_some());
 }
+
+/// How the stand-in daemon answers one line of a connection (`None`: it hangs up).
+type Script = Box<dyn FnMut(&Value) -> Option<Value> + Send>;
+
+/// A stand-in daemon on the home's socket: serves one connection per script, in order; each
+/// script gets the lines the client sent and answers (or hangs up). Returns what every
+/// connection sent, in order.
+fn fake_daemon(
+    home: &Home,
+    scripts: Vec<Script>,
+) -> std::thread::JoinHandle<Vec<Vec<Value>>> {
+    use std::io::{BufRead, BufReader, Write};
+    std::fs::create_dir_all(home.run_dir()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for mut script in scripts {
+            let (s, _) = listener.accept().unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut got = Vec::new();
+            for line in BufReader::new(s).lines() {
+                let Ok(line) = line else { break };
+                let msg: Value = serde_json::from_str(&line).unwrap();
+                got.push(msg.clone());
+                match script(&msg) {
+                    Some(reply) => {
+                        let mut b = serde_json::to_vec(&reply).unwrap();
+                        b.push(b'\n');
+                        w.write_all(&b).unwrap();
+                    }
+                    None => break,
+                }
+            }
+            seen.push(got);
+        }
+        seen
+    })
+}
+
+fn answer(msg: &Value, version: &str) -> Option<Value> {
+    let result = match msg["method"].as_str() {
+        Some("initialize") => json!({
+            "protocolVersion": "abx/1",
+            "serverInfo": {"name": "abx-broker", "version": version},
+            "capabilities": {},
+        }),
+        Some("sandbox/list") => json!({"sandboxes": [{"id": "fake-1", "provider": "local",
+            "status": "running", "template": "t", "region": "here"}]}),
+        _ => return None,
+    };
+    Some(json!({"jsonrpc": "2.0", "id": msg["id"], "result": result}))
+}
+
+/// The lock file records the daemon's version: a client of that version skips the
+/// `initialize` round trip (its first line is the call itself); a daemon that takes such a
+/// connection and drops it unanswered (one that is stopping) gets the call again on a
+/// connection made with the handshake, and the user sees one answer; when the recorded
+/// version is another, the handshake comes first.
+#[test]
+fn a_daemon_of_our_version_is_not_asked_initialize_and_a_dropped_first_call_is_sent_again() {
+    let ours = env!("CARGO_PKG_VERSION");
+    let home = Home::new();
+    std::fs::create_dir_all(home.run_dir()).unwrap();
+    let lock = home.run_dir().join("broker.lock");
+    std::fs::write(&lock, format!("{}\n{ours}\n", std::process::id())).unwrap();
+    let server = fake_daemon(
+        &home,
+        vec![
+            // 1: answered at once.
+            Box::new(move |m| answer(m, ours)),
+            // 2: hung up on without a word.
+            Box::new(|_| None),
+            // 3: the careful connection that follows.
+            Box::new(move |m| answer(m, ours)),
+        ],
+    );
+    for _ in 0..2 {
+        let out = home.run(&["-j", "list"]);
+        assert!(out.status.success(), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["sandboxes"][0]["id"], "fake-1", "{v}");
+    }
+    let seen = server.join().unwrap();
+    let methods: Vec<Vec<&str>> = seen
+        .iter()
+        .map(|c| c.iter().map(|m| m["method"].as_str().unwrap()).collect())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            vec!["sandbox/list"],
+            vec!["sandbox/list"],
+            vec!["initialize", "sandbox/list"]
+        ]
+    );
+    assert_eq!(seen[1][0], seen[2][1], "the same call, sent again");
+
+    // Another version recorded (or none): the handshake first.
+    std::fs::remove_file(home.socket()).unwrap();
+    std::fs::write(&lock, format!("{}\n0.0.0-other\n", std::process::id())).unwrap();
+    let server = fake_daemon(&home, vec![Box::new(move |m| answer(m, ours))]);
+    let out = home.run(&["-j", "list"]);
+    assert!(out.status.success(), "{out:?}");
+    let seen = server.join().unwrap();
+    assert_eq!(seen[0][0]["method"], "initialize");
+    assert_eq!(seen[0][1]["method"], "sandbox/list");
+}

@@ -64,7 +64,10 @@ pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
         }
         Err(e) => return Err(startup_error(e, &paths)),
     };
-    lock.write_pid().map_err(|e| startup_error(e, &paths))?;
+    // The version recorded is the one `initialize` answers (compose::broker uses the same
+    // settings), so a client of that version can skip the handshake.
+    lock.write_owner(&crate::compose::settings_from_env().version)
+        .map_err(|e| startup_error(e, &paths))?;
 
     // A socket file with no lock holder is stale, unless something still answers on it.
     if fs::symlink_metadata(&paths.socket).is_ok() {

@@ -46,22 +46,42 @@ impl FileLock {
         Ok(Some(FileLock { file }))
     }
 
-    /// Record our pid in the lock file (the daemon does, for `broker status` and E1012).
-    pub fn write_pid(&mut self) -> io::Result<()> {
+    /// Record our pid and the version we answer `initialize` with in the lock file, one per
+    /// line (the daemon does: the pid for `broker status` and E1012, the version so a client
+    /// of the same version can skip the `initialize` round trip).
+    pub fn write_owner(&mut self, version: &str) -> io::Result<()> {
         self.file.set_len(0)?;
         self.file.rewind()?;
-        writeln!(self.file, "{}", std::process::id())
+        // One write, so a reader sees the whole record or an empty/short file (no match).
+        self.file
+            .write_all(format!("{}\n{version}\n", std::process::id()).as_bytes())
     }
 }
 
-/// The pid recorded in the daemon lock file, if any.
-pub fn recorded_pid(paths: &crate::Paths) -> Option<u32> {
+/// The daemon lock file's lines: pid, then version (a file written by an older daemon has
+/// the pid only).
+fn recorded(paths: &crate::Paths) -> Option<String> {
     let mut s = String::new();
     File::open(&paths.daemon_lock)
         .ok()?
         .read_to_string(&mut s)
         .ok()?;
-    s.trim().parse().ok()
+    Some(s)
+}
+
+/// The pid recorded in the daemon lock file, if any.
+pub fn recorded_pid(paths: &crate::Paths) -> Option<u32> {
+    recorded(paths)?.lines().next()?.trim().parse().ok()
+}
+
+/// The version the daemon that wrote the lock file answers `initialize` with, if recorded
+/// (complete lines only: a half-written file gives `None`).
+pub fn recorded_version(paths: &crate::Paths) -> Option<String> {
+    let s = recorded(paths)?;
+    let mut lines = s.split_inclusive('\n');
+    lines.next()?;
+    let v = lines.next()?.strip_suffix('\n')?;
+    (!v.is_empty()).then(|| v.to_owned())
 }
 
 /// True when a live daemon holds the lock.
@@ -115,21 +135,28 @@ mod tests {
         drop(l);
     }
 
-    /// The pid written is the one read back; `is_locked` follows the daemon lock.
+    /// The pid and version written are the ones read back; `is_locked` follows the daemon
+    /// lock; a file of an older daemon (pid only) or a half-written one has no version.
     #[test]
-    fn write_pid_is_recorded_and_is_locked_follows_the_lock() {
+    fn write_owner_is_recorded_and_is_locked_follows_the_lock() {
         let dir = tempfile::tempdir().unwrap();
         let paths = crate::Paths::under(dir.path());
         std::fs::create_dir_all(&paths.runtime_dir).unwrap();
         assert!(!is_locked(&paths));
         let mut l = FileLock::acquire(&paths.daemon_lock).unwrap();
-        l.write_pid().unwrap();
-        l.write_pid().unwrap();
+        l.write_owner("9.9.9-long-version").unwrap();
+        l.write_owner("1.2.3").unwrap();
         assert_eq!(recorded_pid(&paths), Some(std::process::id()));
+        assert_eq!(recorded_version(&paths).as_deref(), Some("1.2.3"));
         assert!(is_locked(&paths));
         drop(l);
         assert!(!is_locked(&paths));
         // The file (and the pid in it) stays; only the lock goes.
         assert_eq!(recorded_pid(&paths), Some(std::process::id()));
+        for (old, pid) in [("42\n", Some(42)), ("42\n1.2", Some(42)), ("", None)] {
+            std::fs::write(&paths.daemon_lock, old).unwrap();
+            assert_eq!(recorded_pid(&paths), pid, "{old:?}");
+            assert_eq!(recorded_version(&paths), None, "{old:?}");
+        }
     }
 }

@@ -46,7 +46,7 @@ const READ_CHUNK: usize = 64 * 1024;
 /// hand-off in between (tokio's stdin and stdout run every read and write on its blocking
 /// pool, which cost more than the daemon's whole hop to a plugin).
 pub async fn run(paths: &Paths) -> Result<(), AbxError> {
-    let client = Client::connect(paths).await?;
+    let client = Client::connect_handshake(paths).await?;
     let (from_daemon, to_daemon) = client.into_parts();
     let leftover = from_daemon.read_buffer().clone();
     let socket = blocking_socket(&from_daemon.get_ref().0)

@@ -39,10 +39,16 @@ pub struct Client {
     next_id: i64,
     /// Notifications that arrived while waiting for a response.
     pub notifications: VecDeque<Notification>,
-    /// The daemon's `initialize` result.
+    /// The daemon's `initialize` result (`None` when the handshake was skipped).
     pub server: Option<InitializeResult>,
     paths: Paths,
+    /// Connected without the handshake: what was sent before the first reply, to send again
+    /// if the daemon drops the connection without answering anything (see [`Client::connect`]).
+    replay: Option<Vec<u8>>,
 }
+
+/// The most a client keeps to send again while no reply has come (more: no replay).
+const REPLAY_MAX: usize = 1 << 20;
 
 /// Connect to a running daemon, without starting one.
 pub async fn connect_raw(paths: &Paths) -> std::io::Result<Stream> {
@@ -70,6 +76,7 @@ impl Client {
             notifications: VecDeque::new(),
             server: None,
             paths: paths.clone(),
+            replay: None,
         }
     }
 
@@ -83,7 +90,26 @@ impl Client {
 
     /// Connect, starting the daemon when none answers, and replace an idle daemon of
     /// another version.
+    ///
+    /// When the lock file says the running daemon answers with our version, the handshake
+    /// would tell us nothing (`initialize` is optional, DESIGN §3): its round trip is
+    /// skipped. A daemon that is going away can still accept a connection and drop it; what
+    /// was sent before its first reply is then sent again on a connection made the careful
+    /// way ([`Client::connect_handshake`]), so callers see one answer either way.
     pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
+        if abx_home::lock::recorded_version(paths).as_deref() == Some(abx_home::VERSION) {
+            if let Ok(s) = connect_raw(paths).await {
+                let mut c = Client::from_stream(s, paths);
+                c.replay = Some(Vec::new());
+                return Ok(c);
+            }
+        }
+        Self::connect_handshake(paths).await
+    }
+
+    /// [`Client::connect`] with the `initialize` handshake always made first (for
+    /// connections handed on whole: `abx rpc`, the multiplexer).
+    pub async fn connect_handshake(paths: &Paths) -> Result<Client, AbxError> {
         let mut client = Self::connect_or_start(paths).await?;
         let init = match client.initialize_raw().await {
             Ok(v) => client.accept_init(v)?,
@@ -172,10 +198,36 @@ impl Client {
 
     /// Send raw bytes (one framed message or more).
     pub async fn send_raw(&mut self, bytes: &[u8]) -> Result<(), AbxError> {
-        self.writer
-            .write_all(bytes)
-            .await
-            .map_err(|e| unreachable(&self.paths, format!("write failed: {e}")))
+        if let Some(kept) = &mut self.replay {
+            if kept.len() + bytes.len() <= REPLAY_MAX {
+                kept.extend_from_slice(bytes);
+            } else {
+                self.replay = None;
+            }
+        }
+        if let Err(e) = self.writer.write_all(bytes).await {
+            if self.replay.is_some() {
+                // Sent again, with the rest, once the read side sees the connection gone.
+                return Ok(());
+            }
+            return Err(unreachable(&self.paths, format!("write failed: {e}")));
+        }
+        Ok(())
+    }
+
+    /// The daemon dropped a connection made without the handshake before answering
+    /// anything: connect the careful way and send again what was sent. `false` when this
+    /// connection cannot be replayed (it was answered, or the handshake was made).
+    async fn replay_on_fresh(&mut self) -> Result<bool, AbxError> {
+        let Some(kept) = self.replay.take() else {
+            return Ok(false);
+        };
+        let mut fresh = Box::pin(Self::connect_handshake(&self.paths)).await?;
+        fresh.next_id = fresh.next_id.max(self.next_id);
+        fresh.notifications = std::mem::take(&mut self.notifications);
+        *self = fresh;
+        self.send_raw(&kept).await?;
+        Ok(true)
     }
 
     /// Send a request and return its id.
@@ -195,7 +247,14 @@ impl Client {
     /// The next message from the daemon (`None` at end of stream).
     pub async fn next_message(&mut self) -> Result<Option<Message>, AbxError> {
         loop {
-            match self.reader.next().await {
+            let next = self.reader.next().await;
+            if matches!(next, None | Some(Err(_))) && self.replay_on_fresh().await? {
+                continue;
+            }
+            if next.is_some() {
+                self.replay = None;
+            }
+            match next {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(unreachable(&self.paths, format!("read failed: {e}"))),
                 Some(Ok(Frame::TooLarge { .. })) => {

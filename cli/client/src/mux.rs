@@ -288,7 +288,7 @@ impl Mux {
                 return Ok(c.clone());
             }
         }
-        let client = Client::connect(&self.paths).await?;
+        let client = Client::connect_handshake(&self.paths).await?;
         let (reader, mut socket) = client.into_parts();
         let (writer, mut outgoing) = mpsc::unbounded_channel::<Vec<u8>>();
         let conn = Arc::new(Conn {
