@@ -392,10 +392,7 @@ type Script = Box<dyn FnMut(&Value) -> Option<Value> + Send>;
 /// A stand-in daemon on the home's socket: serves one connection per script, in order; each
 /// script gets the lines the client sent and answers (or hangs up). Returns what every
 /// connection sent, in order.
-fn fake_daemon(
-    home: &Home,
-    scripts: Vec<Script>,
-) -> std::thread::JoinHandle<Vec<Vec<Value>>> {
+fn fake_daemon(home: &Home, scripts: Vec<Script>) -> std::thread::JoinHandle<Vec<Vec<Value>>> {
     use std::io::{BufRead, BufReader, Write};
     std::fs::create_dir_all(home.run_dir()).unwrap();
     let listener = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();

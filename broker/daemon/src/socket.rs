@@ -10,7 +10,6 @@ use crate::{logging, Paths};
 use abx_core::conn;
 use abx_home::lock::{recorded_pid, FileLock};
 use abx_home::socket::READY_FD_ENV;
-use abx_home::SocketHalf;
 use abx_protocol::{AbxError, ErrorCode};
 use interprocess::local_socket::tokio::prelude::*;
 use interprocess::local_socket::{GenericFilePath, ListenerOptions};
@@ -19,15 +18,14 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::os::unix::fs::PermissionsExt;
-use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
 /// Whether the peer of a Unix socket has closed it both ways (`POLLHUP`), not only shut
 /// down its sending side.
-fn peer_hung_up(s: &impl std::os::fd::AsRawFd) -> bool {
+fn peer_hung_up(fd: std::os::fd::RawFd) -> bool {
     let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
+        fd,
         events: libc::POLLIN | libc::POLLRDHUP,
         revents: 0,
     };
@@ -168,15 +166,17 @@ async fn serve(paths: Paths) -> Result<(), AbxError> {
             drop(stream);
             continue;
         }
-        let stream = Arc::new(stream);
-        let (r, w) = (SocketHalf(stream.clone()), SocketHalf(stream.clone()));
+        let (r, w) = match abx_home::socket::split(stream) {
+            Ok(halves) => halves,
+            Err(e) => {
+                warn!(error = %e, "dropping a connection that cannot be set up");
+                continue;
+            }
+        };
         let b = broker.clone();
-        let probe = stream;
-        let hung_up: conn::HungUp = Box::new(move || match &*probe {
-            interprocess::local_socket::tokio::Stream::UdSocket(s) => peer_hung_up(s.inner()),
-            #[allow(unreachable_patterns)]
-            _ => false,
-        });
+        // The descriptor both halves share; serve_hangup asks while its read half lives.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(r.as_ref());
+        let hung_up: conn::HungUp = Box::new(move || peer_hung_up(fd));
         tasks.spawn(async move {
             conn::serve_hangup(b, r, w, Some(hung_up)).await;
         });

@@ -18,7 +18,7 @@ pub mod util;
 
 pub use lock::FileLock;
 pub use paths::Paths;
-pub use socket::SocketHalf;
+pub use socket::{SocketRead, SocketWrite};
 
 /// This build's version (every crate of the workspace shares it). The daemon reports
 /// `ABX_BROKER_VERSION` instead when set (tests of version replacement).

@@ -1,53 +1,29 @@
-//! The socket half shared by the daemon and its clients, and the ready-line handshake of a
+//! The socket halves of the daemon's connections and its clients', and the ready-line handshake of a
 //! daemon started by a client.
 
 use std::io;
-use std::sync::Arc;
 
 /// The environment variable naming the fd on which the daemon writes `ready <pid>\n`.
 pub const READY_FD_ENV: &str = "ABX_READY_FD";
 
-/// One half of a shared socket: `&Stream` reads and writes, so two `Arc`s make two halves.
-pub struct SocketHalf(pub Arc<interprocess::local_socket::tokio::Stream>);
+/// The read half of a connection: tokio's own half of a Unix stream. A short read clears
+/// its readiness, so reading one message costs one `recv` (interprocess's reads through a
+/// shared `&Stream` go on until one fails with EAGAIN: a second system call per message).
+pub type SocketRead = tokio::net::unix::OwnedReadHalf;
+/// The write half of a connection (see [`SocketRead`]).
+pub type SocketWrite = tokio::net::unix::OwnedWriteHalf;
 
-impl SocketHalf {
-    /// Split a stream into a read half and a write half.
-    pub fn pair(stream: interprocess::local_socket::tokio::Stream) -> (SocketHalf, SocketHalf) {
-        let s = Arc::new(stream);
-        (SocketHalf(s.clone()), SocketHalf(s))
-    }
-}
-
-impl tokio::io::AsyncRead for SocketHalf {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut &*self.0).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for SocketHalf {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut &*self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut &*self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut &*self.0).poll_shutdown(cx)
-    }
+/// Split a local-socket stream into tokio's halves of the same descriptor (call it on a
+/// tokio runtime: the descriptor is registered with its reactor again).
+pub fn split(
+    stream: interprocess::local_socket::tokio::Stream,
+) -> io::Result<(SocketRead, SocketWrite)> {
+    let fd: std::os::fd::OwnedFd = match stream {
+        interprocess::local_socket::tokio::Stream::UdSocket(s) => s.try_into()?,
+        #[allow(unreachable_patterns)]
+        _ => return Err(io::Error::other("not a Unix socket")),
+    };
+    let std = std::os::unix::net::UnixStream::from(fd);
+    std.set_nonblocking(true)?;
+    Ok(tokio::net::UnixStream::from_std(std)?.into_split())
 }

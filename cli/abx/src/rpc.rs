@@ -49,24 +49,19 @@ pub async fn run(paths: &Paths) -> Result<(), AbxError> {
     let client = Client::connect_handshake(paths).await?;
     let (from_daemon, to_daemon) = client.into_parts();
     let leftover = from_daemon.read_buffer().clone();
-    let socket = blocking_socket(&from_daemon.get_ref().0)
+    let socket = blocking_socket(from_daemon.get_ref().as_ref())
         .map_err(|e| AbxError::detail(ErrorCode::BrokerUnreachable, e))?;
     drop(from_daemon);
-    drop(to_daemon);
+    // Not a shutdown of the shared socket's sending side, as dropping the half would be.
+    to_daemon.forget();
     // Nothing else runs on this (current-thread) runtime: blocking it is fine.
     bridge(socket, leftover)
 }
 
 /// A blocking duplicate of the daemon connection's descriptor.
-fn blocking_socket(
-    s: &interprocess::local_socket::tokio::Stream,
-) -> std::io::Result<std::os::unix::net::UnixStream> {
+fn blocking_socket(s: &tokio::net::UnixStream) -> std::io::Result<std::os::unix::net::UnixStream> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let fd = match s {
-        interprocess::local_socket::tokio::Stream::UdSocket(u) => u.inner().as_raw_fd(),
-        #[allow(unreachable_patterns)]
-        _ => return Err(std::io::Error::other("not a Unix socket")),
-    };
+    let fd = s.as_raw_fd();
     // SAFETY: dup of a descriptor we hold; the copy is owned by the UnixStream.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
     if dup < 0 {

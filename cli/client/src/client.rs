@@ -1,7 +1,7 @@
 //! The CLI's connection to the daemon: connect, start it when none answers, check versions.
 
 use crate::spawn;
-use abx_home::{Paths, SocketHalf};
+use abx_home::{Paths, SocketRead, SocketWrite};
 use abx_protocol::api::{methods, InitializeResult, PeerInfo};
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
 use abx_protocol::message::{self, Incoming, Message, Notification};
@@ -34,8 +34,8 @@ impl From<AbxError> for CallError {
 
 /// A line-framed JSON-RPC connection to the daemon.
 pub struct Client {
-    reader: FramedRead<SocketHalf, FrameCodec>,
-    writer: SocketHalf,
+    reader: FramedRead<SocketRead, FrameCodec>,
+    writer: SocketWrite,
     next_id: i64,
     /// Notifications that arrived while waiting for a response.
     pub notifications: VecDeque<Notification>,
@@ -67,9 +67,10 @@ fn unreachable(paths: &Paths, detail: impl std::fmt::Display) -> AbxError {
 }
 
 impl Client {
-    fn from_stream(stream: Stream, paths: &Paths) -> Client {
-        let (r, w) = SocketHalf::pair(stream);
-        Client {
+    fn from_stream(stream: Stream, paths: &Paths) -> Result<Client, AbxError> {
+        let (r, w) = abx_home::socket::split(stream)
+            .map_err(|e| unreachable(paths, format!("cannot use the connection ({e})")))?;
+        Ok(Client {
             reader: FramedRead::new(r, FrameCodec::with_framing(Framing::Line, usize::MAX / 2)),
             writer: w,
             next_id: 1,
@@ -77,7 +78,7 @@ impl Client {
             server: None,
             paths: paths.clone(),
             replay: None,
-        }
+        })
     }
 
     /// Connect to the running daemon only (no start, no handshake).
@@ -85,7 +86,7 @@ impl Client {
         let s = connect_raw(paths)
             .await
             .map_err(|e| unreachable(paths, format!("not running ({e})")))?;
-        Ok(Client::from_stream(s, paths))
+        Client::from_stream(s, paths)
     }
 
     /// Connect, starting the daemon when none answers, and replace an idle daemon of
@@ -99,7 +100,7 @@ impl Client {
     pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
         if abx_home::lock::recorded_version(paths).as_deref() == Some(abx_home::VERSION) {
             if let Ok(s) = connect_raw(paths).await {
-                let mut c = Client::from_stream(s, paths);
+                let mut c = Client::from_stream(s, paths)?;
                 c.replay = Some(Vec::new());
                 return Ok(c);
             }
@@ -158,13 +159,13 @@ impl Client {
 
     async fn connect_or_start(paths: &Paths) -> Result<Client, AbxError> {
         if let Ok(s) = connect_raw(paths).await {
-            return Ok(Client::from_stream(s, paths));
+            return Client::from_stream(s, paths);
         }
         spawn::start_daemon(paths).await?;
         let s = connect_raw(paths)
             .await
             .map_err(|e| unreachable(paths, format!("started, but cannot connect ({e})")))?;
-        Ok(Client::from_stream(s, paths))
+        Client::from_stream(s, paths)
     }
 
     /// Send `initialize` with our version.
@@ -192,7 +193,7 @@ impl Client {
     }
 
     /// The connection's halves, for `abx rpc`.
-    pub fn into_parts(self) -> (FramedRead<SocketHalf, FrameCodec>, SocketHalf) {
+    pub fn into_parts(self) -> (FramedRead<SocketRead, FrameCodec>, SocketWrite) {
         (self.reader, self.writer)
     }
 

@@ -16,7 +16,7 @@
 //! (starting the daemon when needed).
 
 use crate::client::{CallError, Client};
-use abx_home::{Paths, SocketHalf};
+use abx_home::{Paths, SocketRead};
 use abx_protocol::codec::{Frame, FrameCodec};
 use abx_protocol::message::{self, Incoming, Message};
 use abx_protocol::{AbxError, ErrorCode, Id};
@@ -245,7 +245,7 @@ impl Conn {
     }
 }
 
-async fn read_loop(conn: Arc<Conn>, mut reader: FramedRead<SocketHalf, FrameCodec>) {
+async fn read_loop(conn: Arc<Conn>, mut reader: FramedRead<SocketRead, FrameCodec>) {
     while let Some(frame) = reader.next().await {
         match frame {
             Ok(Frame::Message(b)) => match message::decode(&b) {
