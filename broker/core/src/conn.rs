@@ -34,7 +34,9 @@
 
 use crate::broker::Broker;
 use crate::dispatch::{self, Cx};
-use crate::outbound::{note_released, Ack, Hold, Outbound, Queued, MSG_OVERHEAD, OUTBOUND_BUDGET};
+use crate::outbound::{
+    note_released, Ack, Hold, Outbound, Queued, Writer, MSG_OVERHEAD, OUTBOUND_BUDGET,
+};
 use abx_protocol::api::{methods, CancelParams, PeerInfo};
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
 use abx_protocol::limits;
@@ -242,13 +244,9 @@ where
 {
     let (conn_id, _counted) = broker.conn_opened();
     let framing = Arc::new(AtomicU8::new(0));
-    let (handle, rx) = Outbound::new(conn_id, broker.pool.clone());
-    let writer_task = tokio::spawn(write_loop(
-        writer,
-        rx,
-        framing.clone(),
-        handle.closed_token().clone(),
-    ));
+    let writer = Arc::new(Writer::new(Box::pin(writer), framing.clone()));
+    let (handle, rx) = Outbound::new(conn_id, broker.pool.clone(), Some(writer.clone()));
+    let writer_task = tokio::spawn(write_loop(writer, rx, handle.closed_token().clone()));
     let conn = Arc::new(Conn {
         handle,
         pending: Mutex::new(HashMap::new()),
@@ -370,10 +368,9 @@ fn framing_tag(f: Framing) -> u8 {
     }
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(
-    mut w: W,
+async fn write_loop(
+    writer: Arc<Writer>,
     mut rx: mpsc::UnboundedReceiver<Queued>,
-    framing: Arc<AtomicU8>,
     closed: CancellationToken,
 ) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -392,20 +389,24 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 Err(_) => break,
             },
         };
-        let f = match framing.load(Ordering::Relaxed) {
-            2 => Framing::Header,
-            _ => Framing::Line,
-        };
+        // Held while this batch is written: a sender writes itself only when it gets the
+        // writer with nothing queued (outbound::Writer), so nothing passes what is queued.
+        let mut w = writer.io.lock().await;
+        let f = writer.framing();
+        let mut taken = 0;
         let mut batch = Some(first);
         let mut ok = true;
         // Tracked messages of this write: told once it is flushed (or dropped: not
         // delivered).
         let mut acks: Vec<Ack> = Vec::new();
         while let Some(mut m) = batch.take() {
+            taken += 1;
             if let Some(a) = m.ack.take() {
                 acks.push(a);
             }
-            if m.body.len() >= DIRECT_WRITE {
+            if m.framed {
+                buf.extend_from_slice(&m.body);
+            } else if m.body.len() >= DIRECT_WRITE {
                 // Large body: write what is buffered, then header and body without copying.
                 let mut head = BytesMut::new();
                 if f == Framing::Header {
@@ -451,6 +452,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             }
             break;
         }
+        writer.queued.fetch_sub(taken, Ordering::AcqRel);
+        drop(w);
         for a in acks {
             a.delivered();
         }
@@ -465,7 +468,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         drop(m);
     }
     note_released(released, true);
-    let _ = w.shutdown().await;
+    let _ = writer.io.lock().await.shutdown().await;
 }
 
 /// Handle one frame. Returns true when the connection must close (`exit`).

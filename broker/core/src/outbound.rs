@@ -8,12 +8,20 @@
 //!   client, so an exec keeps what a dead client never got for the next `exec/attach`.
 //! - After a burst of large messages the allocator gives the freed memory back
 //!   ([`note_released`]).
+//! - A small message that finds nothing queued or being written is written by its sender
+//!   at once ([`Writer`]), with no hand-off to the connection's write task: a reply costs
+//!   one task wake-up less, and none on another worker thread (issue 25). Order holds: a
+//!   sender writes itself only while holding the writer with nothing of anyone's queued.
 
+use abx_protocol::codec::Framing;
 use abx_protocol::message;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -176,8 +184,41 @@ fn trim_opt(p: &mut Option<OwnedSemaphorePermit>, keep: usize) {
     }
 }
 
+/// Messages up to this size may be written by their sender ([`Writer`]).
+const SENDER_WRITES: usize = 16 * 1024;
+
+/// A connection's writer, shared by its write task and by senders of small messages that
+/// find nothing queued and the writer free.
+pub(crate) struct Writer {
+    pub(crate) io: tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>,
+    /// Messages handed to the write task and not written yet (it counts them down under
+    /// `io`'s lock once they are).
+    pub(crate) queued: AtomicUsize,
+    /// The connection's framing (0 until known: lines).
+    pub(crate) framing: Arc<AtomicU8>,
+}
+
+impl Writer {
+    pub(crate) fn new(io: Pin<Box<dyn AsyncWrite + Send>>, framing: Arc<AtomicU8>) -> Writer {
+        Writer {
+            io: tokio::sync::Mutex::new(io),
+            queued: AtomicUsize::new(0),
+            framing,
+        }
+    }
+
+    pub(crate) fn framing(&self) -> Framing {
+        match self.framing.load(Ordering::Relaxed) {
+            2 => Framing::Header,
+            _ => Framing::Line,
+        }
+    }
+}
+
 pub(crate) struct Queued {
     pub(crate) body: Bytes,
+    /// `body` is framed already (the unwritten rest of a sender's own write).
+    pub(crate) framed: bool,
     pub(crate) _permit: Permits,
     /// Told whether the body reached the client (see [`Outbound::send_tracked`]).
     pub(crate) ack: Option<Ack>,
@@ -222,6 +263,8 @@ pub struct Outbound {
     /// The broker-wide pool.
     pool: Pool,
     closed: CancellationToken,
+    /// The connection's writer, for senders that write themselves (`None`: always queue).
+    writer: Option<Arc<Writer>>,
 }
 
 /// What a message of `bytes` costs: of the connection's budget, and of the allowance or pool.
@@ -232,7 +275,11 @@ fn costs(bytes: usize, pool: &Pool) -> (usize, usize) {
 
 impl Outbound {
     /// A handle for connection `id` and the queue its writer drains.
-    pub(crate) fn new(id: u64, pool: Pool) -> (Outbound, mpsc::UnboundedReceiver<Queued>) {
+    pub(crate) fn new(
+        id: u64,
+        pool: Pool,
+        writer: Option<Arc<Writer>>,
+    ) -> (Outbound, mpsc::UnboundedReceiver<Queued>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let h = Outbound {
             id,
@@ -241,8 +288,77 @@ impl Outbound {
             own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
             pool,
             closed: CancellationToken::new(),
+            writer,
         };
         (h, rx)
+    }
+
+    /// Hand a message to the write task (or, small and with nothing ahead of it, write it
+    /// now). `Some` gives it back: the connection is gone.
+    fn push(&self, q: Queued) -> Option<Queued> {
+        let q = self.write_now(q)?;
+        let w = self.writer.as_deref();
+        if let Some(w) = w {
+            w.queued.fetch_add(1, Ordering::AcqRel);
+        }
+        let e = self.tx.send(q).err()?;
+        if let Some(w) = w {
+            w.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(e.0)
+    }
+
+    /// Write a small untracked message now if nothing is queued or being written: one
+    /// attempt that never waits. What the socket did not take is queued, framed, while the
+    /// writer is still held (so nothing can pass it). `Some`: not written, queue it.
+    fn write_now(&self, q: Queued) -> Option<Queued> {
+        let Some(w) = self.writer.as_deref() else {
+            return Some(q);
+        };
+        if q.ack.is_some() || q.framed || q.body.len() > SENDER_WRITES || self.tx.is_closed() {
+            return Some(q);
+        }
+        if w.queued.load(Ordering::Acquire) != 0 {
+            return Some(q);
+        }
+        let Ok(mut io) = w.io.try_lock() else {
+            return Some(q);
+        };
+        // Checked again under the lock: the write task counts down only while holding it.
+        if w.queued.load(Ordering::Acquire) != 0 {
+            return Some(q);
+        }
+        let mut framed = BytesMut::with_capacity(q.body.len() + 32);
+        w.framing().write(&q.body, &mut framed);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut done = 0;
+        while done < framed.len() {
+            match io.as_mut().poll_write(&mut cx, &framed[done..]) {
+                Poll::Ready(Ok(n)) if n > 0 => done += n,
+                // Broken, or the socket is full before a byte went: the write task deals
+                // with it (a failed write closes the connection).
+                Poll::Ready(_) | Poll::Pending if done == 0 => return Some(q),
+                Poll::Ready(_) | Poll::Pending => break,
+            }
+        }
+        let flushed = matches!(io.as_mut().poll_flush(&mut cx), Poll::Ready(Ok(())));
+        if done == framed.len() && flushed {
+            return None;
+        }
+        // The rest (possibly nothing, then only the flush) goes first in the write task's
+        // queue: queued under the lock, ahead of anything sent after this.
+        let rest = Queued {
+            body: framed.freeze().slice(done..),
+            framed: true,
+            _permit: q._permit,
+            ack: None,
+        };
+        w.queued.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(rest).is_err() {
+            w.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(io);
+        None
     }
 
     /// Cancelled once the connection's writer is gone.
@@ -370,13 +486,13 @@ impl Outbound {
             permits = Permits { conn, own, pool };
             permits.fit(c, sh);
         }
-        self.tx
-            .send(Queued {
-                body: Bytes::from(body),
-                _permit: permits,
-                ack: None,
-            })
-            .is_ok()
+        self.push(Queued {
+            body: Bytes::from(body),
+            framed: false,
+            _permit: permits,
+            ack: None,
+        })
+        .is_none()
     }
 
     /// [`Outbound::send`] that hands the body back when the connection has closed (a
@@ -420,20 +536,21 @@ impl Outbound {
             body: body.clone(),
             report: Some(r),
         });
-        self.tx
-            .send(Queued {
-                body,
-                _permit: permits,
-                ack,
-            })
-            .map_err(|e| {
-                let mut m = e.0;
+        match self.push(Queued {
+            body,
+            framed: false,
+            _permit: permits,
+            ack,
+        }) {
+            None => Ok(()),
+            Some(mut m) => {
                 // Not queued: the caller keeps the body (its report is not called).
                 if let Some(mut a) = m.ack.take() {
                     a.report = None;
                 }
-                Vec::from(m.body)
-            })
+                Err(Vec::from(m.body))
+            }
+        }
     }
 
     /// Queue a notification.
@@ -458,7 +575,7 @@ mod tests {
     use super::*;
 
     fn handle(pool: &Pool) -> (Outbound, mpsc::UnboundedReceiver<Queued>) {
-        Outbound::new(1, pool.clone())
+        Outbound::new(1, pool.clone(), None)
     }
 
     /// With the pool held by someone else, small messages still go (their connection's own

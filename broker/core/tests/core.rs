@@ -751,6 +751,70 @@ async fn stream_notifications_follow_their_reply_in_order() {
     }
 }
 
+/// Small replies are written by their senders when nothing is queued or being written
+/// (outbound::Writer), the rest by the connection's write task. Through pipes of a few
+/// bytes (nearly every write is partial, the two take turns), a few hundred and 64 KiB,
+/// every frame still arrives whole, every request is answered once, and each stream's notifications come
+/// after its reply and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_written_by_their_senders_and_queued_messages_never_interleave() {
+    for pipe in [23, 300, PIPE] {
+        interleave_through(pipe).await;
+    }
+}
+
+async fn interleave_through(pipe: usize) {
+    let t = TestProvider::full();
+    let (b, _dir) = broker(&t);
+    let mut c = Client::connect_pipe(&b, pipe);
+    let mut asked = std::collections::HashMap::new();
+    for i in 0..60 {
+        let id = if i % 3 == 0 {
+            c.send(
+                "exec/start",
+                json!({"sandbox": "t:s1", "execId": format!("x{i}"), "stream": 15}),
+            )
+            .await
+        } else {
+            c.send("sandbox/list", json!({"provider": "t"})).await
+        };
+        asked.insert(id, i);
+    }
+    let (mut replies, mut notes) = (0, 0);
+    let mut next_note: std::collections::HashMap<String, u64> = Default::default();
+    while replies < 60 || notes < 20 * 15 {
+        match c.next().await {
+            Some(Got::Reply(r)) => {
+                let id = r.id.clone().expect("an id");
+                let i = asked
+                    .remove(&id)
+                    .unwrap_or_else(|| panic!("{id} answered twice"));
+                let v = r.ok();
+                if i % 3 == 0 {
+                    assert_eq!(v["execId"], format!("x{i}"));
+                    assert!(next_note.insert(format!("x{i}"), 0).is_none());
+                } else {
+                    assert!(v["sandboxes"].is_array(), "{v}");
+                }
+                replies += 1;
+            }
+            Some(Got::Note(m, p)) => {
+                assert_eq!(m, "exec/output");
+                let exec = p["execId"].as_str().unwrap().to_owned();
+                let n = next_note
+                    .get_mut(&exec)
+                    .unwrap_or_else(|| panic!("a note of {exec} before its reply"));
+                assert_eq!(p["data"], n.to_string(), "{exec}'s notes in order");
+                *n += 1;
+                notes += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(asked.is_empty());
+    assert!(next_note.values().all(|n| *n == 15));
+}
+
 // ---- the method table, routing and gating ---------------------------------------------
 
 /// The composition root's `Methods` are reached after the core's own (its `broker/ping`

@@ -408,7 +408,13 @@ pub const PIPE: usize = 64 * 1024;
 impl Client {
     /// A new connection to `broker`.
     pub fn connect(broker: &Arc<Broker>) -> Client {
-        let (client, server) = tokio::io::duplex(PIPE);
+        Client::connect_pipe(broker, PIPE)
+    }
+
+    /// A new connection whose pipe holds `pipe` bytes each way (a few: nearly every write
+    /// the broker makes is partial).
+    pub fn connect_pipe(broker: &Arc<Broker>, pipe: usize) -> Client {
+        let (client, server) = tokio::io::duplex(pipe);
         let (sr, sw) = tokio::io::split(server);
         let served = tokio::spawn(conn::serve(broker.clone(), sr, sw));
         let (cr, cw) = tokio::io::split(client);
