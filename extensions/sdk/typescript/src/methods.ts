@@ -31,7 +31,7 @@ export const METHODS: Readonly<Record<string, readonly string[]>> = {
   'sandbox/capabilities': ['sandbox'],
   'sandbox/systemInfo': ['sandbox'],
   'exec/run': ['sandbox', 'command', 'argv', 'cwd', 'env', 'timeout', 'stdin', 'stdinEncoding', 'maxOutput'],
-  'exec/start': ['sandbox', 'command', 'argv', 'cwd', 'env', 'timeout', 'stdin', 'stdinEncoding', 'maxOutput', 'pty'],
+  'exec/start': ['sandbox', 'command', 'argv', 'cwd', 'env', 'timeout', 'stdin', 'stdinEncoding', 'pty'],
   'exec/write': ['execId', 'data', 'encoding', 'eof'],
   'exec/resize': ['execId', 'cols', 'rows'],
   'exec/kill': ['execId', 'signal'],
@@ -49,5 +49,5 @@ export const METHODS: Readonly<Record<string, readonly string[]>> = {
   'files/watch': ['sandbox', 'path', 'recursive'],
   'files/unwatch': ['watchId'],
   'ports/url': ['sandbox', 'port'],
-  'code/run': ['sandbox', 'code', 'language', 'context', 'timeout', 'env'],
+  'code/run': ['sandbox', 'code', 'language'],
 };

@@ -292,13 +292,12 @@ export class Sandbox {
     return (await this.client.sandboxKill(this.id)).killed;
   }
 
-  /** `code/run`: FeatureNotSupportedError (E8004) where the provider does not declare code.interpret. */
-  runCode(
-    code: string,
-    opts: { language?: string; context?: string; timeout?: number; env?: Record<string, string>; signal?: AbortSignal } = {},
-  ): Promise<CodeRunResult> {
-    const { signal, ...rest } = opts;
-    return this.client.codeRun({ sandbox: this.id, code, ...rest }, signal);
+  /**
+   * `code/run` (language default `python`): FeatureNotSupportedError (E8004) where the
+   * provider does not declare code.interpret.
+   */
+  runCode(code: string, opts: { language?: string; signal?: AbortSignal } = {}): Promise<CodeRunResult> {
+    return this.client.codeRun({ sandbox: this.id, code, language: opts.language ?? 'python' }, opts.signal);
   }
 
   capabilities(): Promise<Capabilities> {

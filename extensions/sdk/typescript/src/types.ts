@@ -297,10 +297,8 @@ export interface SandboxListResult {
 export interface CodeRunParams {
   sandbox: string;
   code: string;
-  language?: string;
-  context?: string;
-  timeout?: number;
-  env?: Record<string, string>;
+  /** `python`, `javascript`, ... (what the provider's code.interpret offers). */
+  language: string;
 }
 
 export interface CodeRunResult {
