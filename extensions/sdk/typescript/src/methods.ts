@@ -50,4 +50,5 @@ export const METHODS: Readonly<Record<string, readonly string[]>> = {
   'files/unwatch': ['watchId'],
   'ports/url': ['sandbox', 'port'],
   'code/run': ['sandbox', 'code', 'language'],
+  'commands/run': ['sandbox', 'name', 'args'],
 };

@@ -300,6 +300,11 @@ export class Sandbox {
     return this.client.codeRun({ sandbox: this.id, code, language: opts.language ?? 'python' }, opts.signal);
   }
 
+  /** `commands/run`: a named command of the provider (E8004 where it has none). */
+  runCommand(name: string, args?: unknown): Promise<Record<string, unknown>> {
+    return this.client.request('commands/run', args === undefined ? { sandbox: this.id, name } : { sandbox: this.id, name, args });
+  }
+
   capabilities(): Promise<Capabilities> {
     return this.client.sandboxCapabilities(this.id);
   }
