@@ -171,6 +171,8 @@ describe('exec', () => {
     ac.abort();
     await assert.rejects(run, (e) => e instanceof sdk.CancelledError && e.abx === 'E1006' && e.code === -32800);
     await until(async () => !(await sb.processes.list()).some((p) => /sleep 77/.test(p.command)), 'sleep 77 gone');
+    const req = SENT.find((m) => m.method === 'exec/run' && m.params?.command === 'sleep 77');
+    assert.ok(SENT.some((m) => m.method === '$/cancelRequest' && m.params?.id === req.id), 'the abort sent $/cancelRequest for that request');
     const ac2 = new AbortController();
     const s = await sb.execStream('sleep 78', { signal: ac2.signal });
     ac2.abort();
