@@ -99,32 +99,66 @@ export class ProviderError extends AbxError {}
 /** E9xxx: a bug in the broker. */
 export class InternalError extends AbxError {}
 
-// ---- named codes
+// ---- named codes (the Python SDK's names; aliases below where this SDK had its own first)
 
+/** E1001: the bytes were not JSON. */
+export class ParseError extends ProtocolError {}
+/** E1002: not a JSON-RPC request. */
+export class InvalidRequestError extends ProtocolError {}
+/** E1003: the broker has no such method. */
+export class MethodNotFoundError extends ProtocolError {}
 /** E1004 */
 export class InvalidParamsError extends ProtocolError {}
 /** E1005 */
 export class MessageTooLargeError extends ProtocolError {}
 /** E1006: the request was cancelled (AbortSignal, a cancellation token). */
 export class CancelledError extends ProtocolError {}
-/** E1007: the broker (or ssh, or the abx binary) cannot be reached. */
+/** E1007: the broker (or the abx binary) cannot be reached. */
 export class BrokerUnreachableError extends ProtocolError {}
 /** E1008: the broker or the abx binary is too old for this SDK. */
 export class VersionMismatchError extends ProtocolError {}
+/** E1009 */
+export class UsageError extends ProtocolError {}
+/** E1010 */
+export class ShuttingDownError extends ProtocolError {}
+/** E1011 */
+export class PermissionDeniedError extends ProtocolError {}
+/** E1012 */
+export class BrokerAlreadyRunningError extends ProtocolError {}
+/** E1013 */
+export class BusyError extends ProtocolError {}
+/** E1014: ssh could not reach the host of `host` / ABX_HOST. */
+export class HostUnreachableError extends BrokerUnreachableError {}
+/** E1015: ssh reached the host but could not log in. */
+export class HostAuthError extends BrokerUnreachableError {}
+/** E1016: logged in, but the remote abx (remoteBin / ABX_REMOTE_BIN) could not be run. */
+export class RemoteAbxNotFoundError extends BrokerUnreachableError {}
 /** E2001 */
 export class SandboxCreateError extends SandboxError {}
 /** E2002 */
 export class SandboxNotRunningError extends SandboxError {}
 /** E2003 */
 export class SandboxExpiredError extends SandboxError {}
+/** E2004 */
+export class InvalidTimeoutError extends SandboxError {}
 /** E2005 */
 export class TemplateNotFoundError extends SandboxError {}
+/** E2006 */
+export class SandboxLimitError extends SandboxError {}
 /** E2009 */
 export class SandboxNotFoundError extends SandboxError {}
 /** E3001 */
 export class ExecTimeoutError extends ExecError {}
 /** E3002 */
 export class ExecNotFoundError extends ExecError {}
+/** E3003 */
+export class ExecStartError extends ExecError {}
+/** E3004 */
+export class ExecNotOwnedError extends ExecError {}
+/** E3005 */
+export class ExecStdinClosedError extends ExecError {}
+/** E3006 */
+export class ProcessNotFoundError extends ExecError {}
 /** E4001 */
 export class FileNotFoundError extends FilesError {}
 /** E4002 */
@@ -141,14 +175,20 @@ export class FileExistsError extends FilesError {}
 export class PortNotReachableError extends PortError {}
 /** E8001 */
 export class ProviderNotFoundError extends ProviderError {}
+/** E8002, E8003, E8007, E8008, E8009: the plugin failed (handshake, protocol, crash, timeout, reply). */
+export class PluginError extends ProviderError {}
 /** E8002 */
-export class HandshakeError extends ProviderError {}
+export class HandshakeError extends PluginError {}
 /** E8004: the provider does not declare the feature (`runCode` on a provider without `code.interpret`). */
 export class FeatureNotSupportedError extends ProviderError {}
+/** E8006 */
+export class ProviderConfigError extends ProviderError {}
 /** E8007 */
-export class ProviderCrashedError extends ProviderError {}
+export class ProviderCrashedError extends PluginError {}
 /** E8008 */
-export class ProviderTimeoutError extends ProviderError {}
+export class ProviderTimeoutError extends PluginError {}
+/** E8010 */
+export class SourceUnreachableError extends ProviderError {}
 /** E8011 */
 export class IntegrityError extends ProviderError {}
 /** E8012: confirmation, pin or transport refused (the message names the flag to add). */
@@ -159,23 +199,58 @@ export class DigestMismatchError extends ProviderError {}
 export class ManifestError extends ProviderError {}
 /** E8015 */
 export class AlreadyInstalledError extends ProviderError {}
+/** E8016 */
+export class EnforcementUnavailableError extends ProviderError {}
+
+// The Python SDK's names for the same classes.
+export const WireError = ProtocolError;
+export type WireError = ProtocolError;
+export const PortsError = PortError;
+export type PortsError = PortError;
+export const RequestCancelledError = CancelledError;
+export type RequestCancelledError = CancelledError;
+export const SandboxFileNotFoundError = FileNotFoundError;
+export type SandboxFileNotFoundError = FileNotFoundError;
+export const ProviderNotInstalledError = ProviderNotFoundError;
+export type ProviderNotInstalledError = ProviderNotFoundError;
+export const RefusedError = ConfirmationRequiredError;
+export type RefusedError = ConfirmationRequiredError;
+export const InvalidManifestError = ManifestError;
+export type InvalidManifestError = ManifestError;
 
 type ErrorClass = new (abx: string, message: string, opts?: AbxErrorOptions) => AbxError;
 
 /** The class of each named E-code. */
 export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = {
+  E1001: ParseError,
+  E1002: InvalidRequestError,
+  E1003: MethodNotFoundError,
   E1004: InvalidParamsError,
   E1005: MessageTooLargeError,
   E1006: CancelledError,
   E1007: BrokerUnreachableError,
   E1008: VersionMismatchError,
+  E1009: UsageError,
+  E1010: ShuttingDownError,
+  E1011: PermissionDeniedError,
+  E1012: BrokerAlreadyRunningError,
+  E1013: BusyError,
+  E1014: HostUnreachableError,
+  E1015: HostAuthError,
+  E1016: RemoteAbxNotFoundError,
   E2001: SandboxCreateError,
   E2002: SandboxNotRunningError,
   E2003: SandboxExpiredError,
+  E2004: InvalidTimeoutError,
   E2005: TemplateNotFoundError,
+  E2006: SandboxLimitError,
   E2009: SandboxNotFoundError,
   E3001: ExecTimeoutError,
   E3002: ExecNotFoundError,
+  E3003: ExecStartError,
+  E3004: ExecNotOwnedError,
+  E3005: ExecStdinClosedError,
+  E3006: ProcessNotFoundError,
   E4001: FileNotFoundError,
   E4002: PathOutsideSandboxError,
   E4003: IsADirectoryError,
@@ -185,15 +260,23 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = {
   E5001: PortNotReachableError,
   E8001: ProviderNotFoundError,
   E8002: HandshakeError,
+  E8003: PluginError,
   E8004: FeatureNotSupportedError,
+  E8006: ProviderConfigError,
   E8007: ProviderCrashedError,
   E8008: ProviderTimeoutError,
+  E8009: PluginError,
+  E8010: SourceUnreachableError,
   E8011: IntegrityError,
   E8012: ConfirmationRequiredError,
   E8013: DigestMismatchError,
   E8014: ManifestError,
   E8015: AlreadyInstalledError,
+  E8016: EnforcementUnavailableError,
 };
+
+/** The ssh codes the CLI's `--host` adds to the protocol (E1014..E1016): this SDK raises them for its own ssh. */
+export const SSH_CODES = ['E1014', 'E1015', 'E1016'] as const;
 
 /** The family class of an E-code by its first digit. */
 export const FAMILIES: Readonly<Record<string, ErrorClass>> = {

@@ -9,7 +9,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import * as fs from 'node:fs';
 import type { Readable, Writable } from 'node:stream';
-import { AbxError, BrokerUnreachableError, InvalidParamsError } from './errors.js';
+import { AbxError, BrokerUnreachableError, HostAuthError, HostUnreachableError, InvalidParamsError, RemoteAbxNotFoundError } from './errors.js';
 
 /** A byte stream to a broker. */
 export interface Link {
@@ -173,33 +173,36 @@ export function openProcess(file: string, args: string[], env: NodeJS.ProcessEnv
 }
 
 /**
- * What an ssh failure means, from its exit code and last stderr lines: E1007 with the fix
- * (unreachable host, authentication, no abx on the remote machine).
+ * What an ssh failure means, from its exit code and last stderr lines, with the fix: E1016 the
+ * remote abx cannot be run, E1015 the login was refused, E1014 the host cannot be reached (the
+ * codes and texts of the CLI's `--host`).
  */
 export function sshFailure(label: string, target: SshTarget, remoteBin: string, exitCode: number | null, stderr: string): AbxError {
   const where = target.user ? `${target.user}@${target.host}` : target.host;
+  const dest = target.port !== undefined ? `ssh://${where}:${target.port}` : where;
   const tail = stderr.trim().split('\n').filter((l) => l.trim()).slice(-3).join(' ');
-  const said = tail ? `: ${tail}` : '';
-  if (exitCode === 127 || /command not found|No such file or directory|not found/i.test(tail) && exitCode !== 255) {
-    return new BrokerUnreachableError('E1007', `The abx broker is not reachable: '${remoteBin}' is not installed on ${where}${said}`, {
-      suggestion: `Install abx on ${where}, or set ABX_REMOTE_BIN (remoteBin) to its path there.`,
-      data: { host: where, exitCode },
+  const detail = tail || `'${label}' exited with code ${exitCode}`;
+  const data = { host: target.host, exitCode };
+  if (exitCode !== 255 && (exitCode === 127 || exitCode === 126 || /command not found|No such file or directory|not found|Permission denied/i.test(tail))) {
+    return new RemoteAbxNotFoundError('E1016', `'${remoteBin}' cannot be run on host '${target.host}': ${detail}`, {
+      suggestion: `Install abx on that machine so '${remoteBin}' is on the PATH of non-interactive ssh sessions, or set ABX_REMOTE_BIN (remoteBin) to its full path there.`,
+      data,
     });
   }
-  if (/Permission denied|Authentication failed|Too many authentication failures|Host key verification failed/i.test(tail)) {
-    return new BrokerUnreachableError('E1007', `The abx broker is not reachable: ssh could not log in to ${where}${said}`, {
-      suggestion: `Check that 'ssh ${where}' works without a prompt (keys in ssh-agent or ~/.ssh/config, a known host key).`,
-      data: { host: where, exitCode },
+  if (/Permission denied|Authentication failed|Too many authentication failures|Host key verification failed|no matching host key/i.test(tail)) {
+    return new HostAuthError('E1015', `ssh could not log in to '${target.host}': ${detail}`, {
+      suggestion: `abx runs your own ssh without prompting: load the key in ssh-agent or name it in ~/.ssh/config (IdentityFile), accept the host key once with 'ssh ${dest} true', then retry.`,
+      data,
     });
   }
   if (exitCode === 255) {
-    return new BrokerUnreachableError('E1007', `The abx broker is not reachable: ssh could not reach ${where}${said}`, {
-      suggestion: `Check the host name and port (${target.port ?? 22}), and that 'ssh ${where}' works from this machine.`,
-      data: { host: where, exitCode },
+    return new HostUnreachableError('E1014', `Cannot reach host '${target.host}' over ssh: ${detail}`, {
+      suggestion: `Check the address and port (${target.port ?? 22}) in ABX_HOST / host (ssh://[user@]host[:port]) and that sshd runs there; 'ssh ${dest} true' must work by hand.`,
+      data,
     });
   }
-  return new BrokerUnreachableError('E1007', `The abx broker is not reachable: '${label}' exited with code ${exitCode}${said}`, {
+  return new BrokerUnreachableError('E1007', `The abx broker is not reachable: '${label}' exited with code ${exitCode}: ${detail}`, {
     suggestion: `Run '${label}' in a shell to see why.`,
-    data: { host: where, exitCode },
+    data,
   });
 }

@@ -2,8 +2,8 @@
 // on a loopback port with throwaway keys, as the same user; the remote `abx rpc` is the debug
 // abx (remoteBin / ABX_REMOTE_BIN), its ABX_HOME set by sshd (SetEnv), so the remote broker
 // is this suite's daemon and what it made is seen through the local socket too. Also the
-// ssh failures: no abx there, nothing listening, a key that is not authorized (E1007 each,
-// with the fix).
+// ssh failures: no abx there (E1016), nothing listening (E1014), a key that is not
+// authorized (E1015), each with the fix.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -134,20 +134,20 @@ describe('ssh', () => {
     }
   });
 
-  test('ssh failures are E1007 with the fix: no abx there, nothing listening, a key not authorized', async () => {
+  test('ssh failures carry the code and the fix: E1016 no abx there, E1014 nothing listening, E1015 a key not authorized', async () => {
     await assert.rejects(
       sdk.BrokerClient.connect({ host, sshOptions, remoteBin: '/nonexistent/abx', env: home.env }),
-      (e) => e instanceof sdk.BrokerUnreachableError && /is not installed on/.test(e.message) && /ABX_REMOTE_BIN/.test(e.suggestion),
+      (e) => e instanceof sdk.RemoteAbxNotFoundError && e.abx === 'E1016' && e instanceof sdk.BrokerUnreachableError && /'\/nonexistent\/abx' cannot be run on host '127\.0\.0\.1'/.test(e.message) && /ABX_REMOTE_BIN/.test(e.suggestion),
     );
     const closed = await freePort();
     await assert.rejects(
       sdk.BrokerClient.connect({ host: `${user}@127.0.0.1:${closed}`, sshOptions, remoteBin: ABX_BIN, env: home.env }),
-      (e) => e instanceof sdk.BrokerUnreachableError && /could not reach/.test(e.message) && e.suggestion.includes(String(closed)),
+      (e) => e instanceof sdk.HostUnreachableError && e.abx === 'E1014' && /Cannot reach host '127\.0\.0\.1' over ssh/.test(e.message) && e.suggestion.includes(String(closed)),
     );
     const stranger = [...sshOptions.slice(0, -2), '-i', path.join(dir, 'stranger_key')];
     await assert.rejects(
       sdk.BrokerClient.connect({ host, sshOptions: stranger, remoteBin: ABX_BIN, env: home.env }),
-      (e) => e instanceof sdk.BrokerUnreachableError && /could not log in/.test(e.message) && /ssh /.test(e.suggestion),
+      (e) => e instanceof sdk.HostAuthError && e.abx === 'E1015' && /ssh could not log in to '127\.0\.0\.1'/.test(e.message) && /ssh-agent/.test(e.suggestion),
     );
   });
 });
