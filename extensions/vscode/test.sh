@@ -9,6 +9,8 @@
 #
 # Installs what it needs by itself on a fresh Debian 12: Node.js >= 20 and npm (apt, then
 # Node 20 from the npm registry when apt's is older), then the locked npm packages (npm ci).
+# The client layer is the SDK (extensions/sdk/typescript, `@abx/sdk`): it is built and packed
+# (npm pack) first, and the extension gets that package as its dependency.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -66,6 +68,25 @@ export ABX_BIN
 log "abx: $ABX_BIN ($("$ABX_BIN" --version))"
 
 ensure_node
+SDK="$ROOT/extensions/sdk/typescript"
+SDK_TMP="$(mktemp -d "${TMPDIR:-/tmp}/abx-sdk-pack.XXXXXX")"
+trap 'rm -rf "$SDK_TMP"' EXIT
+
+# ---- the SDK: its dev packages (locked), build, npm pack
+(
+  cd "$SDK"
+  stamp="node_modules/.abx-lock-sha256"
+  want="$(sha256sum package-lock.json | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    log "sdk: npm ci"
+    npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+    echo "$want" >"$stamp"
+  fi
+  log "sdk: build"
+  node scripts/build.mjs
+  npm pack --silent --pack-destination "$SDK_TMP" >/dev/null
+)
+SDK_TGZ="$(ls "$SDK_TMP"/*.tgz)"
 cd "$HERE"
 
 # ---- npm packages, exactly as locked (reinstalled only when the lock changed)
@@ -77,6 +98,10 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
   echo "$want" >"$stamp"
 fi
+# The SDK as just packed (npm ci installed the copy of an earlier build, if any).
+rm -rf node_modules/@abx/sdk
+mkdir -p node_modules/@abx/sdk
+tar xzf "$SDK_TGZ" -C node_modules/@abx/sdk --strip-components=1
 
 # ---- type-check against @types/vscode (pinned to engines.vscode), then build
 log "tsc --noEmit"
@@ -93,20 +118,20 @@ cleanup() {
   done
   rm -rf "$TEST_TMP"
 }
-trap cleanup EXIT
+trap 'cleanup; rm -rf "$SDK_TMP"' EXIT
 log "node --test"
 TMPDIR="$TEST_TMP" node --test --test-concurrency=2 out/test/*.test.js
 
 # ---- package: a .vsix with the compiled extension and its runtime dependency
 log "vsce package"
 files="$(npx --no-install vsce ls </dev/null)"
-for f in out/src/extension.js out/src/client/broker.js node_modules/vscode-jsonrpc/package.json media/abx.svg README.md; do
+for f in out/src/extension.js out/src/client/broker.js node_modules/@abx/sdk/package.json node_modules/@abx/sdk/dist/cjs/broker.js media/abx.svg README.md; do
   if ! grep -qx "$f" <<<"$files"; then
     echo "vscode: $f is missing from the package" >&2
     exit 1
   fi
 done
-if grep -q '^out/test/\|^src/\|^node_modules/typescript/' <<<"$files"; then
+if grep -q '^out/test/\|^src/\|^node_modules/typescript/\|^node_modules/vscode-jsonrpc/\|^\.\./' <<<"$files"; then
   echo "vscode: the package holds test, source or dev files" >&2
   exit 1
 fi

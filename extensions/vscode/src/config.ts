@@ -10,6 +10,8 @@ export interface Settings {
   connection: 'daemon' | 'stdio';
   /** ABX_HOME for abx ('' = abx's own default). */
   home: string;
+  /** ABX_HOST for abx: `ssh://user@host[:port]` ('' = this machine, or the inherited ABX_HOST). */
+  host: string;
   defaultProvider: string;
   defaultTemplate: string;
   /** Lifetime of new sandboxes and of "extend", in seconds. */
@@ -30,7 +32,7 @@ export interface Settings {
  * Settings that choose what program runs: taken from User settings (and, in a remote
  * window, Remote settings) only, never from a workspace's `.vscode/settings.json`.
  */
-export const USER_ONLY = ['path', 'home', 'connection'] as const;
+export const USER_ONLY = ['path', 'home', 'connection', 'host'] as const;
 
 
 export function expandHome(p: string): string {
@@ -60,6 +62,7 @@ export function readSettings(): Settings {
     path: expandHome((userValue<string>(c, 'path', 'abx') || 'abx').trim()),
     connection,
     home: expandHome((userValue<string>(c, 'home', '') || '').trim()),
+    host: (userValue<string>(c, 'host', '') || '').trim(),
     defaultProvider: (c.get<string>('defaultProvider', '') || '').trim(),
     defaultTemplate: (c.get<string>('defaultTemplate', '') || '').trim(),
     defaultTimeout: Math.max(1, Math.floor(Number(c.get<number>('defaultTimeout', 300)) || 300)),
@@ -71,9 +74,10 @@ export function readSettings(): Settings {
   };
 }
 
-/** The environment abx runs with: ours, plus ABX_HOME when set. */
+/** The environment abx runs with: ours, plus ABX_HOME and ABX_HOST when set. */
 export function abxEnv(s: Settings): NodeJS.ProcessEnv {
   const env = { ...process.env };
   if (s.home) env.ABX_HOME = s.home;
+  if (s.host) env.ABX_HOST = s.host;
   return env;
 }

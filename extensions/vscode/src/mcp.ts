@@ -54,6 +54,7 @@ export function registerMcp(service: AbxService, extensionVersion: string, api: 
       if (!s.mcpEnabled) return [];
       const env: Record<string, string> = {};
       if (s.home) env.ABX_HOME = s.home;
+      if (s.host) env.ABX_HOST = s.host;
       return [new a.McpStdioServerDefinition('abx sandboxes', s.path, ['mcp'], env, extensionVersion)];
     },
     resolveMcpServerDefinition: async (server: unknown) => {

@@ -160,7 +160,7 @@ export class AbxService implements vscode.Disposable {
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.retryTimer = undefined;
     this.setState({ kind: 'connecting' });
-    this.log(`connecting: ${s.path} ${s.connection === 'stdio' ? 'broker --stdio' : 'rpc'}${s.home ? ` (ABX_HOME=${s.home})` : ''}`);
+    this.log(`connecting: ${s.path} ${s.connection === 'stdio' ? 'broker --stdio' : 'rpc'}${s.home ? ` (ABX_HOME=${s.home})` : ''}${s.host ? ` (ABX_HOST=${s.host})` : ''}`);
     try {
       const client = await BrokerClient.connect({
         abxPath: s.path,

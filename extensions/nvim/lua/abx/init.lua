@@ -15,6 +15,10 @@ local defaults = {
   abx = "abx",
   -- extra environment for `abx rpc` (e.g. {ABX_HOME = "/tmp/x"}); nil: Neovim's own
   env = nil,
+  -- a broker on another machine: "ssh://user@host[:port]" (or "user@host"); `abx rpc`
+  -- runs with ABX_HOST set to it and reaches that broker through `ssh host abx rpc`
+  -- (nil: this machine's broker, or ABX_HOST of Neovim's environment)
+  host = nil,
   -- sandbox/create defaults; nil lets the broker choose (default provider, template
   -- `base`, 300 s lifetime)
   provider = nil,
@@ -37,13 +41,26 @@ M.config = vim.deepcopy(defaults)
 
 local client = nil
 
---- Options (see :help abx-setup). May be called again; a changed `abx` or `env`
+--- The environment `abx rpc` gets on top of Neovim's: `env`, and ABX_HOST from `host`.
+function M.bridge_env()
+  local env = vim.deepcopy(M.config.env or {})
+  local host = M.config.host
+  if type(host) == "string" and vim.trim(host) ~= "" then
+    env.ABX_HOST = vim.trim(host)
+  end
+  if next(env) == nil then
+    return nil
+  end
+  return env
+end
+
+--- Options (see :help abx-setup). May be called again; a changed `abx`, `env` or `host`
 --- restarts the bridge on the next request.
 function M.setup(opts)
   opts = opts or {}
-  local old_cmd, old_env = M.config.abx, vim.inspect(M.config.env)
+  local old_cmd, old_env = M.config.abx, vim.inspect(M.bridge_env())
   M.config = vim.tbl_deep_extend("force", vim.deepcopy(defaults), opts)
-  if client and (M.config.abx ~= old_cmd or vim.inspect(M.config.env) ~= old_env) then
+  if client and (M.config.abx ~= old_cmd or vim.inspect(M.bridge_env()) ~= old_env) then
     client:stop()
     client = nil
   elseif client then
@@ -57,7 +74,7 @@ function M.client()
   if not client then
     client = rpc.new({
       cmd = { M.config.abx, "rpc" },
-      env = M.config.env,
+      env = M.bridge_env(),
       request_timeout = M.config.request_timeout,
     })
   end
