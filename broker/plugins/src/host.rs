@@ -378,6 +378,36 @@ impl Host {
         cancel: Option<CancellationToken>,
         timeout: Option<Duration>,
     ) -> Result<Box<RawValue>, AbxError> {
+        let encode = |id: &Id| message::encode_request(id, method, Some(params));
+        self.call_encoded(method, encode, conn, replied, cancel, timeout)
+            .await
+    }
+
+    /// [`Host::call`] with params the host owns: they are freed once the request line
+    /// is written, not held until the reply (a 64 MiB `files/write` is held once, briefly).
+    pub async fn call_owned(
+        &self,
+        method: &str,
+        params: Box<RawValue>,
+        conn: Option<Outbound>,
+        replied: Option<CancellationToken>,
+        cancel: Option<CancellationToken>,
+        timeout: Option<Duration>,
+    ) -> Result<Box<RawValue>, AbxError> {
+        let encode = move |id: &Id| message::encode_request(id, method, Some(&*params));
+        self.call_encoded(method, encode, conn, replied, cancel, timeout)
+            .await
+    }
+
+    async fn call_encoded(
+        &self,
+        method: &str,
+        encode: impl FnOnce(&Id) -> Vec<u8>,
+        conn: Option<Outbound>,
+        replied: Option<CancellationToken>,
+        cancel: Option<CancellationToken>,
+        timeout: Option<Duration>,
+    ) -> Result<Box<RawValue>, AbxError> {
         let r = self.running().await?;
         let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -390,7 +420,8 @@ impl Host {
                 replied,
             },
         );
-        let mut line = message::encode_request(&Id::Num(id_num), method, Some(params));
+        // `encode` owns what it encodes: owned params are freed here, before the wait.
+        let mut line = encode(&Id::Num(id_num));
         line.push(b'\n');
         if !r.send(line) {
             r.pending.lock().expect("pending").remove(&id_num);

@@ -568,16 +568,15 @@ impl Provider for PluginProvider {
             self.verify().await?;
             let raw = self
                 .host
-                .call(
+                .call_owned(
                     method,
-                    &*params,
+                    params,
                     Some(cx.conn.clone()),
                     Some(cx.replied.clone()),
                     Some(cx.cancel.clone()),
                     None,
                 )
                 .await?;
-            drop(params);
             if !method.starts_with("sandbox/") {
                 return Ok(raw);
             }
