@@ -205,7 +205,10 @@ fn foreign_peer(pid: i32) -> Option<String> {
         // The kernel gives no pid for a peer whose PID namespace we cannot see.
         return Some("the peer's pid is not visible from the daemon's PID namespace".into());
     }
-    let mine = abx_local::container::ns_inode(std::process::id() as i32, "pid");
+    // A process's own PID namespace never changes: looked up once.
+    static MINE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let mine =
+        *MINE.get_or_init(|| abx_local::container::ns_inode(std::process::id() as i32, "pid"));
     let theirs = abx_local::container::ns_inode(pid, "pid");
     if mine.is_some() && theirs != mine {
         return Some("the peer runs in another PID namespace".into());
