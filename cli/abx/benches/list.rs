@@ -8,7 +8,8 @@
 //! profile first, and the bench then builds the daemon `abx-broker` beside it: see
 //! `common::ensure_broker`). Otherwise the binaries are looked up in target/release, then
 //! target/debug (build them first: `cargo build --release -p abx-cli -p abx-broker`).
-//! `ABX_BENCH_N` sets the number of warm runs (default 200). Figures are shown unpinned and
+//! `ABX_BENCH_N` sets the number of warm runs (default 200), taken in 8 rounds that
+//! alternate with `node -e 0`'s. Figures are shown unpinned and
 //! pinned to one CPU with taskset (each compared only with its baseline measured the same
 //! way); absolute numbers are noted, not gated.
 
@@ -82,7 +83,9 @@ fn verdict(ratio: f64, limit: f64) -> &'static str {
     }
 }
 
-fn warm_list(abx: &Path, pinned: bool, n: usize) -> Stats {
+/// Warm `abx list` and `node -e 0`, taken in alternating rounds (8 of each), so that what
+/// the machine's neighbours do over the run weighs on both alike: the ratio is what counts.
+fn warm_list_and_node(abx: &Path, pinned: bool, n: usize, node: bool) -> (Stats, Option<Stats>) {
     let home = Home::new(abx);
     // The daemon inherits the pinning of the command that starts it.
     time_one(home.abx(pinned, &["broker", "start"]));
@@ -92,19 +95,25 @@ fn warm_list(abx: &Path, pinned: bool, n: usize) -> Stats {
     for _ in 0..10 {
         time_one(home.abx(pinned, &["list"]));
     }
-    stats(
-        (0..n)
-            .map(|_| time_one(home.abx(pinned, &["list"])))
-            .collect(),
-    )
-}
-
-fn node(pinned: bool, n: usize) -> Stats {
-    let argv = ["env", "-u", "NODE_EXTRA_CA_CERTS", "node", "-e", "0"];
-    for _ in 0..3 {
-        time_one(cmd(pinned, &argv));
+    let node_argv = ["env", "-u", "NODE_EXTRA_CA_CERTS", "node", "-e", "0"];
+    if node {
+        for _ in 0..3 {
+            time_one(cmd(pinned, &node_argv));
+        }
     }
-    stats((0..n).map(|_| time_one(cmd(pinned, &argv))).collect())
+    const ROUNDS: usize = 8;
+    let (mut lists, mut nodes) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        for _ in 0..n.div_ceil(ROUNDS) {
+            lists.push(time_one(home.abx(pinned, &["list"])));
+        }
+        if node {
+            for _ in 0..(n / 4).max(10).div_ceil(ROUNDS) {
+                nodes.push(time_one(cmd(pinned, &node_argv)));
+            }
+        }
+    }
+    (stats(lists), node.then(|| stats(nodes)))
 }
 
 fn cold_list(abx: &Path, pinned: bool, n: usize) -> Stats {
@@ -151,12 +160,11 @@ fn main() {
                 "unpinned"
             }
         );
-        let warm = warm_list(&abx, pinned, n);
+        let (warm, nd) = warm_list_and_node(&abx, pinned, n, have_node);
         show("abx list (warm daemon)", &warm);
         let cold = cold_list(&abx, pinned, 5.min(n));
         show("abx list (cold: starts it)", &cold);
-        if have_node {
-            let nd = node(pinned, (n / 4).max(10));
+        if let Some(nd) = nd {
             show("node -e 0", &nd);
             let r50 = warm.p50.as_secs_f64() / nd.p50.as_secs_f64();
             let rmean = warm.mean.as_secs_f64() / nd.mean.as_secs_f64();
