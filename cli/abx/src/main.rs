@@ -26,12 +26,24 @@ enum Serve {
 }
 
 fn main() -> ExitCode {
+    let mut host = None;
     let parsed = Serve::augment_subcommands(args::Cli::command())
         .try_get_matches()
-        .and_then(|m| match Serve::from_arg_matches(&m) {
-            Ok(Serve::Mcp) => Ok(None),
-            Err(_) => args::Cli::from_arg_matches(&m).map(Some),
+        .and_then(|m| {
+            host = m.get_one::<String>("host").cloned();
+            match Serve::from_arg_matches(&m) {
+                Ok(Serve::Mcp) => Ok(None),
+                Err(_) => args::Cli::from_arg_matches(&m).map(Some),
+            }
         });
+    if parsed.is_ok() {
+        // --host (or ABX_HOST, which clap reads into it) decides for every connection.
+        if let Err(e) = abx_client::remote::set(Some(host.as_deref().unwrap_or(""))) {
+            let json_mode = matches!(&parsed, Ok(Some(c)) if c.json);
+            output::Failure::from(e).print(json_mode, false, None);
+            return ExitCode::from(2);
+        }
+    }
     let cli = match parsed {
         Ok(Some(c)) => c,
         Ok(None) => return mcp::run(&Paths::from_env()),

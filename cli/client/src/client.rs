@@ -1,5 +1,6 @@
 //! The CLI's connection to the daemon: connect, start it when none answers, check versions.
 
+use crate::remote::{self, Remote};
 use crate::spawn;
 use abx_home::{Paths, SocketHalf};
 use abx_protocol::api::{methods, InitializeResult, PeerInfo};
@@ -42,6 +43,8 @@ pub struct Client {
     /// The daemon's `initialize` result.
     pub server: Option<InitializeResult>,
     paths: Paths,
+    /// The ssh child when the broker is on another machine (`ABX_HOST`).
+    remote: Option<Remote>,
 }
 
 /// Connect to a running daemon, without starting one.
@@ -70,11 +73,45 @@ impl Client {
             notifications: VecDeque::new(),
             server: None,
             paths: paths.clone(),
+            remote: None,
         }
+    }
+
+    /// A connection through `ssh host abx rpc` (see [`crate::remote`]), initialized; an ssh
+    /// failure is its typed error (E1014, E1015, E1016). The remote `abx rpc` starts the
+    /// daemon there and checks its version.
+    async fn connect_remote(host: &remote::Host, paths: &Paths) -> Result<Client, AbxError> {
+        let (stream, rem) = remote::connect(host)?;
+        let mut client = Client::from_stream(stream, paths);
+        client.remote = Some(rem);
+        match client.initialize_raw().await {
+            Ok(v) => {
+                client.accept_init(v)?;
+                Ok(client)
+            }
+            Err(CallError::Broken(_)) => {
+                let mut rem = client.remote.take().expect("remote");
+                Err(tokio::task::spawn_blocking(move || rem.failure())
+                    .await
+                    .unwrap_or_else(AbxError::internal))
+            }
+            Err(CallError::Rpc(r)) => Err(unreachable(
+                paths,
+                format!("initialize failed on {}: {r}", host.url),
+            )),
+        }
+    }
+
+    /// Whether this connection goes to another machine.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
     }
 
     /// Connect to the running daemon only (no start, no handshake).
     pub async fn connect_existing(paths: &Paths) -> Result<Client, AbxError> {
+        if let Some(h) = remote::current()? {
+            return Self::connect_remote(h, paths).await;
+        }
         let s = connect_raw(paths)
             .await
             .map_err(|e| unreachable(paths, format!("not running ({e})")))?;
@@ -84,6 +121,9 @@ impl Client {
     /// Connect, starting the daemon when none answers, and replace an idle daemon of
     /// another version.
     pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
+        if let Some(h) = remote::current()? {
+            return Self::connect_remote(h, paths).await;
+        }
         let mut client = Self::connect_or_start(paths).await?;
         let init = match client.initialize_raw().await {
             Ok(v) => client.accept_init(v)?,
@@ -165,7 +205,8 @@ impl Client {
         Ok(init)
     }
 
-    /// The connection's halves, for `abx rpc`.
+    /// The connection's halves, for `abx rpc` (an ssh child lives on by itself: it ends
+    /// when its side of the connection closes).
     pub fn into_parts(self) -> (FramedRead<SocketHalf, FrameCodec>, SocketHalf) {
         (self.reader, self.writer)
     }
