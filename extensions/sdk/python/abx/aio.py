@@ -244,6 +244,9 @@ class AsyncConnection:
             raise self._closed
         return p
 
+    def drop_watch(self, watch_id: str) -> None:
+        self._watches.pop(watch_id, None)
+
     async def close(self) -> None:
         if self._closed is None:
             self._closed = make_error("E1007", "The abx broker is not reachable: this connection was closed.",
@@ -274,16 +277,18 @@ class AsyncConnection:
         await self.close()
 
 
-_defaults: Dict[Any, AsyncConnection] = {}
+_defaults: Dict[str, "tuple[asyncio.AbstractEventLoop, AsyncConnection]"] = {}
 
 
 async def default_connection(host: Optional[str] = None) -> AsyncConnection:
     """This event loop's shared connection for ``host`` (default ``ABX_HOST``)."""
-    key = (id(asyncio.get_running_loop()), host if host is not None else os.environ.get(_transport.HOST_ENV, ""))
-    c = _defaults.get(key)
-    if c is None or c._closed is not None:
-        c = await AsyncConnection.open(host)
-        _defaults[key] = c
+    loop = asyncio.get_running_loop()
+    key = host if host is not None else os.environ.get(_transport.HOST_ENV, "")
+    got = _defaults.get(key)
+    if got is not None and got[0] is loop and got[1]._closed is None:
+        return got[1]
+    c = await AsyncConnection.open(host)
+    _defaults[key] = (loop, c)
     return c
 
 
@@ -349,7 +354,7 @@ class AsyncWatch:
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._c._watches.pop(self.watch_id, None)
+            self._c.drop_watch(self.watch_id)
             await self._c.call("files/unwatch", {"watchId": self.watch_id})
 
     async def __aenter__(self) -> "AsyncWatch":
