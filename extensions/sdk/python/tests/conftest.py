@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
-sys.path.insert(0, str(HERE.parent)) if os.environ.get("ABX_SDK_FROM_SOURCE") else None
 ABX = Path(os.environ.get("ABX_BIN") or ROOT / "target" / "debug" / "abx").resolve()
 FIXTURE = ROOT / "tests" / "fixtures" / "plugins" / "py-local"
 
