@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import shutil
 import socket
-import subprocess
 import threading
-from dataclasses import dataclass
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
+
+if TYPE_CHECKING:
+    import subprocess
 
 from .errors import AbxError, make_error
 
@@ -47,6 +45,8 @@ def socket_path() -> str:
 
 def abx_binary() -> str:
     """The ``abx`` CLI: ``ABX_BIN``, else ``abx`` on PATH."""
+    import shutil
+
     b = _env("ABX_BIN") or shutil.which("abx")
     if not b:
         raise make_error(
@@ -59,6 +59,8 @@ def abx_binary() -> str:
 
 def start_daemon() -> None:
     """``abx broker start``: one daemon even when many clients start it at once (it locks)."""
+    import subprocess
+
     try:
         p = subprocess.run(
             [abx_binary(), "-j", "broker", "start"],
@@ -99,14 +101,14 @@ def connect_socket(start: bool = True) -> socket.socket:
     raise AssertionError("unreachable")
 
 
-@dataclass(frozen=True)
 class Host:
     """A parsed ``ssh://[user@]host[:port]``."""
 
-    url: str
-    user: Optional[str]
-    host: str
-    port: Optional[int]
+    def __init__(self, url: str, user: Optional[str], host: str, port: Optional[int]) -> None:
+        self.url, self.user, self.host, self.port = url, user, host, port
+
+    def __repr__(self) -> str:
+        return f"Host({self.url!r})"
 
     @property
     def target(self) -> str:
@@ -124,6 +126,8 @@ class Host:
         if self.port:
             argv += ["-p", str(self.port)]
         argv += ["-T", "-o", "BatchMode=yes", "--", self.target]
+        import shlex
+
         argv += [shlex.quote(a) for a in [self.remote_bin(), *args]]
         return argv
 
@@ -157,7 +161,11 @@ class Host:
         return None
 
 
-_OK = re.compile(r"^[A-Za-z0-9._:%-]+$")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:%-")
+
+
+def _ok(s: str) -> bool:
+    return bool(s) and not s.startswith("-") and all(c in _NAME_CHARS for c in s)
 
 
 def parse_host(s: Optional[str]) -> Optional[Host]:
@@ -194,9 +202,9 @@ def parse_host(s: Optional[str]) -> Optional[Host]:
             host = hostport
     if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         raise bad("the port is not a number from 1 to 65535")
-    if not _OK.match(host) or host.startswith("-"):
+    if not _ok(host):
         raise bad("no valid host name")
-    if user and (not _OK.match(user) or user.startswith("-")):
+    if user and not _ok(user):
         raise bad("no valid user name")
     if "@" in s[len("ssh://"):] and not user:
         raise bad("no valid user name")
@@ -208,6 +216,8 @@ class SshProcess:
     tail) to explain a failure."""
 
     def __init__(self, host: Host) -> None:
+        import subprocess
+
         self.host = host
         try:
             self.proc = subprocess.Popen(
@@ -236,6 +246,8 @@ class SshProcess:
 
     def failure(self) -> AbxError:
         """Why the connection ended (waits up to 10 s for ssh to exit)."""
+        import subprocess
+
         try:
             status: Optional[int] = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -252,6 +264,8 @@ class SshProcess:
                           "See the broker log on that machine.")
 
     def close(self) -> None:
+        import subprocess
+
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 if f is not None:
