@@ -48,43 +48,83 @@ def main() -> None:
 
     try:
         sb = abx.Sandbox.create(provider="local")
-        for _ in range(200):
-            sb.exec("true")
-        sdk = []
-        for _ in range(N):
-            t0 = time.perf_counter()
-            sb.exec("true")
-            sdk.append(time.perf_counter() - t0)
-
         rpc = subprocess.Popen([os.environ["ABX_BIN"], "rpc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                bufsize=0)
         assert rpc.stdin and rpc.stdout
         out = rpc.stdout
         params = {"sandbox": f"local:{sb.id}", "command": "true"}
-        times = []
         buf = b""
-        for i in range(200 + N):
-            body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "exec/run", "params": params},
+        next_id = 0
+
+        def via_rpc():
+            nonlocal buf, next_id
+            next_id += 1
+            body = json.dumps({"jsonrpc": "2.0", "id": next_id, "method": "exec/run", "params": params},
                               separators=(",", ":")).encode() + b"\n"
             t0 = time.perf_counter()
             rpc.stdin.write(body)
             while b"\n" not in buf:
-                buf += out.read1(65536) if hasattr(out, "read1") else os.read(out.fileno(), 65536)
+                buf += os.read(out.fileno(), 65536)
             line, buf = buf.split(b"\n", 1)
-            r = json.loads(line)
             dt = time.perf_counter() - t0
-            assert r["id"] == i and r["result"]["exitCode"] == 0, r
-            if i >= 200:
-                times.append(dt)
+            r = json.loads(line)
+            assert r["id"] == next_id and r["result"]["exitCode"] == 0, r
+            return dt
+
+        def via_sdk():
+            t0 = time.perf_counter()
+            sb.exec("true")
+            return time.perf_counter() - t0
+
+        ping_body = {"jsonrpc": "2.0", "method": "broker/ping", "params": {}}
+
+        def ping_rpc():
+            nonlocal buf, next_id
+            next_id += 1
+            body = json.dumps({**ping_body, "id": next_id}, separators=(",", ":")).encode() + b"\n"
+            t0 = time.perf_counter()
+            rpc.stdin.write(body)
+            while b"\n" not in buf:
+                buf += os.read(out.fileno(), 65536)
+            line, buf = buf.split(b"\n", 1)
+            dt = time.perf_counter() - t0
+            assert json.loads(line)["id"] == next_id
+            return dt
+
+        def ping_sdk():
+            t0 = time.perf_counter()
+            sb.connection.call("broker/ping")
+            return time.perf_counter() - t0
+
+        for _ in range(500):
+            ping_sdk()
+            ping_rpc()
+        psdk, prpc = [], []
+        for _ in range(4):
+            psdk += [ping_sdk() for _ in range(N // 4)]
+            prpc += [ping_rpc() for _ in range(N // 4)]
+        for _ in range(200):
+            via_sdk()
+            via_rpc()
+        sdk, times = [], []
+        for _ in range(4):  # interleaved rounds: both paths see the same machine
+            sdk += [via_sdk() for _ in range(N // 4)]
+            times += [via_rpc() for _ in range(N // 4)]
         rpc.stdin.close()
         rpc.wait(timeout=30)
         s_sdk, s_rpc = stats(sdk), stats(times)
+        p_sdk, p_rpc = stats(psdk), stats(prpc)
+        print(f"broker/ping via SDK        {fmt(p_sdk)}")
+        print(f"broker/ping via abx rpc    {fmt(p_rpc)}")
+        print(f"ratio SDK / abx rpc        p50 {p_sdk['p50'] / p_rpc['p50']:.2f}x  (noted, no bar)")
         print(f"exec('true') via SDK       {fmt(s_sdk)}")
         print(f"exec/run via abx rpc       {fmt(s_rpc)}")
         print(f"ratio SDK / abx rpc        p50 {s_sdk['p50'] / s_rpc['p50']:.2f}x  mean "
               f"{s_sdk['mean'] / s_rpc['mean']:.2f}x  (bar <= 1.5x)")
 
-        env = {**os.environ, "PYTHONPATH": str(HERE), "PYTHONDONTWRITEBYTECODE": "1"}
+        # Byte-compiled, as an installed package is (pip compiles on install).
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(HERE / "abx")], check=True)
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
         py = sys.executable
 
         def starts(code):

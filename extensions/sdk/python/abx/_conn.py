@@ -28,6 +28,9 @@ from .errors import AbxError, RequestCancelledError, from_rpc, make_error
 
 Listener = Callable[[str, Dict[str, Any]], None]
 
+#: Bytes read at a time.
+READ_SIZE = 64 * 1024
+
 #: Pending-request kinds whose reply opens a queue.
 STREAM = "stream"
 WATCH = "watch"
@@ -53,6 +56,7 @@ class Connection:
     def __init__(self, host: Optional[str] = None, *, start: bool = True) -> None:
         self.host = _transport.parse_host(host)
         self._sock: Optional[socket.socket] = None
+        self._sock_timeout: Optional[float] = None
         self._ssh: Optional[_transport.SshProcess] = None
         if self.host is not None:
             self._ssh = _transport.SshProcess(self.host)
@@ -102,15 +106,19 @@ class Connection:
         """Some bytes, b"" at the end, None when ``timeout`` passed first."""
         try:
             if self._sock is not None:
-                self._sock.settimeout(timeout)
+                if timeout != self._sock_timeout:  # a syscall: only when it changes
+                    self._sock.settimeout(timeout)
+                    self._sock_timeout = timeout
                 try:
-                    return self._sock.recv(256 * 1024)
+                    # 64 KiB: a larger read buffer is an mmap and munmap per read
+                    return self._sock.recv(READ_SIZE)
                 except socket.timeout:
                     return None
-            r, _, _ = select.select([self._rfd], [], [], timeout)
-            if not r:
-                return None
-            return os.read(self._rfd, 256 * 1024)
+            if timeout is not None:
+                r, _, _ = select.select([self._rfd], [], [], timeout)
+                if not r:
+                    return None
+            return os.read(self._rfd, READ_SIZE)
         except OSError:
             return b""
 
