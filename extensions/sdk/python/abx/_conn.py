@@ -51,9 +51,13 @@ class _Timeout(Exception):
 class Connection:
     """One connection to the broker (``host``: ``ssh://[user@]host[:port]``, default
     ``ABX_HOST``, empty for this machine). The daemon is started when none answers
-    (``start=False``: never). Thread-safe; close it with :meth:`close` or ``with``."""
+    (``start=False``: never). ``request_timeout`` (s) bounds every call made on it (a call
+    past it is cancelled at the broker and raises :class:`RequestTimeoutError`). Thread-safe;
+    close it with :meth:`close` or ``with``."""
 
-    def __init__(self, host: Optional[str] = None, *, start: bool = True) -> None:
+    def __init__(self, host: Optional[str] = None, *, start: bool = True,
+                 request_timeout: Optional[float] = None) -> None:
+        self.request_timeout = request_timeout
         self.host = _transport.parse_host(host)
         self._sock: Optional[socket.socket] = None
         self._sock_timeout: Optional[float] = None
@@ -230,6 +234,8 @@ class Connection:
         ``timeout`` (s) bounds the wait: then, as on ``KeyboardInterrupt``, the request is
         cancelled at the broker (``$/cancelRequest``) and :class:`RequestTimeoutError` raised.
         ``on_note(method, params)`` sees the notifications (progress) read meanwhile."""
+        if timeout is None:
+            timeout = self.request_timeout
         with self._cv:
             self._next += 1
             mid = self._next

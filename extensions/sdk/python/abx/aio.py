@@ -28,6 +28,7 @@ class AsyncConnection:
     (``host``: ``ssh://[user@]host[:port]``, default ``ABX_HOST``)."""
 
     def __init__(self) -> None:
+        self.request_timeout: Optional[float] = None
         self.host: Optional[_transport.Host] = None
         self._reader: asyncio.StreamReader
         self._writer: Any
@@ -43,8 +44,11 @@ class AsyncConnection:
         self._tasks: List["asyncio.Task[Any]"] = []
 
     @classmethod
-    async def open(cls, host: Optional[str] = None, *, start: bool = True) -> "AsyncConnection":
+    async def open(cls, host: Optional[str] = None, *, start: bool = True,
+                   request_timeout: Optional[float] = None) -> "AsyncConnection":
+        """Connect (``request_timeout``: as for :class:`abx.Connection`)."""
         c = cls()
+        c.request_timeout = request_timeout
         c.host = _transport.parse_host(host)
         if c.host is not None:
             try:
@@ -193,6 +197,8 @@ class AsyncConnection:
     async def call(self, method: str, params: Optional[Dict[str, Any]] = None, *, timeout: Optional[float] = None,
                    kind: str = "", on_note: Optional[Listener] = None) -> Any:
         """As :meth:`abx.Connection.call`; a cancelled task cancels the request at the broker."""
+        if timeout is None:
+            timeout = self.request_timeout
         self._next += 1
         mid = self._next
         fut: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()

@@ -130,6 +130,12 @@ def test_task_cancel_and_timeout_reach_the_broker(sb):
             await s.connection.call("exec/run", {"sandbox": s._route, "command": "sleep 88"}, timeout=0.5)
         await deadline("the timed-out exec/run to be killed", lambda: _falsy(sleepers(s)))
         assert (await s.exec("echo ok")).stdout == "ok\n"
+        c = await AsyncConnection.open(request_timeout=0.5)
+        s2 = await AsyncSandbox.connect(sb.id, connection=c)
+        with pytest.raises(abx.RequestTimeoutError):
+            await s2.exec("sleep 88")
+        await deadline("the request_timeout exec/run to be killed", lambda: _falsy(sleepers(s)))
+        await c.close()
 
     run(main())
 

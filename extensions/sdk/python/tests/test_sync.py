@@ -203,6 +203,15 @@ def test_timeout_cancels_at_the_broker(sb):
     assert sb.exec("echo next").stdout == "next\n"  # the connection is fine
 
 
+def test_connection_request_timeout_cancels_every_call(sb):
+    with abx.Connection(request_timeout=0.5) as c:
+        s = abx.Sandbox.connect(sb.id, connection=c)
+        with pytest.raises(abx.RequestTimeoutError):
+            s.exec("sleep 77")
+        wait_until("the timed-out exec to be killed", lambda: not _sleepers(sb))
+        assert s.exec("echo fast").stdout == "fast\n"
+
+
 def test_keyboard_interrupt_cancels_at_the_broker(sb):
     # interrupt the main thread once the command runs (as Ctrl-C would)
     def interrupt():
