@@ -251,7 +251,7 @@ pub fn current() -> Result<Option<&'static Host>, AbxError> {
 pub struct Remote {
     /// Which host.
     pub host: Host,
-    child: Child,
+    child: Option<Child>,
     stderr: Arc<Mutex<Vec<u8>>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
@@ -302,7 +302,7 @@ pub fn connect(host: &Host) -> Result<(Stream, Remote), AbxError> {
         Stream::from(uds),
         Remote {
             host: host.clone(),
-            child,
+            child: Some(child),
             stderr,
             reader,
         },
@@ -315,17 +315,20 @@ impl Remote {
     /// E1007 otherwise.
     pub fn failure(&mut self) -> AbxError {
         let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break s.code(),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
+        let status = match self.child.take() {
+            None => None,
+            Some(mut child) => loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => break s.code(),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        break child.wait().ok().and_then(|s| s.code());
+                    }
                 }
-                _ => {
-                    let _ = self.child.kill();
-                    break self.child.wait().ok().and_then(|s| s.code());
-                }
-            }
+            },
         };
         if let Some(r) = self.reader.take() {
             let _ = r.join();
@@ -354,6 +357,22 @@ impl Remote {
                 ],
             )
         })
+    }
+}
+
+impl Drop for Remote {
+    /// ssh ends when its side of the connection closes: reap it then, off this thread, so a
+    /// long-lived client (`abx mcp` reconnecting) leaves no zombies.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if !matches!(child.try_wait(), Ok(Some(_))) {
+                let _ = std::thread::Builder::new()
+                    .name("abx-ssh-reap".into())
+                    .spawn(move || {
+                        let _ = child.wait();
+                    });
+            }
+        }
     }
 }
 
