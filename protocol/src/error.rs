@@ -109,6 +109,18 @@ error_codes! {
     Busy = 1013, rpc 1013, exit 1,
         "The broker is busy: {detail}",
         "Retry shortly.";
+    /// ssh could not reach the machine named by `ABX_HOST` / `--host`.
+    HostUnreachable = 1014, rpc 1014, exit 1,
+        "Cannot reach host '{host}' over ssh: {detail}",
+        "Check the address and port in ABX_HOST / --host (ssh://[user@]host[:port]) and that sshd runs there; 'ssh {target} true' must work by hand.";
+    /// ssh reached the machine but the login was refused (key, host key).
+    HostAuthFailed = 1015, rpc 1015, exit 1,
+        "ssh could not log in to '{host}': {detail}",
+        "abx runs your own ssh without prompting (BatchMode): load the key in ssh-agent or name it in ~/.ssh/config (IdentityFile), accept the host key once with 'ssh {target} true', then retry.";
+    /// Logged in, but the remote `abx` could not be run.
+    RemoteAbxNotFound = 1016, rpc 1016, exit 1,
+        "'{bin}' cannot be run on host '{host}': {detail}",
+        "Install abx on that machine so '{bin}' is on the PATH of non-interactive ssh sessions, or set ABX_REMOTE_BIN to its full path there.";
 
     // E2xxx: sandboxes
     /// A sandbox could not be created.

@@ -25,6 +25,16 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub provider: Option<String>,
+    /// The broker's machine: ssh://[user@]host[:port] reaches the broker there through
+    /// `ssh host abx rpc` (your own ssh, keys and config); empty: this machine.
+    #[arg(
+        long,
+        global = true,
+        env = "ABX_HOST",
+        value_name = "ssh://[USER@]HOST[:PORT]",
+        hide_env_values = true
+    )]
+    pub host: Option<String>,
     /// More detail on errors.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,

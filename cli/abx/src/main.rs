@@ -29,10 +29,12 @@ fn main() -> ExitCode {
     // The command tree (every subcommand's arguments) is built whole to parse one line;
     // it and the matches are left to the exit rather than freed piece by piece (a tenth
     // of a short command's own CPU time).
+    let mut host = None;
     let mut command = Serve::augment_subcommands(args::Cli::command());
     let parsed = command
         .try_get_matches_from_mut(std::env::args_os())
         .and_then(|m| {
+            host = m.get_one::<String>("host").cloned();
             let r = match Serve::from_arg_matches(&m) {
                 Ok(Serve::Mcp) => Ok(None),
                 Err(_) => args::Cli::from_arg_matches(&m).map(Some),
@@ -41,6 +43,14 @@ fn main() -> ExitCode {
             r
         });
     std::mem::forget(command);
+    if parsed.is_ok() {
+        // --host (or ABX_HOST, which clap reads into it) decides for every connection.
+        if let Err(e) = abx_client::remote::set(Some(host.as_deref().unwrap_or(""))) {
+            let json_mode = matches!(&parsed, Ok(Some(c)) if c.json);
+            output::Failure::from(e).print(json_mode, false, None);
+            return ExitCode::from(2);
+        }
+    }
     let cli = match parsed {
         Ok(Some(c)) => c,
         Ok(None) => return mcp::run(&Paths::from_env()),

@@ -1,5 +1,6 @@
 //! The CLI's connection to the daemon: connect, start it when none answers, check versions.
 
+use crate::remote::{self, Remote};
 use crate::spawn;
 use abx_home::{Paths, SocketRead, SocketWrite};
 use abx_protocol::api::{methods, InitializeResult, PeerInfo};
@@ -45,6 +46,8 @@ pub struct Client {
     /// Connected without the handshake: what was sent before the first reply, to send again
     /// if the daemon drops the connection without answering anything (see [`Client::connect`]).
     replay: Option<Vec<u8>>,
+    /// The ssh child when the broker is on another machine (`ABX_HOST`).
+    remote: Option<Remote>,
 }
 
 /// The most a client keeps to send again while no reply has come (more: no replay).
@@ -78,11 +81,45 @@ impl Client {
             server: None,
             paths: paths.clone(),
             replay: None,
+            remote: None,
         })
+    }
+
+    /// A connection through `ssh host abx rpc` (see [`crate::remote`]), initialized; an ssh
+    /// failure is its typed error (E1014, E1015, E1016). The remote `abx rpc` starts the
+    /// daemon there and checks its version.
+    async fn connect_remote(host: &remote::Host, paths: &Paths) -> Result<Client, AbxError> {
+        let (stream, rem) = remote::connect(host)?;
+        let mut client = Client::from_stream(stream, paths)?;
+        client.remote = Some(rem);
+        match client.initialize_raw().await {
+            Ok(v) => {
+                client.accept_init(v)?;
+                Ok(client)
+            }
+            Err(CallError::Broken(_)) => {
+                let mut rem = client.remote.take().expect("remote");
+                Err(tokio::task::spawn_blocking(move || rem.failure())
+                    .await
+                    .unwrap_or_else(AbxError::internal))
+            }
+            Err(CallError::Rpc(r)) => Err(unreachable(
+                paths,
+                format!("initialize failed on {}: {r}", host.url),
+            )),
+        }
+    }
+
+    /// Whether this connection goes to another machine.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
     }
 
     /// Connect to the running daemon only (no start, no handshake).
     pub async fn connect_existing(paths: &Paths) -> Result<Client, AbxError> {
+        if let Some(h) = remote::current()? {
+            return Self::connect_remote(h, paths).await;
+        }
         let s = connect_raw(paths)
             .await
             .map_err(|e| unreachable(paths, format!("not running ({e})")))?;
@@ -98,7 +135,9 @@ impl Client {
     /// was sent before its first reply is then sent again on a connection made the careful
     /// way ([`Client::connect_handshake`]), so callers see one answer either way.
     pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
-        if abx_home::lock::recorded_version(paths).as_deref() == Some(abx_home::VERSION) {
+        if remote::current()?.is_none()
+            && abx_home::lock::recorded_version(paths).as_deref() == Some(abx_home::VERSION)
+        {
             if let Ok(s) = connect_raw(paths).await {
                 let mut c = Client::from_stream(s, paths)?;
                 c.replay = Some(Vec::new());
@@ -111,6 +150,9 @@ impl Client {
     /// [`Client::connect`] with the `initialize` handshake always made first (for
     /// connections handed on whole: `abx rpc`, the multiplexer).
     pub async fn connect_handshake(paths: &Paths) -> Result<Client, AbxError> {
+        if let Some(h) = remote::current()? {
+            return Self::connect_remote(h, paths).await;
+        }
         let mut client = Self::connect_or_start(paths).await?;
         let init = match client.initialize_raw().await {
             Ok(v) => client.accept_init(v)?,
@@ -192,7 +234,8 @@ impl Client {
         Ok(init)
     }
 
-    /// The connection's halves, for `abx rpc`.
+    /// The connection's halves, for `abx rpc` (an ssh child lives on by itself: it ends
+    /// when its side of the connection closes).
     pub fn into_parts(self) -> (FramedRead<SocketRead, FrameCodec>, SocketWrite) {
         (self.reader, self.writer)
     }

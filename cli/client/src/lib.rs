@@ -4,6 +4,8 @@
 //!   answers), `initialize` with our version, replace an idle daemon of another version.
 //! - [`mux`]: one connection, many concurrent calls and exec streams (what servers such as
 //!   `abx mcp` need).
+//! - [`remote`]: a broker on another machine (`ABX_HOST=ssh://...`): the connection is the
+//!   stdio of `ssh host abx rpc`.
 //! - [`spawn`]: start a detached daemon (`abx-broker run`, found by [`spawn::daemon_binary`])
 //!   under the spawn lock and wait for its ready line.
 //!
@@ -11,6 +13,7 @@
 
 pub mod client;
 pub mod mux;
+pub mod remote;
 pub mod spawn;
 
 pub use client::{CallError, Client};

@@ -1,4 +1,5 @@
-//! `abx broker start|stop|status`.
+//! `abx broker start|stop|status`. With a remote host (`--host` / `ABX_HOST`) each runs as
+//! `abx broker start|stop|status` on that machine over ssh, its output passed through.
 
 use super::Ctx;
 use crate::output::{print_fields, print_json, text, Failure};
@@ -17,8 +18,29 @@ fn fmt_uptime(ms: u64) -> String {
     }
 }
 
+/// On a remote host: run `abx [-j] broker ACTION` there (`None` on this machine).
+fn on_remote_host(cx: &Ctx, action: &str) -> Option<Result<u8, Failure>> {
+    let host = match abx_client::remote::current() {
+        Ok(Some(h)) => h,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e.into())),
+    };
+    let mut args = vec!["broker", action];
+    if cx.json {
+        args.insert(0, "-j");
+    }
+    Some(
+        abx_client::remote::run_remote(host, &args)
+            .map(|c| c.clamp(0, 255) as u8)
+            .map_err(Failure::from),
+    )
+}
+
 /// `abx broker status`: never starts the daemon (E1007 when none runs).
 pub async fn status(cx: &Ctx) -> Result<u8, Failure> {
+    if let Some(r) = on_remote_host(cx, "status") {
+        return r;
+    }
     let mut c = Client::connect_existing(&cx.paths).await?;
     let st = super::call(&mut c, methods::STATUS, to_params(&NoParams {})).await?;
     if cx.json {
@@ -41,6 +63,9 @@ pub async fn status(cx: &Ctx) -> Result<u8, Failure> {
 
 /// `abx broker start`: no-op when one runs.
 pub async fn start(cx: &Ctx) -> Result<u8, Failure> {
+    if let Some(r) = on_remote_host(cx, "start") {
+        return r;
+    }
     let started = spawn::start_daemon(&cx.paths).await?;
     let mut c = Client::connect(&cx.paths).await?;
     let st = super::call(&mut c, methods::STATUS, to_params(&NoParams {})).await?;
@@ -59,6 +84,9 @@ pub async fn start(cx: &Ctx) -> Result<u8, Failure> {
 
 /// `abx broker stop`: fine when none runs.
 pub async fn stop(cx: &Ctx) -> Result<u8, Failure> {
+    if let Some(r) = on_remote_host(cx, "stop") {
+        return r;
+    }
     let Ok(mut c) = Client::connect_existing(&cx.paths).await else {
         if cx.json {
             print_json(&json!({"status": "stopped", "wasRunning": false}));
