@@ -705,3 +705,43 @@ fn bad_params_are_typed_errors() {
     let e = c.call_err("code/removeContext", json!({"sandbox": sb, "context": "x"}));
     assert_eq!(abx_code(&e), "E1004");
 }
+
+#[test]
+fn cli_abx_code_runs_files_and_stdin_in_contexts() {
+    let (home, mut c, sb) = setup();
+    let out = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let o = home.run_with_input(&["code", &sb], b"x = 6\nprint('hi')\nx * 7\n");
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(out(&o), "hi\n42\n");
+    // A file; its extension picks the language (bash keeps its variables too).
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("a.sh");
+    std::fs::write(&f, "V=kept; echo \"$V\"").unwrap();
+    let o = home.run(&["code", &sb, f.to_str().unwrap()]);
+    assert_eq!(out(&o), "kept\n", "{}", err(&o));
+    let o = home.run_with_input(&["code", &sb, "-", "--language", "bash"], b"echo \"[$V]\"");
+    assert_eq!(out(&o), "[kept]\n");
+    // An error: traceback on stderr, exit 1; -j prints the whole result.
+    let o = home.run_with_input(&["code", &sb], b"x / 0");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).contains("ZeroDivisionError: division by zero"),
+        "{}",
+        err(&o)
+    );
+    let o = home.run_with_input(&["-j", "code", &sb], b"x");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["results"][0]["text/plain"], "6");
+    assert_eq!(v["context"], "default-python");
+    // --context.
+    let ctx = c.call("code/createContext", json!({"sandbox": sb}))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let o = home.run_with_input(&["code", &sb, "--context", &ctx], b"'x' in globals()");
+    assert_eq!(out(&o), "False\n");
+    let o = home.run_with_input(&["code", &sb, "--context", "ctx-nope"], b"1");
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("E1004"), "{}", err(&o));
+}
