@@ -54,7 +54,11 @@ fn orchestrate() -> Res<()> {
         .ok_or_else(|| format!("sandbox/create answered {sb}"))?
         .to_owned();
     let cell = |lang: &str| {
-        let code = if lang == "bash" { "echo $((1+1))" } else { "1+1" };
+        let code = if lang == "bash" {
+            "echo $((1+1))"
+        } else {
+            "1+1"
+        };
         json!({"sandbox": sb, "language": lang, "code": code})
     };
     let exec = json!({"sandbox": sb, "argv": ["python3", "-c", "1+1"]});
@@ -106,10 +110,10 @@ fn orchestrate() -> Res<()> {
     ));
     out.table(&t);
     out.ratio(
-        "trivial cell",
+        "1+1 cell",
         Mode::Unpinned,
         "code/run",
-        "exec/run python3 -c",
+        "exec/run",
         ratio,
         Some(("<=", 0.2)),
     );
