@@ -745,3 +745,68 @@ fn cli_abx_code_runs_files_and_stdin_in_contexts() {
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(err(&o).contains("E1004"), "{}", err(&o));
 }
+
+#[test]
+fn a_second_cancel_restarts_a_context_whose_cell_ignores_the_interrupt() {
+    // A long grace: only the second cancel can restart the context here.
+    let (_home, mut c) = abx_tests::fixtures::started(&[("ABX_CODE_GRACE_MS", "600000")]);
+    let sb = c.create(json!({"timeout": 900}));
+    let code = "import time\nstate = 1\nprint('go', flush=True)\nwhile True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        print('ignored', flush=True)";
+    c.send(
+        &json!({"jsonrpc": "2.0", "id": 21, "method": "code/run",
+                "params": {"sandbox": sb, "code": code, "runId": "first"}})
+        .to_string(),
+    );
+    wait_output(&mut c, "first", "go");
+    c.send(
+        &json!({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 21}}).to_string(),
+    );
+    let (_, resp) = until_response(&mut c, 21);
+    assert_eq!(resp["error"]["code"], -32800);
+    // A second run waits behind the interrupted cell; cancelling it restarts the context.
+    c.send(
+        &json!({"jsonrpc": "2.0", "id": 22, "method": "code/run",
+                "params": {"sandbox": sb, "code": "'second'"}})
+        .to_string(),
+    );
+    wait_until("the second run waits", DEADLINE, || {
+        c.call("code/listContexts", json!({"sandbox": sb}))["contexts"][0]["queued"] == 1
+    });
+    c.send(
+        &json!({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 22}}).to_string(),
+    );
+    let until = Instant::now() + DEADLINE;
+    let mut restarted = None;
+    while restarted.is_none() {
+        assert!(Instant::now() < until, "no restarted notification");
+        if let Some(v) = c.try_recv(Duration::from_secs(5)) {
+            if v["method"] == "code/output" && v["params"]["type"] == "restarted" {
+                restarted = Some(v["params"].clone());
+            }
+        }
+    }
+    let n = restarted.unwrap();
+    assert_eq!(n["runId"], "first");
+    assert!(n["text"].as_str().unwrap().contains("second cancel"), "{n}");
+    let r = run(&mut c, &sb, "'state' in globals()");
+    assert_eq!(plain(&r, 0), "False", "a fresh interpreter");
+    let l = c.call("code/listContexts", json!({"sandbox": sb}));
+    assert_eq!(l["contexts"][0]["restarts"], 1);
+    assert_eq!(l["contexts"][0]["queued"], 0);
+}
+
+#[test]
+fn the_last_output_of_an_interpreter_that_exits_is_kept() {
+    let (_h, mut c, sb) = setup();
+    let r = run(
+        &mut c,
+        &sb,
+        "import os, sys\nprint('last words', flush=True)\nos._exit(3)",
+    );
+    assert_eq!(r["restarted"], true);
+    assert_eq!(r["error"]["name"], "ContextExited");
+    assert_eq!(r["stdout"], "last words\n");
+    let r = run(&mut c, &sb, "1");
+    assert_eq!(plain(&r, 0), "1");
+    assert_eq!(r["executionCount"], 1);
+}

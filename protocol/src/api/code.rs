@@ -163,6 +163,9 @@ pub struct CodeContext {
     /// Times it was restarted.
     #[serde(default)]
     pub restarts: u64,
+    /// Runs waiting for its running cell.
+    #[serde(default)]
+    pub queued: u64,
 }
 
 /// `code/listContexts` result.

@@ -37,8 +37,25 @@ const PYTHON_DRIVER: &str = include_str!("driver.py");
 const NODE_DRIVER: &str = include_str!("driver.js");
 const BASH_DRIVER: &str = include_str!("driver.sh");
 
-/// How long an interrupted cell may take to stop before its context is restarted.
+/// How long an interrupted cell may take to stop before its context is restarted (default;
+/// `ABX_CODE_GRACE_MS` sets another, for tests).
 pub const GRACE: Duration = Duration::from_secs(2);
+/// How long the output of an interpreter that ended is still read.
+const DRAIN_GRACE: Duration = Duration::from_millis(250);
+/// Events a context's pipe readers may have queued (then they wait: the pipes fill and the
+/// interpreter waits too, so a client that reads slowly bounds what is held).
+const EVENTS: usize = 64;
+
+/// The grace in force.
+pub fn grace_period() -> Duration {
+    static G: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *G.get_or_init(|| {
+        std::env::var("ABX_CODE_GRACE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(GRACE, Duration::from_millis)
+    })
+}
 /// How long an interpreter may take to start (its `ready` frame).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Output kept per stream of one cell for the reply (the notifications carry all of it).
@@ -112,6 +129,8 @@ enum Ev {
     Err(String),
     Frame(Value),
     ErrEnd,
+    /// One pipe reached its end.
+    Eof,
     Exited,
 }
 
@@ -122,7 +141,7 @@ struct Live {
     /// Its host pid (= its process group) while it runs, 0 once it ended.
     pid: Arc<AtomicI32>,
     stdin: Writer,
-    rx: mpsc::UnboundedReceiver<Ev>,
+    rx: mpsc::Receiver<Ev>,
 }
 
 impl Drop for Live {
@@ -153,6 +172,10 @@ pub struct Context {
     restarts: AtomicU64,
     /// A cell of it is being interrupted.
     interrupting: AtomicBool,
+    /// Its interpreter was killed by a second cancel (the restart says so).
+    second_cancel: AtomicBool,
+    /// Runs waiting for the running cell.
+    queued: AtomicU64,
     removed: AtomicBool,
 }
 
@@ -168,6 +191,7 @@ impl Context {
             execution_count: self.count.load(Ordering::Relaxed),
             running: self.current_pid() > 0,
             restarts: self.restarts.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
         }
     }
 
@@ -206,7 +230,7 @@ impl Context {
         let mut sp = exec::spawn(site, &p, true).await?;
         let pid = Arc::new(AtomicI32::new(sp.pid));
         let mark: Arc<[u8]> = format!("\x1f{nonce}").into_bytes().into();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(EVENTS);
         let stdout = sp.stdout.take().expect("piped");
         let stderr = sp.stderr.take().expect("piped");
         tokio::spawn(read_pipe(stdout, mark.clone(), tx.clone(), false));
@@ -216,7 +240,7 @@ impl Context {
         tokio::spawn(async move {
             let _ = child.wait().await;
             pid2.store(0, Ordering::SeqCst);
-            let _ = tx.send(Ev::Exited);
+            let _ = tx.send(Ev::Exited).await;
         });
         let mut live = Live {
             pid: pid.clone(),
@@ -280,9 +304,11 @@ impl Context {
                 ));
             }
         }
+        self.queued.fetch_add(1, Ordering::Relaxed);
         let mut waiting = Waiting(Some(self.clone()));
         let mut g = self.live.clone().lock_owned().await;
         waiting.0 = None;
+        self.queued.fetch_sub(1, Ordering::Relaxed);
         if self.removed.load(Ordering::SeqCst) {
             return Err(gone(&self.sandbox, &self.id));
         }
@@ -310,6 +336,7 @@ impl Context {
                 me.restarts.fetch_add(1, Ordering::Relaxed);
             }
             me.interrupting.store(false, Ordering::SeqCst);
+            me.second_cancel.store(false, Ordering::SeqCst);
             drop(g);
             r.restarted |= restarted;
             let _ = tx.send(r);
@@ -351,11 +378,19 @@ impl Context {
         let mut grace: Option<Instant> = None;
         let (mut done, mut err_end, mut dead, mut hung, mut cancelled) =
             (false, false, !wrote, false, false);
-        while !(dead || (done && err_end)) {
+        // Once the interpreter ended: what it wrote last is still read, until both pipes
+        // end or for DRAIN_GRACE (a child of it may hold them open).
+        let (mut eofs, mut drain): (u8, Option<Instant>) = (0, None);
+        while !(done && err_end) && !(dead && (eofs >= 2 || !wrote)) {
             tokio::select! {
                 biased;
                 ev = live.rx.recv() => match ev {
-                    None | Some(Ev::Exited) => dead = true,
+                    None => (dead, eofs) = (true, 2),
+                    Some(Ev::Exited) => {
+                        dead = true;
+                        drain.get_or_insert(Instant::now() + DRAIN_GRACE);
+                    }
+                    Some(Ev::Eof) => eofs += 1,
                     Some(Ev::ErrEnd) => err_end = true,
                     Some(Ev::Out(s)) => note.text(&mut r.stdout, "stdout", s, cancelled).await,
                     Some(Ev::Err(s)) => note.text(&mut r.stderr, "stderr", s, cancelled).await,
@@ -402,26 +437,34 @@ impl Context {
                     cancelled = true;
                     self.interrupting.store(true, Ordering::SeqCst);
                     self.interrupt();
-                    grace = Some(Instant::now() + GRACE);
+                    grace = Some(Instant::now() + grace_period());
                 }
                 _ = until(deadline), if grace.is_none() && deadline.is_some() => {
                     r.timed_out = true;
                     self.interrupting.store(true, Ordering::SeqCst);
                     self.interrupt();
-                    grace = Some(Instant::now() + GRACE);
+                    grace = Some(Instant::now() + grace_period());
                 }
-                _ = until(grace), if grace.is_some() => hung = true,
+                _ = until(grace), if grace.is_some() && !dead => hung = true,
+                _ = until(drain), if drain.is_some() => break,
             }
             if hung {
                 break;
             }
         }
+        // Ended with its cell done (an `exit` in the last line): still a restart.
+        dead |= live.pid.load(Ordering::SeqCst) == 0 && !(done && err_end);
         if dead || hung {
             r.restarted = true;
             let reason = if hung {
                 format!(
-                    "the cell did not stop within {} s of an interrupt: the {} context was restarted and its state is lost",
-                    GRACE.as_secs(),
+                    "the cell did not stop within {} ms of an interrupt: the {} context was restarted and its state is lost",
+                    grace_period().as_millis(),
+                    self.lang.name()
+                )
+            } else if self.second_cancel.load(Ordering::SeqCst) {
+                format!(
+                    "a second cancel while the cell was being interrupted: the {} context was restarted and its state is lost",
                     self.lang.name()
                 )
             } else {
@@ -457,7 +500,9 @@ struct Waiting(Option<Arc<Context>>);
 impl Drop for Waiting {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
+            c.queued.fetch_sub(1, Ordering::Relaxed);
             if c.interrupting.load(Ordering::SeqCst) {
+                c.second_cancel.store(true, Ordering::SeqCst);
                 c.kill_now();
             }
         }
@@ -591,7 +636,7 @@ fn bash_escape(code: &str) -> String {
 async fn read_pipe(
     mut r: Box<dyn AsyncRead + Send + Unpin>,
     mark: Arc<[u8]>,
-    tx: mpsc::UnboundedSender<Ev>,
+    tx: mpsc::Sender<Ev>,
     stderr: bool,
 ) {
     let mut buf: Vec<u8> = Vec::new();
@@ -605,27 +650,28 @@ async fn read_pipe(
             match piece {
                 Piece::Raw(b) => raw.extend_from_slice(&b),
                 Piece::Frame(f) => {
-                    flush_raw(&mut raw, &tx, stderr, true);
+                    flush_raw(&mut raw, &tx, stderr, true).await;
                     let ev = if stderr {
                         (f == b"E").then_some(Ev::ErrEnd)
                     } else {
                         serde_json::from_slice(&f).ok().map(Ev::Frame)
                     };
                     if let Some(ev) = ev {
-                        let _ = tx.send(ev);
+                        let _ = tx.send(ev).await;
                     }
                 }
             }
         }
-        flush_raw(&mut raw, &tx, stderr, eof);
+        flush_raw(&mut raw, &tx, stderr, eof).await;
         if eof {
+            let _ = tx.send(Ev::Eof).await;
             return;
         }
     }
 }
 
 /// Send the complete UTF-8 text of `raw` (all of it, lossily, when `all`).
-fn flush_raw(raw: &mut Vec<u8>, tx: &mpsc::UnboundedSender<Ev>, stderr: bool, all: bool) {
+async fn flush_raw(raw: &mut Vec<u8>, tx: &mpsc::Sender<Ev>, stderr: bool, all: bool) {
     if raw.is_empty() {
         return;
     }
@@ -640,7 +686,7 @@ fn flush_raw(raw: &mut Vec<u8>, tx: &mpsc::UnboundedSender<Ev>, stderr: bool, al
     let rest = raw.split_off(cut);
     let s = String::from_utf8_lossy(raw).into_owned();
     *raw = rest;
-    let _ = tx.send(if stderr { Ev::Err(s) } else { Ev::Out(s) });
+    let _ = tx.send(if stderr { Ev::Err(s) } else { Ev::Out(s) }).await;
 }
 
 /// What [`split`] finds in a pipe's bytes.
@@ -792,6 +838,8 @@ impl Contexts {
             count: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             interrupting: AtomicBool::new(false),
+            second_cancel: AtomicBool::new(false),
+            queued: AtomicU64::new(0),
             removed: AtomicBool::new(false),
         });
         list.push(c.clone());
