@@ -227,6 +227,13 @@ fn stdout_and_stderr_stream_in_order_before_the_reply() {
             "result 'end'"
         ]
     );
+    // Bytes through sys.stdout.buffer, and output of a child process (its own fds).
+    let r = run(
+        &mut c,
+        &sb,
+        "import sys\nsys.stdout.buffer.write(b'raw\\n'); sys.stdout.flush()",
+    );
+    assert_eq!(r["stdout"], "raw\n");
     // Output of a child process (its own fds) is caught too.
     let r = run(
         &mut c,
@@ -413,7 +420,7 @@ fn cancel_interrupts_the_cell_and_keeps_the_variables() {
     c.send(
         &json!({"jsonrpc": "2.0", "id": 5, "method": "code/run",
                 "params": {"sandbox": sb, "runId": "slow",
-                           "code": "import time\nprint('go', flush=True)\nafter = 1\ntime.sleep(60)\nafter = 2"}})
+                           "code": "import time\nafter = 1\nprint('go', flush=True)\ntime.sleep(60)\nafter = 2"}})
         .to_string(),
     );
     wait_output(&mut c, "slow", "go");
@@ -751,7 +758,8 @@ fn a_second_cancel_restarts_a_context_whose_cell_ignores_the_interrupt() {
     // A long grace: only the second cancel can restart the context here.
     let (_home, mut c) = abx_tests::fixtures::started(&[("ABX_CODE_GRACE_MS", "600000")]);
     let sb = c.create(json!({"timeout": 900}));
-    let code = "import time\nstate = 1\nprint('go', flush=True)\nwhile True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        print('ignored', flush=True)";
+    // Every interrupt is caught, wherever it lands (in the sleep or in the print).
+    let code = "import time\nstate = 1\nwhile True:\n    try:\n        print('go', flush=True)\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass";
     c.send(
         &json!({"jsonrpc": "2.0", "id": 21, "method": "code/run",
                 "params": {"sandbox": sb, "code": code, "runId": "first"}})

@@ -75,6 +75,10 @@ pub struct CodeResult {
     /// time, or the interpreter ended.
     #[serde(default)]
     pub restarted: bool,
+    /// Some output (beyond 16 MiB a stream) or results (beyond 64 MiB) were left out of
+    /// this reply; the `code/output` notifications carried all of it.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// `code/output` notification params: one event of a running cell, in order.

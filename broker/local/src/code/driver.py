@@ -82,6 +82,24 @@ class _Stream(io.TextIOBase):
             self._buf, self._n = [], 0
             _send({"t": self.name, "d": text})
 
+    @property
+    def buffer(self):
+        return _Bytes(self)
+
+
+class _Bytes:
+    """sys.stdout.buffer: bytes written as UTF-8 text (invalid bytes replaced)."""
+
+    def __init__(self, s):
+        self._s = s
+
+    def write(self, b):
+        self._s.write(bytes(b).decode("utf-8", "replace"))
+        return len(b)
+
+    def flush(self):
+        self._s.flush()
+
 
 _out, _err = _Stream("stdout", 1), _Stream("stderr", 2)
 _out.other, _err.other = _err, _out

@@ -60,6 +60,10 @@ pub fn grace_period() -> Duration {
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Output kept per stream of one cell for the reply (the notifications carry all of it).
 const MAX_KEPT: usize = 16 * 1024 * 1024;
+/// Bytes of rich results kept for the reply of one cell (the notifications carry all).
+const MAX_RESULTS_KEPT: usize = 64 * 1024 * 1024;
+/// The longest frame read from an interpreter (a larger one is dropped, never held).
+const MAX_FRAME: usize = 48 * 1024 * 1024;
 /// Contexts one sandbox may have at once.
 pub const MAX_CONTEXTS: usize = 64;
 
@@ -362,6 +366,7 @@ impl Context {
             context: self.id.clone(),
             timed_out: false,
             restarted: false,
+            truncated: false,
         };
         let note = Note {
             conn: &conn,
@@ -381,6 +386,7 @@ impl Context {
         // Once the interpreter ended: what it wrote last is still read, until both pipes
         // end or for DRAIN_GRACE (a child of it may hold them open).
         let (mut eofs, mut drain): (u8, Option<Instant>) = (0, None);
+        let mut results_kept = 0usize;
         while !(done && err_end) && !(dead && (eofs >= 2 || !wrote)) {
             tokio::select! {
                 biased;
@@ -392,17 +398,29 @@ impl Context {
                     }
                     Some(Ev::Eof) => eofs += 1,
                     Some(Ev::ErrEnd) => err_end = true,
-                    Some(Ev::Out(s)) => note.text(&mut r.stdout, "stdout", s, cancelled).await,
-                    Some(Ev::Err(s)) => note.text(&mut r.stderr, "stderr", s, cancelled).await,
+                    Some(Ev::Out(s)) => r.truncated |= note.text(&mut r.stdout, "stdout", s, cancelled).await,
+                    Some(Ev::Err(s)) => r.truncated |= note.text(&mut r.stderr, "stderr", s, cancelled).await,
                     Some(Ev::Frame(v)) => match v["t"].as_str().unwrap_or_default() {
-                        "stdout" => note.text(&mut r.stdout, "stdout", text(&v["d"]), cancelled).await,
-                        "stderr" => note.text(&mut r.stderr, "stderr", text(&v["d"]), cancelled).await,
+                        "stdout" => r.truncated |= note.text(&mut r.stdout, "stdout", text(&v["d"]), cancelled).await,
+                        "stderr" => r.truncated |= note.text(&mut r.stderr, "stderr", text(&v["d"]), cancelled).await,
                         "result" => {
-                            let b: MimeBundle = v["b"].as_object().cloned().unwrap_or_default();
+                            let size = v["n"].as_u64().unwrap_or(0) as usize;
+                            let b: MimeBundle = match v {
+                                Value::Object(mut o) => match o.remove("b") {
+                                    Some(Value::Object(b)) => b,
+                                    _ => MimeBundle::new(),
+                                },
+                                _ => MimeBundle::new(),
+                            };
                             if !cancelled {
                                 note.send("result", None, Some(b.clone()), None).await;
                             }
-                            r.results.push(b);
+                            if results_kept + size <= MAX_RESULTS_KEPT {
+                                results_kept += size;
+                                r.results.push(b);
+                            } else {
+                                r.truncated = true;
+                            }
                         }
                         "error" => {
                             let e = CodeError {
@@ -541,21 +559,22 @@ impl Note<'_> {
         self.conn.notify("code/output", &v).await;
     }
 
-    async fn text(&self, kept: &mut String, kind: &str, s: String, quiet: bool) {
+    /// Keep `s` (within [`MAX_KEPT`]) and send it; true when some of it was not kept.
+    async fn text(&self, kept: &mut String, kind: &str, s: String, quiet: bool) -> bool {
         if s.is_empty() {
-            return;
+            return false;
         }
-        if kept.len() < MAX_KEPT {
-            let room = MAX_KEPT - kept.len();
-            let mut cut = s.len().min(room);
-            while !s.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            kept.push_str(&s[..cut]);
+        let room = MAX_KEPT.saturating_sub(kept.len());
+        let mut cut = s.len().min(room);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
         }
+        kept.push_str(&s[..cut]);
+        let short = cut < s.len();
         if !quiet {
             self.send(kind, Some(s), None, None).await;
         }
+        short
     }
 }
 
@@ -639,14 +658,13 @@ async fn read_pipe(
     tx: mpsc::Sender<Ev>,
     stderr: bool,
 ) {
-    let mut buf: Vec<u8> = Vec::new();
+    let mut split = Splitter::new(mark, MAX_FRAME);
     let mut raw: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
         let n = r.read(&mut chunk).await.unwrap_or(0);
         let eof = n == 0;
-        buf.extend_from_slice(&chunk[..n]);
-        for piece in split(&mut buf, &mark, eof) {
+        for piece in split.push(&chunk[..n], eof) {
             match piece {
                 Piece::Raw(b) => raw.extend_from_slice(&b),
                 Piece::Frame(f) => {
@@ -654,7 +672,12 @@ async fn read_pipe(
                     let ev = if stderr {
                         (f == b"E").then_some(Ev::ErrEnd)
                     } else {
-                        serde_json::from_slice(&f).ok().map(Ev::Frame)
+                        serde_json::from_slice::<Value>(&f).ok().map(|mut v| {
+                            if v.is_object() {
+                                v["n"] = json!(f.len());
+                            }
+                            Ev::Frame(v)
+                        })
                     };
                     if let Some(ev) = ev {
                         let _ = tx.send(ev).await;
@@ -689,53 +712,104 @@ async fn flush_raw(raw: &mut Vec<u8>, tx: &mpsc::Sender<Ev>, stderr: bool, all: 
     let _ = tx.send(if stderr { Ev::Err(s) } else { Ev::Out(s) }).await;
 }
 
-/// What [`split`] finds in a pipe's bytes.
+/// What a [`Splitter`] finds in a pipe's bytes.
 #[derive(Debug, PartialEq)]
 enum Piece {
     Raw(Vec<u8>),
     Frame(Vec<u8>),
 }
 
-/// Take what is complete out of `buf`: raw bytes and frames (marker .. newline). A partial
-/// frame, or a tail that may begin a marker, stays (unless `eof`).
-fn split(buf: &mut Vec<u8>, mark: &[u8], eof: bool) -> Vec<Piece> {
-    let mut out = Vec::new();
-    loop {
-        match find(buf, mark) {
-            Some(i) => {
-                if i > 0 {
-                    out.push(Piece::Raw(buf[..i].to_vec()));
+/// Splits a pipe's bytes into raw bytes and frames (marker .. newline), each byte looked at
+/// about once however a frame is cut into reads. A partial frame, or a tail that may begin a
+/// marker, waits for more (unless at the end); a frame longer than `max` is dropped as it
+/// comes (never held whole).
+struct Splitter {
+    buf: Vec<u8>,
+    mark: Arc<[u8]>,
+    max: usize,
+    /// `buf` starts with a frame's marker; no newline in `buf[..scanned]`.
+    in_frame: bool,
+    scanned: usize,
+    /// Inside a frame that grew past `max`: bytes are dropped up to its newline.
+    dropping: bool,
+}
+
+impl Splitter {
+    fn new(mark: Arc<[u8]>, max: usize) -> Splitter {
+        Splitter {
+            buf: Vec::new(),
+            mark,
+            max,
+            in_frame: false,
+            scanned: 0,
+            dropping: false,
+        }
+    }
+
+    fn push(&mut self, mut bytes: &[u8], eof: bool) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if self.dropping {
+            match bytes.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.dropping = false;
+                    bytes = &bytes[i + 1..];
                 }
-                let body = i + mark.len();
-                match buf[body..].iter().position(|&b| b == b'\n') {
-                    Some(j) => {
-                        out.push(Piece::Frame(buf[body..body + j].to_vec()));
-                        buf.drain(..body + j + 1);
-                    }
-                    None => {
-                        buf.drain(..i);
-                        if eof {
-                            buf.clear();
-                        }
-                        return out;
-                    }
-                }
+                None => bytes = &[],
             }
-            None => {
-                let keep = if eof {
-                    0
-                } else {
-                    (1..mark.len().min(buf.len() + 1))
-                        .rev()
-                        .find(|&k| buf.ends_with(&mark[..k]))
-                        .unwrap_or(0)
-                };
-                let upto = buf.len() - keep;
-                if upto > 0 {
-                    out.push(Piece::Raw(buf[..upto].to_vec()));
-                    buf.drain(..upto);
+        }
+        self.buf.extend_from_slice(bytes);
+        let m = self.mark.len();
+        loop {
+            if self.in_frame {
+                let from = self.scanned.max(m);
+                match self.buf[from..].iter().position(|&b| b == b'\n') {
+                    Some(j) => {
+                        let end = from + j;
+                        out.push(Piece::Frame(self.buf[m..end].to_vec()));
+                        self.buf.drain(..=end);
+                        (self.in_frame, self.scanned) = (false, 0);
+                        continue;
+                    }
+                    None if eof => {
+                        self.buf.clear();
+                        self.in_frame = false;
+                    }
+                    None if self.buf.len() > self.max => {
+                        tracing::warn!(
+                            bytes = self.buf.len(),
+                            "code: dropping an interpreter frame too large to keep"
+                        );
+                        self.buf.clear();
+                        (self.in_frame, self.dropping) = (false, true);
+                    }
+                    None => self.scanned = self.buf.len(),
                 }
                 return out;
+            }
+            match find(&self.buf, &self.mark) {
+                Some(i) => {
+                    if i > 0 {
+                        out.push(Piece::Raw(self.buf[..i].to_vec()));
+                        self.buf.drain(..i);
+                    }
+                    (self.in_frame, self.scanned) = (true, 0);
+                }
+                None => {
+                    let keep = if eof {
+                        0
+                    } else {
+                        (1..m.min(self.buf.len() + 1))
+                            .rev()
+                            .find(|&k| self.buf.ends_with(&self.mark[..k]))
+                            .unwrap_or(0)
+                    };
+                    let upto = self.buf.len() - keep;
+                    if upto > 0 {
+                        out.push(Piece::Raw(self.buf[..upto].to_vec()));
+                        self.buf.drain(..upto);
+                    }
+                    return out;
+                }
             }
         }
     }
@@ -915,9 +989,11 @@ impl Contexts {
     pub async fn restart(&self, site: Site<'_>, c: &Arc<Context>) -> Result<(), AbxError> {
         c.kill_now();
         let mut g = c.live.lock().await;
-        *g = None;
+        // A cell that was running counted the restart already (and cleared its interpreter).
+        if g.take().is_some() {
+            c.restarts.fetch_add(1, Ordering::Relaxed);
+        }
         c.count.store(0, Ordering::Relaxed);
-        c.restarts.fetch_add(1, Ordering::Relaxed);
         *g = Some(c.start(site).await?);
         Ok(())
     }
@@ -938,9 +1014,8 @@ mod tests {
 
     #[test]
     fn split_takes_frames_and_raw_text_in_order() {
-        let mark = b"\x1fNN";
-        let mut buf = b"ab\x1fNN{\"t\":1}\ncd\x1fN".to_vec();
-        let p = split(&mut buf, mark, false);
+        let mut sp = Splitter::new(b"\x1fNN".to_vec().into(), 1 << 20);
+        let p = sp.push(b"ab\x1fNN{\"t\":1}\ncd\x1fN", false);
         assert_eq!(
             p,
             vec![
@@ -949,22 +1024,51 @@ mod tests {
                 Piece::Raw(b"cd".to_vec())
             ]
         );
-        assert_eq!(buf, b"\x1fN", "a tail that may begin a marker waits");
-        buf.extend_from_slice(b"N{}");
-        assert!(
-            split(&mut buf, mark, false).is_empty(),
-            "a partial frame waits"
-        );
-        buf.extend_from_slice(b"\nz");
+        assert_eq!(sp.buf, b"\x1fN", "a tail that may begin a marker waits");
+        assert!(sp.push(b"N{}", false).is_empty(), "a partial frame waits");
+        assert!(sp.push(b"[1,", false).is_empty(), "still");
         assert_eq!(
-            split(&mut buf, mark, false),
-            vec![Piece::Frame(b"{}".to_vec()), Piece::Raw(b"z".to_vec())]
+            sp.push(b"2]\nz", false),
+            vec![Piece::Frame(b"{}[1,2]".to_vec()), Piece::Raw(b"z".to_vec())]
         );
-        let mut buf = b"x\x1fN".to_vec();
+        let mut sp = Splitter::new(b"\x1fNN".to_vec().into(), 1 << 20);
         assert_eq!(
-            split(&mut buf, mark, true),
+            sp.push(b"x\x1fN", true),
             vec![Piece::Raw(b"x\x1fN".to_vec())]
         );
+        // Longer than the bound: dropped through its newline, what follows is kept.
+        let mut sp = Splitter::new(b"\x1fNN".to_vec().into(), 8);
+        assert_eq!(
+            sp.push(b"a\x1fNN0123456789", false),
+            vec![Piece::Raw(b"a".to_vec())]
+        );
+        assert!(sp.buf.is_empty());
+        assert!(sp.push(b"more", false).is_empty());
+        assert_eq!(
+            sp.push(b"end\nb\x1fNN{}\n", false),
+            vec![Piece::Raw(b"b".to_vec()), Piece::Frame(b"{}".to_vec())]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_too_large_is_dropped_and_what_follows_is_read() {
+        let mark: Arc<[u8]> = b"\x1fNN".to_vec().into();
+        let mut bytes = b"a\x1fNN{\"t\":\"result\",\"b\":\"".to_vec();
+        bytes.resize(bytes.len() + MAX_FRAME + 256 * 1024, b'x');
+        bytes.extend_from_slice(b"\"}\nb\x1fNN{\"t\":\"done\"}\n");
+        let (tx, mut rx) = mpsc::channel(EVENTS);
+        let reader: Box<dyn AsyncRead + Send + Unpin> = Box::new(std::io::Cursor::new(bytes));
+        tokio::spawn(read_pipe(reader, mark, tx, false));
+        let mut seen = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            seen.push(match ev {
+                Ev::Out(s) => format!("out {s}"),
+                Ev::Frame(v) => format!("frame {}", v["t"]),
+                Ev::Eof => "eof".into(),
+                _ => "other".into(),
+            });
+        }
+        assert_eq!(seen, ["out a", "out b", "frame \"done\"", "eof"]);
     }
 
     #[test]
