@@ -88,6 +88,13 @@ fn python_state_persists_and_the_last_expression_is_a_result() {
     assert_eq!(r["results"], json!([]));
     let r = run(&mut c, &sb, "None");
     assert_eq!(r["results"], json!([]));
+    // `env` is set in the interpreter for the cell (and stays).
+    let r = c.call(
+        "code/run",
+        json!({"sandbox": sb, "code": "import os; os.environ['GREETING']", "env": {"GREETING": "hej"}}),
+    );
+    assert_eq!(plain(&r, 0), "'hej'");
+    assert_eq!(plain(&run(&mut c, &sb, "os.environ.get('GREETING')"), 0), "'hej'");
     // The default context is listed.
     let l = c.call("code/listContexts", json!({"sandbox": sb}));
     let ctx = &l["contexts"][0];
@@ -95,7 +102,7 @@ fn python_state_persists_and_the_last_expression_is_a_result() {
     assert_eq!(ctx["language"], "python");
     assert_eq!(ctx["default"], true);
     assert_eq!(ctx["running"], true);
-    assert_eq!(ctx["executionCount"], 4);
+    assert_eq!(ctx["executionCount"], 6);
 }
 
 #[test]
@@ -107,7 +114,7 @@ fn two_contexts_are_isolated() {
     );
     let b = c.call(
         "code/createContext",
-        json!({"sandbox": sb, "language": "python", "cwd": "/tmp"}),
+        json!({"sandbox": sb, "language": "python", "cwd": "/tmp", "interpreter": "/usr/bin/python3"}),
     );
     let (a, b) = (a["id"].as_str().unwrap(), b["id"].as_str().unwrap());
     assert_ne!(a, b);
