@@ -94,7 +94,10 @@ fn python_state_persists_and_the_last_expression_is_a_result() {
         json!({"sandbox": sb, "code": "import os; os.environ['GREETING']", "env": {"GREETING": "hej"}}),
     );
     assert_eq!(plain(&r, 0), "'hej'");
-    assert_eq!(plain(&run(&mut c, &sb, "os.environ.get('GREETING')"), 0), "'hej'");
+    assert_eq!(
+        plain(&run(&mut c, &sb, "os.environ.get('GREETING')"), 0),
+        "'hej'"
+    );
     // The default context is listed.
     let l = c.call("code/listContexts", json!({"sandbox": sb}));
     let ctx = &l["contexts"][0];
@@ -698,6 +701,11 @@ fn bad_params_are_typed_errors() {
     );
     assert_eq!(abx_code(&e), "E1004");
     let e = c.call_err("code/run", json!({"sandbox": sb}));
+    assert_eq!(abx_code(&e), "E1004");
+    let e = c.call_err(
+        "code/run",
+        json!({"sandbox": sb, "language": "bash", "code": "true", "env": {"A; touch /workspace/x; B": "1"}}),
+    );
     assert_eq!(abx_code(&e), "E1004");
     let e = c.call_err("code/run", json!({"sandbox": "sb-nope", "code": "1"}));
     assert_eq!(abx_code(&e), "E2009");

@@ -937,6 +937,13 @@ impl Inner {
             "code/run" => {
                 let p: CodeRunParams = parse(method, params)?;
                 let sb = self.running(&p.sandbox)?;
+                let cell = Cell {
+                    code: p.code,
+                    env: p.env.unwrap_or_default(),
+                    timeout: p.timeout,
+                    run_id: p.run_id,
+                };
+                super::code::check_cell(&cell)?;
                 let ctx = match &p.context {
                     Some(id) => {
                         let c = self.code.get(&p.sandbox, id)?;
@@ -951,12 +958,6 @@ impl Inner {
                     None => self
                         .code
                         .default_for(&p.sandbox, Lang::parse(p.language.as_deref())?)?,
-                };
-                let cell = Cell {
-                    code: p.code,
-                    env: p.env.unwrap_or_default(),
-                    timeout: p.timeout,
-                    run_id: p.run_id,
                 };
                 let parts = sb.exec_parts().await?;
                 let r = ctx

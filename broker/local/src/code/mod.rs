@@ -297,17 +297,7 @@ impl Context {
         conn: Outbound,
         cancel: CancellationToken,
     ) -> Result<CodeResult, AbxError> {
-        if let Some(t) = cell.timeout {
-            if !(t > 0.0 && t <= 30.0 * 86_400.0) {
-                return Err(AbxError::new(
-                    ErrorCode::InvalidTimeout,
-                    &[
-                        ("timeout", &t.to_string()),
-                        ("detail", "must be more than 0 and at most 30 days"),
-                    ],
-                ));
-            }
-        }
+        check_cell(&cell)?;
         self.queued.fetch_add(1, Ordering::Relaxed);
         let mut waiting = Waiting(Some(self.clone()));
         let mut g = self.live.clone().lock_owned().await;
@@ -509,6 +499,38 @@ impl Context {
         }
         r
     }
+}
+
+/// A cell's `timeout` and `env`, checked (E2004, E1004) before anything is made for it.
+pub fn check_cell(cell: &Cell) -> Result<(), AbxError> {
+    if let Some(t) = cell.timeout {
+        if !(t > 0.0 && t <= 30.0 * 86_400.0) {
+            return Err(AbxError::new(
+                ErrorCode::InvalidTimeout,
+                &[
+                    ("timeout", &t.to_string()),
+                    ("detail", "must be more than 0 and at most 30 days"),
+                ],
+            ));
+        }
+    }
+    if let Some(k) = cell.env.iter().find_map(|(k, v)| {
+        let name = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        (!name || v.contains('\0')).then_some(k)
+    }) {
+        return Err(AbxError::invalid_params(
+            "code/run",
+            format!("invalid environment variable {k:?}"),
+        )
+        .with_suggestion(
+            "Names of letters, digits and _, not starting with a digit; values without NUL.",
+        ));
+    }
+    Ok(())
 }
 
 /// Kills the interpreter of a context whose run is cancelled while it waits behind a cell
