@@ -49,7 +49,11 @@ pub fn for_method(method: &str, has_pty: bool) -> Option<&'static str> {
         | "files/remove" | "files/rename" | "files/upload" | "files/download" => "files.rw",
         "files/watch" | "files/unwatch" => "files.watch",
         "ports/url" => "ports.url",
-        "code/run" => "code.interpret",
+        "code/run"
+        | "code/createContext"
+        | "code/listContexts"
+        | "code/restartContext"
+        | "code/removeContext" => "code.interpret",
         "commands/run" | "templates/list" | "templates/init" => "templates.read",
         "templates/build" => "templates.build",
         _ => return None,
@@ -89,6 +93,10 @@ pub const PROVIDER_METHODS: &[&str] = &[
     "files/unwatch",
     "ports/url",
     "code/run",
+    "code/createContext",
+    "code/listContexts",
+    "code/restartContext",
+    "code/removeContext",
     "commands/run",
     "templates/list",
     "templates/init",

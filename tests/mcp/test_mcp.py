@@ -39,6 +39,7 @@ TOOLS = {
     "sandbox_kill",
     "sandbox_set_timeout",
     "exec",
+    "run_code",
     "files_read",
     "files_write",
     "files_list",
@@ -135,6 +136,20 @@ def test_tools_end_to_end(home, era):
             # A timeout kills the command and says so.
             r = await client.call_tool("exec", {"sandbox": sb, "command": "sleep 30", "timeout": 0.5})
             assert not r.is_error and r.structured_content["timedOut"] is True
+
+            # run_code: state kept between calls, an image as image content, an error as isError.
+            r = await client.call_tool("run_code", {"sandbox": sb, "code": f"era = {era!r}\nprint('hi')\nlen(era)"})
+            assert not r.is_error, text(r)
+            assert r.structured_content["results"][0]["text/plain"] == str(len(era))
+            assert "hi" in text(r)
+            r = await client.call_tool("run_code", {"sandbox": sb, "code": "era.upper()"})
+            assert r.structured_content["results"][0]["text/plain"] == repr(era.upper()), text(r)
+            png = "class P:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n'\nP()"
+            r = await client.call_tool("run_code", {"sandbox": sb, "code": png})
+            images = [c for c in r.content if c.type == "image"]
+            assert len(images) == 1 and images[0].mime_type == "image/png" and images[0].data == "iVBORw0KGgo="
+            r = await client.call_tool("run_code", {"sandbox": sb, "code": "raise KeyError('nope')"})
+            assert r.is_error and "KeyError: 'nope'" in text(r) and "Traceback" in text(r)
 
             # Files: write (parents created), read back, list.
             body = f"line 1 ({era})\nünïcode ✓\n"

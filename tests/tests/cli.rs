@@ -609,14 +609,14 @@ fn processes_system_capabilities_and_named_commands() {
     assert_eq!(v["os"], "Linux");
     assert!(v["cpuCount"].as_u64().unwrap() >= 1);
 
-    // capabilities: derived from the features, never "code" on local.
+    // capabilities: derived from the features ("code" from code.interpret).
     let out = ok(&home, &["sandbox", "capabilities", &id]);
     assert!(out.starts_with("Capabilities:\n  - "), "{out}");
     assert!(
         out.contains("  - files\n") && out.contains("  - shell\n"),
         "{out}"
     );
-    assert!(!out.contains("  - code\n"), "{out}");
+    assert!(out.contains("  - code\n"), "{out}");
     let v = ok_json(&home, &["sandbox", "capabilities", &id]);
     assert!(v["capabilities"]
         .as_array()

@@ -35,11 +35,7 @@ const SEED_TESTS: &[&str] = &[
 ];
 
 /// Tests for features none of the providers here declares.
-const NOBODY: &[&str] = &[
-    "test_code_run",
-    "test_templates_list",
-    "test_templates_build_is_typed",
-];
+const NOBODY: &[&str] = &["test_templates_list", "test_templates_build_is_typed"];
 
 /// A started daemon with extra environment, and a client that waits long enough for a
 /// whole kit run.
@@ -277,6 +273,10 @@ const PLUGIN_SKIPS: &[&str] = &[
     "test_pty_and_resize",
     "test_files_watch",
     "test_code_run",
+    "test_code_state_kept",
+    "test_code_error_shape",
+    "test_code_cancel_keeps_state",
+    "test_code_rich_result",
     "test_templates_list",
     "test_templates_build_is_typed",
 ];

@@ -61,7 +61,7 @@ fn lifecycle_create_info_connect_list_timeout_kill() {
         json!({"sandbox": id, "timeout": 3600}),
     );
     assert_ne!(t["expiresAt"], before);
-    // capabilities are derived from the declared features: no "code".
+    // capabilities are derived from the declared features: "code" from code.interpret.
     let caps = c.call("sandbox/capabilities", json!({"sandbox": id}));
     let caps: Vec<&str> = caps["capabilities"]
         .as_array()
@@ -70,7 +70,7 @@ fn lifecycle_create_info_connect_list_timeout_kill() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert!(caps.contains(&"shell") && caps.contains(&"files") && caps.contains(&"pty"));
-    assert!(!caps.contains(&"code"), "{caps:?}");
+    assert!(caps.contains(&"code"), "{caps:?}");
     let si = c.call("sandbox/systemInfo", json!({"sandbox": id}));
     assert_eq!(si["os"], "Linux");
     assert!(si["cpuCount"].as_u64().unwrap() >= 1);
@@ -125,17 +125,12 @@ fn bad_lifecycle_input_gets_typed_errors() {
         "E2004"
     );
     // Undeclared features fail with E8004 before the provider is reached.
-    let e = c.call_err(
-        "code/run",
-        json!({"sandbox": id, "language": "python", "code": "1"}),
-    );
+    let e = c.call_err("commands/run", json!({"sandbox": id, "name": "anything"}));
     assert_eq!(abx_code(&e), "E8004");
     assert_eq!(
         e["message"],
-        "Provider 'local' does not support 'code.interpret'."
+        "Provider 'local' does not support 'templates.read'."
     );
-    let e = c.call_err("commands/run", json!({"sandbox": id, "name": "anything"}));
-    assert_eq!(abx_code(&e), "E8004");
     let e = c.call_err("templates/list", json!({"provider": "local"}));
     assert_eq!(abx_code(&e), "E8004");
 }

@@ -114,7 +114,7 @@ fn initialize_answers_a_version_it_speaks() {
         assert_eq!(m.request(2, "ping", json!({}))["result"], json!({}));
         let tools = m.request(3, "tools/list", json!({}));
         let tools = tools["result"]["tools"].as_array().expect("tools").clone();
-        assert_eq!(tools.len(), 11);
+        assert_eq!(tools.len(), 12);
         for t in &tools {
             assert_eq!(t["inputSchema"]["type"], "object");
             assert_eq!(t.get("outputSchema").is_some(), answered >= "2025-06-18");
@@ -214,4 +214,68 @@ fn exec_tool_falls_back_to_exec_run_without_exec_stream() {
     assert!(text.starts_with("Exit code: 5"), "{text}");
     m.finish();
     c.call("sandbox/kill", json!({"sandbox": full}));
+}
+
+/// Issue 24: the `run_code` tool. State persists between calls, a result with an image is
+/// MCP image content beside the text, an exception is `isError` with its traceback.
+#[test]
+fn run_code_tool_keeps_state_returns_images_and_errors() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let sb = c.create(json!({}));
+    let mut m = Mcp::start(&home);
+    let r = m.request(1, "initialize", init("2025-06-18"));
+    assert_eq!(r["result"]["protocolVersion"], "2025-06-18", "{r}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let call = |m: &mut Mcp, id: i64, code: &str| {
+        m.request(
+            id,
+            "tools/call",
+            json!({"name": "run_code", "arguments": {"sandbox": sb, "code": code}}),
+        )["result"]
+            .clone()
+    };
+    let r = call(&mut m, 2, "x = 20\nprint('hi')\nx + 1");
+    assert_eq!(r["isError"], false, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert_eq!(text, "--- stdout\nhi\n--- result\n21\n");
+    assert_eq!(r["structuredContent"]["results"][0]["text/plain"], "21");
+    let r = call(&mut m, 3, "x * 2");
+    assert_eq!(
+        r["structuredContent"]["results"][0]["text/plain"], "40",
+        "{r}"
+    );
+    // An object with a PNG repr: an image content item (base64), and its text.
+    let png = "class P:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n'\n    def __repr__(self):\n        return 'P()'\nP()";
+    let r = call(&mut m, 4, png);
+    let content = r["content"].as_array().unwrap();
+    assert_eq!(content.len(), 2, "{r}");
+    assert_eq!(content[1]["type"], "image");
+    assert_eq!(content[1]["mimeType"], "image/png");
+    assert_eq!(content[1]["data"], "iVBORw0KGgo=");
+    assert!(content[0]["text"].as_str().unwrap().contains("P()"));
+    // An exception: isError, the traceback in the text.
+    let r = call(&mut m, 5, "def f():\n    raise ValueError('bad')\nf()");
+    assert_eq!(r["isError"], true, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("--- error\nTraceback") && text.contains("ValueError: bad"),
+        "{text}"
+    );
+    assert_eq!(r["structuredContent"]["error"]["name"], "ValueError");
+    // A broker error (no such sandbox) is isError with the E-code line.
+    let r = m.request(
+        6,
+        "tools/call",
+        json!({"name": "run_code", "arguments": {"sandbox": "sb-nope", "code": "1"}}),
+    )["result"]
+        .clone();
+    assert_eq!(r["isError"], true);
+    assert!(r["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("[E2009]"));
+    m.finish();
+    c.call("sandbox/kill", json!({"sandbox": sb}));
 }

@@ -290,6 +290,7 @@ async fn read_loop(mut r: BufReader<Box<dyn AsyncRead + Send + Unpin>>, sh: Arc<
             let key = params["execId"]
                 .as_str()
                 .or(params["watchId"].as_str())
+                .or(params["runId"].as_str())
                 .unwrap_or("")
                 .to_owned();
             let mut map = sh.streams.lock().expect("streams");

@@ -21,6 +21,7 @@
 //!   durationMs}` per finished test; the reply lists every selected test in table order.
 
 mod client;
+mod code;
 mod exec;
 mod files;
 mod sandbox;
@@ -252,6 +253,26 @@ pub static TESTS: &[Test] = &[
     test!(
         "test_code_run",
         sandbox::code_run,
+        ["sandbox.lifecycle", "code.interpret"]
+    ),
+    test!(
+        "test_code_state_kept",
+        code::state_kept,
+        ["sandbox.lifecycle", "code.interpret"]
+    ),
+    test!(
+        "test_code_error_shape",
+        code::error_shape,
+        ["sandbox.lifecycle", "code.interpret"]
+    ),
+    test!(
+        "test_code_cancel_keeps_state",
+        code::cancel_keeps_state,
+        ["sandbox.lifecycle", "code.interpret"]
+    ),
+    test!(
+        "test_code_rich_result",
+        code::rich_result,
         ["sandbox.lifecycle", "code.interpret"]
     ),
     test!(

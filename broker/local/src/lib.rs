@@ -7,8 +7,10 @@
 //! - [`container`]: the daemon's side of a sandbox's init.
 //! - [`isolate`]: the isolation model in force; per-process confinement of the opt-in
 //!   Landlock and none models.
+//! - [`code`]: `code/*`, contexts (long-lived interpreters) that run cells.
 //! - [`procs`]: finding, signalling and listing a sandbox's processes.
 
+pub mod code;
 pub mod container;
 pub mod exec;
 pub mod files;

@@ -12,10 +12,11 @@ use super::{files, isolate, procs, watch, SandboxDirs};
 use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use abx_home::util::{now_ms, replace_file, rfc3339};
 use abx_protocol::api::{
-    ExecIdParams, ExecKillParams, ExecResizeParams, ExecRunParams, ExecStartParams,
-    ExecWriteParams, FilesListParams, FilesReadParams, FilesWriteParams, MkdirParams, PathParams,
-    PortParams, ProcessKillParams, RemoveParams, RenameParams, SandboxCreateParams, SandboxParams,
-    SetTimeoutParams, TransferParams, UnwatchParams, WatchParams,
+    CodeContextParams, CodeCreateContextParams, CodeRunParams, ExecIdParams, ExecKillParams,
+    ExecResizeParams, ExecRunParams, ExecStartParams, ExecWriteParams, FilesListParams,
+    FilesReadParams, FilesWriteParams, MkdirParams, PathParams, PortParams, ProcessKillParams,
+    RemoveParams, RenameParams, SandboxCreateParams, SandboxParams, SetTimeoutParams,
+    TransferParams, UnwatchParams, WatchParams,
 };
 use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,7 @@ pub const FEATURES: &[&str] = &[
     "files.watch",
     "files.transfer",
     "ports.url",
+    "code.interpret",
 ];
 
 /// A sandbox's persisted record.
@@ -367,6 +369,8 @@ struct Inner {
     reaper: Arc<Notify>,
     /// Where the reaper reports expired sandboxes.
     events: abx_core::events::Events,
+    /// The sandboxes' code contexts (`code/*`).
+    code: super::code::Contexts,
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(method: &str, v: Value) -> Result<T, AbxError> {
@@ -443,6 +447,7 @@ impl Inner {
             next: AtomicU64::new(1),
             reaper: Arc::new(Notify::new()),
             events,
+            code: Default::default(),
         });
         p.load();
         let weak = Arc::downgrade(&p);
@@ -636,6 +641,7 @@ impl Inner {
             return json!({"killed": false});
         };
         let t0 = std::time::Instant::now();
+        self.code.drop_sandbox(id);
         sb.stop_processes().await;
         let stopped_us = t0.elapsed().as_micros();
         // The record goes first (a directory without one is not a sandbox), then the
@@ -887,6 +893,7 @@ impl Inner {
                 Ok(json!({}))
             }
             m if m.starts_with("files/") => self.files(cx, m, params).await,
+            m if m.starts_with("code/") => self.code_call(cx, m, params).await,
             "ports/url" => {
                 let p: PortParams = parse(method, params)?;
                 let sb = self.get(&p.sandbox)?;
@@ -911,6 +918,94 @@ impl Inner {
             _ => Err(abx_core::provider::unsupported(
                 "local",
                 features::for_method(method, false).unwrap_or(method),
+            )),
+        }
+    }
+
+    /// `code/*` (see [`super::code`]).
+    async fn code_call(
+        self: &Arc<Self>,
+        cx: &CallCx,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, AbxError> {
+        use super::code::{Cell, Lang, NewContext};
+        fn value<T: Serialize>(v: T) -> Result<Value, AbxError> {
+            serde_json::to_value(v).map_err(AbxError::internal)
+        }
+        match method {
+            "code/run" => {
+                let p: CodeRunParams = parse(method, params)?;
+                let sb = self.running(&p.sandbox)?;
+                let cell = Cell {
+                    code: p.code,
+                    env: p.env.unwrap_or_default(),
+                    timeout: p.timeout,
+                    run_id: p.run_id,
+                };
+                super::code::check_cell(&cell)?;
+                let ctx = match &p.context {
+                    Some(id) => {
+                        let c = self.code.get(&p.sandbox, id)?;
+                        if p.language.is_some() && Lang::parse(p.language.as_deref())? != c.lang {
+                            return Err(AbxError::invalid_params(
+                                method,
+                                format!("context '{id}' runs {}", c.lang.name()),
+                            ));
+                        }
+                        c
+                    }
+                    None => self
+                        .code
+                        .default_for(&p.sandbox, Lang::parse(p.language.as_deref())?)?,
+                };
+                let parts = sb.exec_parts().await?;
+                let r = ctx
+                    .run(
+                        parts.site(&sb, &p.sandbox),
+                        cell,
+                        cx.conn.clone(),
+                        cx.cancel.clone(),
+                    )
+                    .await?;
+                value(r)
+            }
+            "code/createContext" => {
+                let p: CodeCreateContextParams = parse(method, params)?;
+                let sb = self.running(&p.sandbox)?;
+                let new = NewContext {
+                    lang: Lang::parse(p.language.as_deref())?,
+                    cwd: p.cwd,
+                    interpreter: p.interpreter,
+                    env: p.env.unwrap_or_default(),
+                };
+                let c = self.code.create(&p.sandbox, new)?;
+                let parts = sb.exec_parts().await?;
+                self.code.start(parts.site(&sb, &p.sandbox), &c).await?;
+                value(c.view())
+            }
+            "code/listContexts" => {
+                let p: SandboxParams = parse(method, params)?;
+                self.get(&p.sandbox)?;
+                Ok(json!({"contexts": self.code.list(&p.sandbox)}))
+            }
+            "code/restartContext" => {
+                let p: CodeContextParams = parse(method, params)?;
+                let sb = self.running(&p.sandbox)?;
+                let c = self.code.get(&p.sandbox, &p.context)?;
+                let parts = sb.exec_parts().await?;
+                self.code.restart(parts.site(&sb, &p.sandbox), &c).await?;
+                value(c.view())
+            }
+            "code/removeContext" => {
+                let p: CodeContextParams = parse(method, params)?;
+                self.get(&p.sandbox)?;
+                self.code.remove(&p.sandbox, &p.context)?;
+                Ok(json!({}))
+            }
+            other => Err(AbxError::new(
+                ErrorCode::MethodNotFound,
+                &[("method", other)],
             )),
         }
     }

@@ -81,6 +81,24 @@ pub enum Command {
         )]
         command: Vec<String>,
     },
+    /// Run code in a sandbox's interpreter (a context keeps variables between runs):
+    /// output streamed, results printed, exit 1 when the code raised an error.
+    Code {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// A file with the code, or `-` (the default) for stdin.
+        #[arg(value_name = "FILE")]
+        file: Option<String>,
+        /// The context to run in (default: the sandbox's default context of the language).
+        #[arg(long, value_name = "ID")]
+        context: Option<String>,
+        /// python (default; or from the file's extension: .py, .js, .sh), javascript, bash.
+        #[arg(long, short = 'l', value_name = "LANG")]
+        language: Option<String>,
+        /// Seconds before the code is interrupted (the context keeps its state).
+        #[arg(long, value_parser = parse_seconds_f64)]
+        timeout: Option<f64>,
+    },
     /// Run a command in a throwaway sandbox: create, stream, kill.
     Run {
         /// Template of the sandbox.

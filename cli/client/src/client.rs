@@ -345,6 +345,16 @@ impl Client {
         self.wait_for(id, None).await
     }
 
+    /// Wait for the reply to a request sent with [`Client::send_request`], handing every
+    /// notification that arrives meanwhile to `on_note`.
+    pub async fn reply_watching(
+        &mut self,
+        id: &Id,
+        on_note: &mut dyn FnMut(&Notification),
+    ) -> Result<Value, CallError> {
+        self.wait_for(id, Some(on_note)).await
+    }
+
     async fn wait_for(
         &mut self,
         id: &Id,

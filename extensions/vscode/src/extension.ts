@@ -2,6 +2,7 @@
 // server registration, all on one broker connection (AbxService).
 import * as vscode from 'vscode';
 import { AbxFileSystemProvider } from './adapters/fs';
+import { registerCode } from './code';
 import { Commands, showError } from './commands';
 import { SCHEME } from './client/uri';
 import { AbxDocuments, DOC_SCHEME } from './documents';
@@ -67,6 +68,7 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
 
   const commands = new Commands(service, sandboxes, providers, documents);
   parts.push(...commands.register());
+  parts.push(...registerCode(service, commands));
   parts.push(createStatusBar(service));
 
   const mcp = registerMcp(service, version);

@@ -9,6 +9,7 @@ import * as readline from 'node:readline';
 import { after, before, describe, test } from 'node:test';
 import * as vscode from 'vscode';
 import { parseSandboxUri, sandboxUri } from '../src/adapters/fs';
+import { CODE_COMMANDS } from '../src/code';
 import { COMMANDS } from '../src/commands';
 import { readSettings } from '../src/config';
 import { activate, AbxExtensionApi, deactivate } from '../src/extension';
@@ -70,12 +71,12 @@ function lastContext(key: string): unknown {
 describe('the manifest', () => {
   test('contributes exactly the commands the extension registers, each with a title', () => {
     const contributed = manifest.contributes.commands.map((c: { command: string }) => c.command).sort();
-    assert.deepEqual(contributed, [...COMMANDS].sort());
+    assert.deepEqual(contributed, [...COMMANDS, ...CODE_COMMANDS].sort());
     for (const c of manifest.contributes.commands) assert.ok(c.title && c.category === 'abx', c.command);
   });
 
   test('menus only name contributed commands; views and the MCP provider id match the code', () => {
-    const known = new Set(COMMANDS as readonly string[]);
+    const known = new Set([...COMMANDS, ...CODE_COMMANDS] as readonly string[]);
     for (const list of Object.values(manifest.contributes.menus) as { command: string }[][]) {
       for (const m of list) assert.ok(known.has(m.command), m.command);
     }

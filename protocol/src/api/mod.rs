@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod broker;
+pub mod code;
 pub mod exec;
 pub mod files;
 pub mod ports;
@@ -25,6 +26,7 @@ pub mod provider;
 pub mod sandbox;
 
 pub use broker::*;
+pub use code::*;
 pub use exec::*;
 pub use files::*;
 pub use ports::*;

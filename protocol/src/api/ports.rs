@@ -1,4 +1,4 @@
-//! `ports/url`, `code/run`, `commands/run` and `templates/*`.
+//! `ports/url`, `commands/run` and `templates/*` (`code/*` is in [`super::code`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -29,45 +29,6 @@ pub struct PortUrl {
     /// Headers the client must send.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-}
-
-/// `code/run` params.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[cfg_attr(feature = "schema", schemars(inline))]
-pub struct CodeRunParams {
-    /// Sandbox id.
-    pub sandbox: String,
-    /// Language of the code (`python`, ...).
-    pub language: String,
-    /// The code.
-    pub code: String,
-}
-
-/// An error raised by code run with `code/run`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct CodeError {
-    /// Error name.
-    pub name: String,
-    /// Error value.
-    pub value: String,
-    /// Traceback.
-    pub traceback: String,
-}
-
-/// `code/run` result.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct CodeResult {
-    /// Standard output.
-    pub stdout: String,
-    /// Standard error.
-    pub stderr: String,
-    /// Rich results (interpreter-defined).
-    pub results: Vec<Value>,
-    /// The error, or `null`.
-    pub error: Option<CodeError>,
 }
 
 /// `commands/run` params.

@@ -1,6 +1,7 @@
 //! The commands: one module per family, all broker clients, dispatched from [`run`].
 
 mod broker;
+mod code;
 mod exec;
 mod files;
 mod process;
@@ -115,6 +116,23 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             cwd,
             command,
         } => exec::exec(cx, &sandbox, &command, timeout, cwd.as_deref()).await,
+        Command::Code {
+            sandbox,
+            file,
+            context,
+            language,
+            timeout,
+        } => {
+            code::code(
+                cx,
+                &sandbox,
+                file.as_deref(),
+                context.as_deref(),
+                language.as_deref(),
+                timeout,
+            )
+            .await
+        }
         Command::Run {
             template,
             opts,

@@ -147,6 +147,42 @@ const TOOLS: &[Def] = &[
         idempotent: false,
     },
     Def {
+        name: "run_code",
+        title: "Run code",
+        description: "Run code in a sandbox's interpreter (python by default; javascript, \
+            bash) and return its output, the value of the last expression and anything \
+            displayed: charts come back as images, tables as HTML. Variables, imports and the \
+            working directory persist between calls in the same context (one default context \
+            per language per sandbox). An exception in the code is an error result with its \
+            traceback. Cancelling the call, or its timeout, interrupts the code and keeps \
+            the context.",
+        input: input_schema::<RunCodeArgs>,
+        output: Some(|| {
+            object(
+                json!({
+                    "results": {"type": "array", "description": "Rich results (MIME type -> data; images base64).", "items": {"type": "object"}},
+                    "stdout": {"type": "string"},
+                    "stderr": {"type": "string"},
+                    "error": {
+                        "type": ["object", "null"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "value": {"type": "string"},
+                            "traceback": {"type": "string"},
+                        },
+                    },
+                    "executionCount": {"type": "integer"},
+                    "context": {"type": "string"},
+                    "timedOut": {"type": "boolean"},
+                }),
+                &["results", "stdout", "stderr", "error"],
+            )
+        }),
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+    },
+    Def {
         name: "files_read",
         title: "Read a file",
         description:
@@ -409,6 +445,21 @@ pub async fn call(cx: &Cx<'_>, name: &str, a: Value) -> Option<Value> {
     if name == "exec" {
         return exec(cx, a).await;
     }
+    if name == "run_code" {
+        let a: RunCodeArgs = match args(name, a) {
+            Ok(a) => a,
+            Err(e) => return Some(e),
+        };
+        let p = to_params(&api::CodeRunParams::from(a));
+        // Dropping the call on cancel sends $/cancelRequest: the code is interrupted.
+        return tokio::select! {
+            r = cx.mux.call("code/run", p) => Some(match r {
+                Ok(r) => code_result(cx, &r),
+                Err(e) => fail(&e),
+            }),
+            _ = cancel.cancelled() => None,
+        };
+    }
     tokio::select! {
         r = simple(cx, name, a) => Some(r.unwrap_or_else(|e| e)),
         // Dropping the call sends $/cancelRequest to the broker.
@@ -633,6 +684,102 @@ impl From<ExecArgs> for api::ExecStartParams {
             ..Default::default()
         }
     }
+}
+
+// `run_code` → `code/run`.
+#[derive(Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunCodeArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// The code (several statements; the value of the last expression is returned).
+    code: String,
+    /// python (default), javascript or bash.
+    language: Option<String>,
+    /// A context id (from code/createContext); default: the sandbox's default context of the language.
+    context: Option<String>,
+    /// Seconds before the code is interrupted (the context and its variables stay).
+    #[schemars(extend("exclusiveMinimum" = 0))]
+    timeout: Option<f64>,
+}
+
+impl From<RunCodeArgs> for api::CodeRunParams {
+    fn from(a: RunCodeArgs) -> Self {
+        api::CodeRunParams {
+            sandbox: a.sandbox,
+            code: a.code,
+            language: a.language,
+            context: a.context,
+            timeout: a.timeout,
+            env: None,
+            run_id: None,
+        }
+    }
+}
+
+/// The tool result of `run_code`: the output and results as text, images as image
+/// content, an error as `isError` with its traceback.
+fn code_result(cx: &Cx<'_>, r: &Value) -> Value {
+    let mut text = String::new();
+    let section = |text: &mut String, name: &str, body: &str| {
+        if !body.is_empty() {
+            text.push_str(&format!("--- {name}\n{body}"));
+            if !body.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+    };
+    section(
+        &mut text,
+        "stdout",
+        r["stdout"].as_str().unwrap_or_default(),
+    );
+    section(
+        &mut text,
+        "stderr",
+        r["stderr"].as_str().unwrap_or_default(),
+    );
+    let mut images = Vec::new();
+    for b in r["results"].as_array().into_iter().flatten() {
+        for (mime, kind) in [("image/png", "image"), ("image/jpeg", "image")] {
+            if let Some(data) = b[mime].as_str() {
+                images.push(json!({"type": kind, "data": data, "mimeType": mime}));
+            }
+        }
+        let shown = b["text/markdown"]
+            .as_str()
+            .or(b["text/plain"].as_str())
+            .or(b["text/html"].as_str());
+        match shown {
+            Some(t) => section(&mut text, "result", t),
+            None if b.get("image/png").is_some() || b.get("image/jpeg").is_some() => {
+                section(&mut text, "result", "(an image, below)")
+            }
+            None => section(&mut text, "result", &pretty(b)),
+        }
+    }
+    let error = &r["error"];
+    if !error.is_null() {
+        let tb = error["traceback"].as_str().unwrap_or_default();
+        let line = format!(
+            "{}: {}",
+            error["name"].as_str().unwrap_or_default(),
+            error["value"].as_str().unwrap_or_default()
+        );
+        section(&mut text, "error", if tb.is_empty() { &line } else { tb });
+    }
+    if r["timedOut"] == true {
+        text.push_str("(the code ran past its timeout and was interrupted)\n");
+    }
+    if text.is_empty() {
+        text.push_str("(no output)\n");
+    }
+    let mut out = ok(cx, text, r.clone());
+    if let Some(content) = out["content"].as_array_mut() {
+        content.extend(images);
+    }
+    out["isError"] = json!(!error.is_null());
+    out
 }
 
 fn put<T: serde::Serialize>(p: &mut Value, k: &str, v: Option<T>) {
@@ -1079,6 +1226,7 @@ mod unit {
                 &[],
             ),
             ("exec", api_props::<api::ExecStartParams>(), &[]),
+            ("run_code", api_props::<api::CodeRunParams>(), &[]),
             ("files_read", api_props::<api::FilesReadParams>(), &[]),
             (
                 "files_write",

@@ -150,6 +150,13 @@ M.subcommands = {
     end,
     args = { "sandbox", "shellcmd" },
   },
+  code = {
+    help = "[range]code [SANDBOX]",
+    run = function(ws, _, o)
+      require("abx.code").command(ws[2], o)
+    end,
+    args = { "sandbox" },
+  },
   upload = {
     help = "upload SANDBOX LOCAL [REMOTE]",
     run = function(ws)
@@ -255,8 +262,8 @@ function M.names()
   return util.keys(M.subcommands)
 end
 
---- Run `:Abx {args}`.
-function M.run(args)
+--- Run `:Abx {args}`; `o` is the command's info (its range, for :Abx code).
+function M.run(args, o)
   local ws, rest = words(args or "")
   local name = ws[1]
   if not name then
@@ -270,7 +277,7 @@ function M.run(args)
   if not sub then
     return usage("Unknown subcommand '" .. name .. "'. Subcommands: " .. table.concat(M.names(), ", ") .. ".")
   end
-  sub.run(ws, rest)
+  sub.run(ws, rest, o)
 end
 
 -- completion -------------------------------------------------------------------------
@@ -402,12 +409,13 @@ end
 --- Define :Abx (plugin/abx.lua does this).
 function M.setup_command()
   vim.api.nvim_create_user_command("Abx", function(o)
-    local ok, e = pcall(M.run, o.args)
+    local ok, e = pcall(M.run, o.args, o)
     if not ok then
       util.notify("abx: " .. tostring(e), vim.log.levels.ERROR)
     end
   end, {
     nargs = "*",
+    range = true,
     complete = function(a, c, p)
       return M.complete(a, c, p)
     end,

@@ -292,8 +292,11 @@ def p_port(sandbox: str, port: int) -> Dict[str, Any]:
     return {"sandbox": sandbox, "port": port}
 
 
-def p_code(sandbox: str, code: str, language: Optional[str]) -> Dict[str, Any]:
-    return {"sandbox": sandbox, "code": code, **_drop_none(language=language)}
+def p_code(sandbox: str, code: str, language: Optional[str], context: Optional[str] = None,
+           timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    return {"sandbox": sandbox, "code": code,
+            **_drop_none(language=language, context=context, timeout=timeout,
+                         env=dict(env) if env is not None else None)}
 
 
 def p_install(source: str, subdir: Optional[str], ref: Optional[str], sha256: Optional[str], allow_unpinned: bool,

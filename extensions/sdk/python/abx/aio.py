@@ -578,8 +578,11 @@ class AsyncSandbox:
     async def system_info(self) -> t.Record:
         return t.Record(await self._c.call("sandbox/systemInfo", t.p_sandbox(self._route)))
 
-    async def run_code(self, code: str, language: Optional[str] = None) -> t.Record:
-        return t.Record(await self._c.call("code/run", t.p_code(self._route, code, language)))
+    async def run_code(self, code: str, language: Optional[str] = None,
+                       context: Optional[str] = None, timeout: Optional[float] = None,
+                       env: Optional[Dict[str, str]] = None) -> t.Record:
+        return t.Record(await self._c.call(
+            "code/run", t.p_code(self._route, code, language, context, timeout, env)))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

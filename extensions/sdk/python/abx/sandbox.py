@@ -355,10 +355,13 @@ class Sandbox:
     def system_info(self) -> t.Record:
         return t.Record(self._c.call("sandbox/systemInfo", t.p_sandbox(self._route)))
 
-    def run_code(self, code: str, language: Optional[str] = None) -> t.Record:
+    def run_code(self, code: str, language: Optional[str] = None,
+                 context: Optional[str] = None, timeout: Optional[float] = None,
+                 env: Optional[Dict[str, str]] = None) -> t.Record:
         """Run code in an interpreter (``code.interpret``; E8004 where the provider lacks it):
         ``{results, stdout, stderr, error, execution_count}``."""
-        return t.Record(self._c.call("code/run", t.p_code(self._route, code, language)))
+        return t.Record(self._c.call(
+            "code/run", t.p_code(self._route, code, language, context, timeout, env)))
 
     def __enter__(self) -> "Sandbox":
         return self

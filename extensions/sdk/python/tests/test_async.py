@@ -69,8 +69,9 @@ def test_lifecycle_exec_files(home, tmp_path):
             assert (await sb.pause()).status == "paused"
             assert (await sb.resume()).status == "running"
             assert (await sb.capabilities()).features and (await sb.system_info()).os
-            with pytest.raises(abx.FeatureNotSupportedError):
-                await sb.run_code("1")
+            # local declares code.interpret: the default context keeps its state (py-local's E8004 below).
+            assert (await sb.run_code("y = 6")).error is None
+            assert (await sb.run_code("y * 7")).results[0]["text/plain"] == "42"
             assert await sb.kill() is True and await sb.kill() is False
 
     run(main())

@@ -162,10 +162,19 @@ def test_processes_ports_timeout_pause_resume(sb):
     assert "exec" in str(sb.capabilities().to_dict()) and sb.system_info().os
 
 
-def test_run_code_not_declared_is_e8004(sb):
-    with pytest.raises(abx.FeatureNotSupportedError) as e:
-        sb.run_code("print(1)", language="python")
-    assert e.value.code == "E8004" and "code.interpret" in e.value.message and e.value.suggestion
+def test_run_code_keeps_state_in_its_context_on_local(sb):
+    # local declares code.interpret: the default context keeps its variables between cells;
+    # an error is part of the result; a context that does not exist is E1004 (the E8004 case
+    # is the py-local plugin's, in test_py_local_plugin).
+    r = sb.run_code("x = 41\nprint('hi')\nx + 1", language="python")
+    assert r.stdout == "hi\n" and r.error is None
+    assert r.results[0]["text/plain"] == "42"
+    r = sb.run_code("x * 2", env={"A": "1"}, timeout=30)
+    assert r.results[0]["text/plain"] == "82"
+    r = sb.run_code("1/0")
+    assert r.error["name"] == "ZeroDivisionError" and r.error["traceback"]
+    with pytest.raises(abx.InvalidParamsError):
+        sb.run_code("1", context="nope")
 
 
 def test_errors_per_code(sb):
