@@ -8,6 +8,7 @@
 //! - [`isolate`]: the isolation model in force; per-process confinement of the opt-in
 //!   Landlock and none models.
 //! - [`procs`]: finding, signalling and listing a sandbox's processes.
+//! - [`templates`]: OCI images (pull, import, store, unpack) and sandboxes saved as templates.
 
 pub mod container;
 pub mod exec;
@@ -18,6 +19,7 @@ pub mod limits;
 pub mod net;
 pub mod procs;
 pub mod sandboxes;
+pub mod templates;
 pub mod watch;
 
 use abx_protocol::{AbxError, ErrorCode};
