@@ -50,7 +50,8 @@ pub fn for_method(method: &str, has_pty: bool) -> Option<&'static str> {
         "files/watch" | "files/unwatch" => "files.watch",
         "ports/url" => "ports.url",
         "code/run" => "code.interpret",
-        "commands/run" | "templates/list" | "templates/init" => "templates.read",
+        "commands/run" | "templates/list" | "templates/init" | "templates/pull"
+        | "templates/remove" | "templates/import" => "templates.read",
         "templates/build" => "templates.build",
         _ => return None,
     })
@@ -93,6 +94,9 @@ pub const PROVIDER_METHODS: &[&str] = &[
     "templates/list",
     "templates/init",
     "templates/build",
+    "templates/pull",
+    "templates/remove",
+    "templates/import",
 ];
 
 /// Group dotted features for display: `sandbox(lifecycle,timeout) exec(run) pty`.

@@ -8,6 +8,7 @@
 use super::container::{self, Container};
 use super::exec::{self, PtySize};
 use super::limits::{self, Cgroup, Limits};
+use super::templates::{self, Store};
 use super::{files, isolate, procs, watch, SandboxDirs};
 use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use abx_home::util::{now_ms, replace_file, rfc3339};
@@ -15,7 +16,7 @@ use abx_protocol::api::{
     ExecIdParams, ExecKillParams, ExecResizeParams, ExecRunParams, ExecStartParams,
     ExecWriteParams, FilesListParams, FilesReadParams, FilesWriteParams, MkdirParams, PathParams,
     PortParams, ProcessKillParams, RemoveParams, RenameParams, SandboxCreateParams, SandboxParams,
-    SetTimeoutParams, TransferParams, UnwatchParams, WatchParams,
+    SetTimeoutParams, TemplatesParams, TransferParams, UnwatchParams, WatchParams,
 };
 use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,8 @@ pub const FEATURES: &[&str] = &[
     "files.watch",
     "files.transfer",
     "ports.url",
+    "templates.read",
+    "templates.build",
 ];
 
 /// A sandbox's persisted record.
@@ -72,6 +75,22 @@ struct Record {
     /// Memory, CPU and process limits.
     #[serde(default)]
     limits: Limits,
+    /// The image it was made from (a template other than `base`): pinned by digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image: Option<RecordImage>,
+}
+
+/// The image of a sandbox made from a template.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RecordImage {
+    /// Its manifest digest.
+    digest: String,
+    /// Its config (Env, WorkingDir, User, ...).
+    config: templates::ImageConfig,
+    /// Whether its root is a full copy (overlayfs refused) rather than an overlay.
+    #[serde(default)]
+    copy: bool,
 }
 
 fn default_network() -> String {
@@ -80,6 +99,8 @@ fn default_network() -> String {
 
 struct Sandbox {
     dirs: SandboxDirs,
+    /// The template store (an image sandbox's lower layer).
+    store: Arc<Store>,
     rec: Mutex<Record>,
     /// The init of a running sandbox (namespaces model); started again on first use after a
     /// daemon restart.
@@ -93,6 +114,7 @@ struct Sandbox {
 /// What an exec in a sandbox needs besides its params (see [`Sandbox::exec_parts`]).
 struct ExecParts {
     env: std::collections::BTreeMap<String, String>,
+    image: Option<templates::ImageConfig>,
     container: Option<Arc<Container>>,
     cgroup: Option<Arc<Cgroup>>,
 }
@@ -103,6 +125,7 @@ impl ExecParts {
             dirs: &sb.dirs,
             id,
             env: &self.env,
+            image: self.image.as_ref(),
             container: self.container.as_deref(),
             cgroup: self.cgroup.clone(),
         }
@@ -112,11 +135,15 @@ impl ExecParts {
 impl Sandbox {
     /// Its env, its running container (started if there is none) and its cgroup.
     async fn exec_parts(&self) -> Result<ExecParts, AbxError> {
-        let env = self.rec.lock().expect("record").env.clone();
+        let (env, image) = {
+            let r = self.rec.lock().expect("record");
+            (r.env.clone(), r.image.as_ref().map(|i| i.config.clone()))
+        };
         let container = self.container().await?;
         let cgroup = self.cgroup.lock().expect("cgroup").clone();
         Ok(ExecParts {
             env,
+            image,
             container,
             cgroup,
         })
@@ -138,6 +165,7 @@ impl Sandbox {
             "provider": "local",
             "status": r.status,
             "template": r.template,
+            "templateDigest": r.image.as_ref().map(|i| i.digest.clone()),
             "url": format!("local://{}", r.id),
             "region": "local",
             "timeout": r.timeout,
@@ -157,9 +185,14 @@ impl Sandbox {
         if let Some(c) = g.as_ref().filter(|c| c.alive()) {
             return Ok(Some(c.clone()));
         }
-        let (id, network, lim) = {
+        let (id, network, lim, image) = {
             let r = self.rec.lock().expect("record");
-            (r.id.clone(), r.network.clone(), r.limits.clone())
+            (
+                r.id.clone(),
+                r.network.clone(),
+                r.limits.clone(),
+                r.image.clone(),
+            )
         };
         let t0 = std::time::Instant::now();
         let mut spare = None;
@@ -196,7 +229,10 @@ impl Sandbox {
             None => container::Start::Fresh(procs.iter().map(|f| f.as_raw_fd()).collect()),
         };
         let t1 = std::time::Instant::now();
-        let cfg = container::config(&self.dirs, &id, &network, nproc);
+        let mut cfg = container::config(&self.dirs, &id, &network, nproc);
+        if let Some(img) = &image {
+            cfg.image = Some(image_root(&self.dirs, &self.store, img)?);
+        }
         let mut started = Container::start(cfg.clone(), how).await;
         drop(procs);
         if from_spare && started.is_err() {
@@ -289,6 +325,8 @@ pub struct Settings {
     pub network: String,
     /// Limits of a sandbox created without them (`memory`, `cpus`, `pids`).
     pub limits: Limits,
+    /// Registries (`insecure_registries`, `[local.registry_auth]`).
+    pub registry: templates::RegistrySettings,
 }
 
 impl Default for Settings {
@@ -297,6 +335,7 @@ impl Default for Settings {
             max_sandboxes: 64,
             network: "none".into(),
             limits: limits::DEFAULT,
+            registry: templates::RegistrySettings::default(),
         }
     }
 }
@@ -344,6 +383,32 @@ impl Settings {
                 None => warn!(value = %v, "ignoring [local] pids"),
             }
         }
+        if let Some(v) = t.get("insecure_registries") {
+            match v.as_array() {
+                Some(a) => {
+                    s.registry.insecure = a
+                        .iter()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect()
+                }
+                None => warn!("ignoring [local] insecure_registries: not a list of hosts"),
+            }
+        }
+        if let Some(a) = t.get("registry_auth").and_then(|v| v.as_table()) {
+            for (host, v) in a {
+                match v.as_str().and_then(|c| c.split_once(':')) {
+                    Some((u, p)) => {
+                        s.registry
+                            .auth
+                            .insert(host.clone(), (u.to_owned(), p.to_owned()));
+                    }
+                    // The value is a secret: never logged.
+                    None => {
+                        warn!(registry = %host, "ignoring [local.registry_auth] entry: not \"user:password\"")
+                    }
+                }
+            }
+        }
         if let Some(v) = t.get("network") {
             match v.as_str().filter(|n| NETWORK_MODES.contains(n)) {
                 Some(n) => s.network = n.to_owned(),
@@ -358,6 +423,7 @@ impl Settings {
 
 struct Inner {
     settings: Settings,
+    templates: Arc<Store>,
     summary: ProviderSummary,
     root: PathBuf,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
@@ -367,6 +433,65 @@ struct Inner {
     reaper: Arc<Notify>,
     /// Where the reaper reports expired sandboxes.
     events: abx_core::events::Events,
+}
+
+/// The writable layer of an image sandbox (and overlayfs's work dir beside it).
+fn layer_dirs(dirs: &SandboxDirs) -> (PathBuf, PathBuf, PathBuf) {
+    let l = dirs.root.join(".layer");
+    (l.join("upper"), l.join("work"), l.join("copy"))
+}
+
+/// Make an image sandbox's layer directories, owned by the sandbox's user.
+fn prepare_layer(dirs: &SandboxDirs, _image: &Option<RecordImage>) -> Result<(), AbxError> {
+    let (upper, work, _) = layer_dirs(dirs);
+    for d in [&upper, &work] {
+        std::fs::create_dir_all(d).map_err(|e| {
+            AbxError::new(
+                ErrorCode::SandboxCreateFailed,
+                &[("detail", &e.to_string()), ("provider", "local")],
+            )
+        })?;
+        if let Some((u, g)) = container::sandbox_owner() {
+            let _ = std::os::unix::fs::lchown(d, Some(u), Some(g));
+        }
+    }
+    Ok(())
+}
+
+/// The root of an image sandbox for its init.
+fn image_root(
+    dirs: &SandboxDirs,
+    store: &Store,
+    img: &RecordImage,
+) -> Result<super::init::ImageRoot, AbxError> {
+    let (upper, work, copy) = layer_dirs(dirs);
+    if img.copy {
+        return Ok(super::init::ImageRoot {
+            lower: None,
+            upper: copy,
+            work,
+        });
+    }
+    let lower = store.rootfs(&img.digest).ok_or_else(|| {
+        AbxError::new(
+            ErrorCode::SandboxCreateFailed,
+            &[
+                (
+                    "detail",
+                    &format!(
+                        "the image {} of this sandbox is no longer stored",
+                        img.digest
+                    ),
+                ),
+                ("provider", "local"),
+            ],
+        )
+    })?;
+    Ok(super::init::ImageRoot {
+        lower: Some(lower),
+        upper,
+        work,
+    })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(method: &str, v: Value) -> Result<T, AbxError> {
@@ -425,7 +550,13 @@ impl Inner {
     fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
+        let templates = Arc::new(Store::new(
+            data_dir,
+            container::sandbox_owner(),
+            settings.registry.clone(),
+        ));
         let p = Arc::new(Inner {
+            templates,
             settings,
             summary: ProviderSummary {
                 id: "local".into(),
@@ -481,6 +612,7 @@ impl Inner {
                         r.id.clone(),
                         Arc::new(Sandbox {
                             dirs: SandboxDirs::new(dir),
+                            store: self.templates.clone(),
                             rec: Mutex::new(r),
                             container: tokio::sync::Mutex::new(None),
                             forwards: tokio::sync::Mutex::new(HashMap::new()),
@@ -526,16 +658,14 @@ impl Inner {
     async fn create(&self, p: SandboxCreateParams) -> Result<Value, AbxError> {
         let template = p
             .template
+            .clone()
             .filter(|t| !t.is_empty())
             .unwrap_or_else(|| "base".into());
-        if !TEMPLATES.contains(&template.as_str()) {
-            return Err(
-                AbxError::new(ErrorCode::TemplateNotFound, &[("template", &template)])
-                    .with_suggestion(
-                        "The local provider has one template: 'base' (the host system, read-only).",
-                    ),
-            );
-        }
+        let image = if TEMPLATES.contains(&template.as_str()) {
+            None
+        } else {
+            Some(self.image_for(&template).await?)
+        };
         let timeout = match &p.timeout {
             None | Some(Value::Null) => DEFAULT_TIMEOUT,
             Some(v) => timeout_secs(v)?,
@@ -605,9 +735,18 @@ impl Inner {
             metadata: p.metadata.unwrap_or_default().into_iter().collect(),
             network,
             limits,
+            image: image.map(|i| RecordImage {
+                digest: i.digest,
+                config: i.config,
+                copy: false,
+            }),
         };
+        if rec.image.is_some() {
+            prepare_layer(&dirs, &rec.image)?;
+        }
         let sb = Arc::new(Sandbox {
             dirs,
+            store: self.templates.clone(),
             rec: Mutex::new(rec),
             container: tokio::sync::Mutex::new(None),
             forwards: tokio::sync::Mutex::new(HashMap::new()),
@@ -618,7 +757,15 @@ impl Inner {
             return Err(e);
         }
         // Build the sandbox now: create fails (and leaves nothing) when it cannot be built.
-        if let Err(e) = sb.container().await {
+        let mut built = sb.container().await;
+        if let Err(e) = &built {
+            if e.message.contains("mounting the image (overlay)") {
+                // The kernel refuses overlayfs here: the root is a full copy of the image.
+                warn!(sandbox = %sb.rec.lock().expect("record").id, error = %e.message, "overlayfs refused; the image root is a copy");
+                built = self.copy_root(&sb).await;
+            }
+        }
+        if let Err(e) = built {
             let _ = std::fs::remove_dir_all(&sb.dirs.root);
             return Err(e);
         }
@@ -628,6 +775,216 @@ impl Inner {
             .insert(id, sb.clone());
         self.reaper.notify_one();
         Ok(sb.view())
+    }
+
+    /// The stored image a template names, pulled on first use (a tag then stays pinned to
+    /// the digest it resolved to).
+    async fn image_for(&self, template: &str) -> Result<templates::Image, AbxError> {
+        if isolate::model() != isolate::Model::Namespaces {
+            return Err(AbxError::new(
+                ErrorCode::SandboxCreateFailed,
+                &[
+                    (
+                        "detail",
+                        "image templates need the namespaces isolation model (user namespaces)",
+                    ),
+                    ("provider", "local"),
+                ],
+            ));
+        }
+        if let Some(img) = self.templates.lookup(template) {
+            return Ok(img);
+        }
+        let _g = self.templates.lock.lock().await;
+        if let Some(img) = self.templates.lookup(template) {
+            return Ok(img);
+        }
+        let quiet = |_: u64, _: u64, _: &str| {};
+        match templates::registry::pull(&self.templates, template, &quiet).await {
+            Ok(img) => Ok(img),
+            Err(e) if e.code == ErrorCode::SourceUnreachable => Err(AbxError::new(
+                ErrorCode::TemplateNotFound,
+                &[("template", template)],
+            )
+            .with_suggestion(format!(
+                "It is not stored here and pulling it failed ({}). Run 'abx template list', 'abx template pull' or 'abx template import'; 'base' is the host system.",
+                e.message
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Fallback root where overlayfs is refused: a full copy of the image.
+    async fn copy_root(&self, sb: &Arc<Sandbox>) -> Result<Option<Arc<Container>>, AbxError> {
+        let digest = {
+            let mut r = sb.rec.lock().expect("record");
+            let Some(i) = r.image.as_mut() else {
+                return Err(AbxError::internal("not an image sandbox"));
+            };
+            i.copy = true;
+            i.digest.clone()
+        };
+        let src = self
+            .templates
+            .rootfs(&digest)
+            .ok_or_else(|| AbxError::internal("image rootfs missing"))?;
+        let (_, _, copy) = layer_dirs(&sb.dirs);
+        tokio::task::spawn_blocking(move || templates::unpack::deep_copy(&src, &copy))
+            .await
+            .map_err(AbxError::internal)?
+            .map_err(|e| AbxError::internal(format!("copying the image: {e}")))?;
+        sb.save()?;
+        sb.container().await
+    }
+
+    /// Digests of the images live sandboxes use.
+    fn images_in_use(&self) -> Vec<String> {
+        self.sandboxes
+            .lock()
+            .expect("sandboxes")
+            .values()
+            .filter_map(|s| {
+                s.rec
+                    .lock()
+                    .expect("record")
+                    .image
+                    .as_ref()
+                    .map(|i| i.digest.clone())
+            })
+            .collect()
+    }
+
+    /// `templates/*`.
+    async fn templates(&self, cx: &CallCx, method: &str, params: Value) -> Result<Value, AbxError> {
+        let p: TemplatesParams = parse(method, params)?;
+        let s = |k: &str| {
+            p.rest
+                .get(k)
+                .and_then(|v| v.as_str())
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let need = |k: &str| {
+            s(k).ok_or_else(|| AbxError::invalid_params(method, format!("missing field `{k}`")))
+        };
+        let store = self.templates.clone();
+        match method {
+            "templates/list" => {
+                let mut out = vec![json!({
+                    "name": "base",
+                    "digest": null,
+                    "size": 0,
+                    "pulledAt": null,
+                    "source": "host",
+                    "description": "the host system, read-only",
+                })];
+                out.extend(store.list().iter().map(|(i, n)| i.view(n)));
+                Ok(json!({"templates": out}))
+            }
+            "templates/pull" => {
+                let reference = need("template").or_else(|_| need("name"))?;
+                let conn = cx.conn.clone();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64, String)>();
+                let r2 = reference.clone();
+                let fwd = tokio::spawn(async move {
+                    while let Some((done, total, what)) = rx.recv().await {
+                        conn.notify(
+                            "templates/progress",
+                            &json!({"template": r2, "bytes": done, "total": total, "step": what}),
+                        )
+                        .await;
+                    }
+                });
+                let progress = move |d: u64, t: u64, w: &str| {
+                    let _ = tx.send((d, t, w.to_owned()));
+                };
+                let _g = store.lock.lock().await;
+                let res = templates::registry::pull(&store, &reference, &progress).await;
+                drop(progress);
+                let _ = fwd.await;
+                let img = res?;
+                let names: Vec<String> = store
+                    .list()
+                    .into_iter()
+                    .find(|(i, _)| i.digest == img.digest)
+                    .map(|(_, n)| n)
+                    .unwrap_or_default();
+                Ok(img.view(&names))
+            }
+            "templates/import" => {
+                let path = PathBuf::from(need("path")?);
+                let name = s("name");
+                let tag = s("tag");
+                let _g = store.lock.lock().await;
+                let st = store.clone();
+                let img = tokio::task::spawn_blocking(move || {
+                    templates::archive::import(&st, &path, name.as_deref(), tag.as_deref())
+                })
+                .await
+                .map_err(AbxError::internal)??;
+                Ok(img.view(std::slice::from_ref(&img.name)))
+            }
+            "templates/remove" => {
+                let in_use = self.images_in_use();
+                let _g = store.lock.lock().await;
+                if p.rest.get("prune").and_then(|v| v.as_bool()) == Some(true) {
+                    let all = p.rest.get("all").and_then(|v| v.as_bool()) == Some(true);
+                    return store.prune(&in_use, all);
+                }
+                let t = need("template").or_else(|_| need("name"))?;
+                if TEMPLATES.contains(&t.as_str()) {
+                    return Err(AbxError::invalid_params(
+                        method,
+                        "'base' is the host system; it cannot be removed",
+                    ));
+                }
+                store.remove(&t, &in_use)
+            }
+            "templates/build" => {
+                let sandbox = need("sandbox")?;
+                let name = need("name")?;
+                if TEMPLATES.contains(&name.as_str()) || name.contains('@') {
+                    return Err(AbxError::invalid_params(
+                        method,
+                        format!("'{name}' cannot name a template"),
+                    ));
+                }
+                let sb = self.get(&sandbox)?;
+                let base = sb.rec.lock().expect("record").image.clone().ok_or_else(|| {
+                    AbxError::invalid_params(
+                        method,
+                        format!("sandbox '{sandbox}' was made from the host template 'base'; only a sandbox made from an image can be saved as a template"),
+                    )
+                })?;
+                let base_img = store.image(&base.digest).ok_or_else(|| {
+                    AbxError::new(ErrorCode::TemplateNotFound, &[("template", &base.digest)])
+                })?;
+                let upper = if base.copy {
+                    return Err(AbxError::invalid_params(method, "this sandbox's root is a copy (overlayfs was refused): it has no layer of its own to save"));
+                } else {
+                    layer_dirs(&sb.dirs).0
+                };
+                // Writes in flight would make a torn layer: freeze the sandbox meanwhile.
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
+                if let Some(c) = &cg {
+                    c.freeze(true);
+                }
+                let _g = store.lock.lock().await;
+                let st = store.clone();
+                let res = tokio::task::spawn_blocking(move || st.build(&name, &base_img, &upper))
+                    .await
+                    .map_err(AbxError::internal);
+                if let Some(c) = &cg {
+                    c.freeze(false);
+                }
+                let img = res??;
+                Ok(img.view(std::slice::from_ref(&img.name)))
+            }
+            _ => Err(AbxError::new(
+                ErrorCode::MethodNotFound,
+                &[("method", method)],
+            )),
+        }
     }
 
     async fn kill(&self, id: &str) -> Value {
@@ -887,6 +1244,7 @@ impl Inner {
                 Ok(json!({}))
             }
             m if m.starts_with("files/") => self.files(cx, m, params).await,
+            m if m.starts_with("templates/") => self.templates(cx, m, params).await,
             "ports/url" => {
                 let p: PortParams = parse(method, params)?;
                 let sb = self.get(&p.sandbox)?;

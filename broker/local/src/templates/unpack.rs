@@ -237,6 +237,9 @@ impl Root {
     /// Open `dir` (created if missing) as the root layers are applied to.
     pub fn open(dir: &Path, owner: Option<(u32, u32)>) -> io::Result<Root> {
         std::fs::create_dir_all(dir)?;
+        if let Some((u, g)) = owner {
+            std::os::unix::fs::lchown(dir, Some(u), Some(g))?;
+        }
         let f = std::fs::File::open(dir)?;
         Ok(Root {
             fd: OwnedFd::from(f),
