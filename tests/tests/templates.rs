@@ -758,3 +758,45 @@ fn import_of_a_docker_save_archive_and_an_oci_layout_directory() {
     let e = c.call_err("sandbox/create", json!({"template": "127.0.0.1:1/none:1"}));
     assert_eq!(abx_code(&e), "E2005", "{e}");
 }
+
+#[test]
+fn cli_template_import_list_create_build_rm() {
+    let home = Home::new();
+    home.start();
+    let t = tempfile::tempdir().unwrap();
+    let layout = t.path().join("layout");
+    build_image(&layout);
+    let run = |args: &[&str]| {
+        let o = home.run(args);
+        let s = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "abx {args:?}: {s}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        s
+    };
+    let l = layout.display().to_string();
+    let r: Value =
+        serde_json::from_str(&run(&["-j", "template", "import", &l, "cli/bb:1"])).unwrap();
+    assert_eq!(r["name"], "cli/bb:1");
+    let list = run(&["template", "list"]);
+    assert!(list.starts_with("NAME"), "{list}");
+    assert!(list.contains("cli/bb:1") && list.contains("base"), "{list}");
+    let sb: Value =
+        serde_json::from_str(&run(&["-j", "create", "--template", "cli/bb:1"])).unwrap();
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(run(&["exec", &id, "cat /usr/zstd.txt"]), "zstd layer\n");
+    run(&["exec", &id, "echo cli > /srv/app/cli.txt"]);
+    run(&["template", "build", &id, "cli/saved:1"]);
+    let sb: Value =
+        serde_json::from_str(&run(&["-j", "create", "--template", "cli/saved:1"])).unwrap();
+    let id2 = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(run(&["exec", &id2, "cat /srv/app/cli.txt"]), "cli\n");
+    run(&["kill", &id2, "--yes"]);
+    run(&["template", "rm", "cli/saved:1"]);
+    assert!(!run(&["template", "list"]).contains("cli/saved:1"));
+    let o = home.run(&["template", "rm", "cli/saved:1"]);
+    assert_eq!(o.status.code(), Some(4), "E2005 exits 4");
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("[E2005]"));
+}

@@ -160,12 +160,11 @@ impl Sandbox {
 
     fn view(&self) -> Value {
         let r = self.rec.lock().expect("record");
-        json!({
+        let mut v = json!({
             "id": r.id,
             "provider": "local",
             "status": r.status,
             "template": r.template,
-            "templateDigest": r.image.as_ref().map(|i| i.digest.clone()),
             "url": format!("local://{}", r.id),
             "region": "local",
             "timeout": r.timeout,
@@ -173,7 +172,12 @@ impl Sandbox {
             "expiresAt": rfc3339(r.expires_ms / 1000),
             "metadata": r.metadata,
             "network": r.network,
-        })
+        });
+        // Only for an image sandbox: a host sandbox's view stays as it was.
+        if let Some(i) = &r.image {
+            v["templateDigest"] = json!(i.digest);
+        }
+        v
     }
 
     /// The sandbox's running container, started when there is none (namespaces model only).
