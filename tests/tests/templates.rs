@@ -800,3 +800,96 @@ fn cli_template_import_list_create_build_rm() {
     assert_eq!(o.status.code(), Some(4), "E2005 exits 4");
     assert!(String::from_utf8_lossy(&o.stderr).starts_with("[E2005]"));
 }
+
+/// An image of busybox with every applet it has (as `busybox --install -s` would make).
+fn full_busybox_image(dir: &Path) {
+    let bb = std::fs::read("/bin/busybox").unwrap();
+    let list = Command::new("/bin/busybox")
+        .arg("--list-full")
+        .output()
+        .unwrap();
+    let mut e = vec![
+        E::Dir("bin"),
+        E::Dir("sbin"),
+        E::Dir("usr"),
+        E::Dir("usr/bin"),
+        E::Dir("usr/sbin"),
+        E::Dir("etc"),
+    ];
+    e.push(E::File("bin/busybox".into(), bb, 0o755));
+    for a in String::from_utf8_lossy(&list.stdout).lines() {
+        let a = a.trim();
+        // busybox-static's ls prints '?' for every non-ASCII byte of a name (it is built
+        // without Unicode support): the image gets the host's for the kit's unicode test.
+        if a.is_empty() || a == "bin/busybox" {
+            continue;
+        }
+        e.push(E::Sym(a.to_owned(), "/bin/busybox".into()));
+    }
+    e.push(E::File(
+        "etc/passwd".into(),
+        b"root:x:0:0:root:/workspace:/bin/sh\n".to_vec(),
+        0o644,
+    ));
+    // The host's dash as /bin/sh (busybox's ash would run its own ls applet) and the host's
+    // ls, with the libraries ldd names.
+    for (bin, at) in [("/bin/dash", "bin/sh"), ("/bin/ls", "bin/ls")] {
+        e.retain(|x| !matches!(x, E::Sym(n, _) if n == at));
+        e.push(E::File(at.into(), std::fs::read(bin).unwrap(), 0o755));
+        let ldd = Command::new("ldd").arg(bin).output().unwrap();
+        for l in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let Some(p) = l.split_whitespace().find(|w| w.starts_with('/')) else {
+                continue;
+            };
+            let name = p.trim_start_matches('/').to_owned();
+            if !e
+                .iter()
+                .any(|x| matches!(x, E::File(n, _, _) if *n == name))
+            {
+                e.push(E::File(name, std::fs::read(p).unwrap(), 0o755));
+            }
+        }
+    }
+    oci_layout(
+        dir,
+        "v1",
+        &[(tar(&e), "gzip")],
+        &["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "",
+    );
+}
+
+#[test]
+fn kit_passes_on_local_with_an_image_template() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    full_busybox_image(&t.path().join("bb"));
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": t.path().join("bb"), "name": "kit/busybox:1"}),
+    );
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    let r = c.call(
+        "provider/test",
+        json!({"id": "local", "template": "kit/busybox:1"}),
+    );
+    let failed: Vec<&Value> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["outcome"] == "failed")
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "failed on an image template: {}",
+        serde_json::to_string_pretty(&failed).unwrap()
+    );
+    assert!(r["passed"].as_u64().unwrap() >= 20, "{r}");
+    // The run's sandboxes really were of the image (and are gone).
+    let l = c.call("sandbox/list", json!({"provider": "local"}));
+    assert_eq!(l["sandboxes"], json!([]), "{l}");
+}

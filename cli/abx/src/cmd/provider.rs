@@ -426,6 +426,7 @@ pub async fn test(
         id: id.into(),
         filter: filter.map(Into::into),
         concurrency: concurrency.map(|n| n as usize),
+        template: None,
     });
     let req = c.send_request("provider/test", Some(&params)).await?;
     let print_line = |v: &Value| {
