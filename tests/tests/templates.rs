@@ -93,6 +93,18 @@ fn compress(tool: &str, b: &[u8]) -> Vec<u8> {
 
 /// An OCI layout directory holding one image of `layers` (tar, compression) under `tag`.
 fn oci_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, &str)], env: &[&str], workdir: &str) {
+    oci_layout_as(dir, tag, layers, env, workdir, "")
+}
+
+/// [`oci_layout`] with the image config's `User`.
+fn oci_layout_as(
+    dir: &Path,
+    tag: &str,
+    layers: &[(Vec<u8>, &str)],
+    env: &[&str],
+    workdir: &str,
+    user: &str,
+) {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
     let put = |b: &[u8]| {
@@ -120,7 +132,7 @@ fn oci_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, &str)], env: &[&str], w
     }
     let cfg = serde_json::to_vec(&json!({
         "architecture": go_arch(), "os": "linux",
-        "config": {"Env": env, "WorkingDir": workdir, "Cmd": ["sh"]},
+        "config": {"Env": env, "WorkingDir": workdir, "User": user, "Cmd": ["sh"]},
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }))
     .unwrap();
@@ -892,4 +904,48 @@ fn kit_passes_on_local_with_an_image_template() {
     // The run's sandboxes really were of the image (and are gone).
     let l = c.call("sandbox/list", json!({"provider": "local"}));
     assert_eq!(l["sandboxes"], json!([]), "{l}");
+}
+
+#[test]
+fn image_user_numeric_and_named_is_honoured() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    let extra = tar(&[E::File(
+        "etc/passwd".into(),
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:2000:3000:app:/srv/app:/bin/sh\n".to_vec(),
+        0o644,
+    )]);
+    for (name, user, want) in [
+        ("numeric", "1234:5678", "1234 5678\n"),
+        ("named", "app", "2000 3000\n"),
+    ] {
+        let dir = t.path().join(name);
+        oci_layout_as(
+            &dir,
+            "v1",
+            &[(base_layer(), "gzip"), (extra.clone(), "plain")],
+            &["PATH=/bin"],
+            "/srv/app",
+            user,
+        );
+        let tname = format!("user/{name}:1");
+        c.call(
+            "templates/import",
+            json!({"provider": "local", "path": dir, "name": tname}),
+        );
+        let id = c.create(json!({"template": tname}));
+        assert_eq!(out(&mut c, &id, "echo $(id -u) $(id -g)"), want, "{user}");
+        // The image's files, /workspace and /tmp belong to that user: it can write them.
+        out(
+            &mut c,
+            &id,
+            "echo x > /srv/app/mine && echo y > /workspace/y && echo z > /tmp/z",
+        );
+        assert_eq!(
+            out(&mut c, &id, "stat -c %u /srv/app/base.txt"),
+            format!("{}\n", want.split(' ').next().unwrap())
+        );
+    }
 }

@@ -235,7 +235,11 @@ impl Sandbox {
         let t1 = std::time::Instant::now();
         let mut cfg = container::config(&self.dirs, &id, &network, nproc);
         if let Some(img) = &image {
-            cfg.image = Some(image_root(&self.dirs, &self.store, img)?);
+            let root = image_root(&self.dirs, &self.store, img)?;
+            if let Some((u, g)) = image_user(&self.store, img)? {
+                run_as(&mut cfg, u, g);
+            }
+            cfg.image = Some(root);
         }
         let mut started = Container::start(cfg.clone(), how).await;
         drop(procs);
@@ -460,6 +464,81 @@ fn prepare_layer(dirs: &SandboxDirs, _image: &Option<RecordImage>) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// The image's `User` as numeric ids: `uid[:gid]`, or names of the image's own
+/// `/etc/passwd` and `/etc/group` (a name without a group: the user's primary group).
+fn image_user(store: &Store, img: &RecordImage) -> Result<Option<(u32, u32)>, AbxError> {
+    let Some(user) = img.config.user.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    let bad = |what: &str| {
+        AbxError::new(
+            ErrorCode::SandboxCreateFailed,
+            &[
+                ("detail", &format!("the image's User {user:?}: {what}")),
+                ("provider", "local"),
+            ],
+        )
+    };
+    let root = store.rootfs(&img.digest);
+    let table = |name: &str| -> Vec<Vec<String>> {
+        root.as_ref()
+            .and_then(|r| std::fs::read_to_string(r.join("etc").join(name)).ok())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(':').map(str::to_owned).collect())
+            .collect()
+    };
+    let (u, g) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let passwd = table("passwd");
+    let (uid, primary) = match u.parse::<u32>() {
+        Ok(n) => (
+            n,
+            passwd
+                .iter()
+                .find(|f| f.get(2).map(String::as_str) == Some(u))
+                .and_then(|f| f.get(3)?.parse().ok()),
+        ),
+        Err(_) => {
+            let f = passwd
+                .iter()
+                .find(|f| f.first().map(String::as_str) == Some(u))
+                .ok_or_else(|| bad("no such user in the image's /etc/passwd"))?;
+            (
+                f.get(2)
+                    .and_then(|x| x.parse().ok())
+                    .ok_or_else(|| bad("bad /etc/passwd"))?,
+                f.get(3).and_then(|x| x.parse().ok()),
+            )
+        }
+    };
+    let gid = match g {
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => table("group")
+                .iter()
+                .find(|f| f.first().map(String::as_str) == Some(g))
+                .and_then(|f| f.get(2)?.parse().ok())
+                .ok_or_else(|| bad("no such group in the image's /etc/group"))?,
+        },
+        None => primary.unwrap_or(uid),
+    };
+    Ok(Some((uid, gid)))
+}
+
+/// Make the sandbox's processes run as `uid:gid` inside: the one id a sandbox has is mapped
+/// to the same host id as before, only its number inside changes (every file of the image,
+/// `/workspace` and `/tmp` then belong to it).
+fn run_as(cfg: &mut super::init::Config, uid: u32, gid: u32) {
+    let outer = |map: &str| map.split_whitespace().nth(1).unwrap_or("0").to_owned();
+    cfg.uid_map = format!("{uid} {} 1", outer(&cfg.uid_map));
+    cfg.gid_map = format!("{gid} {} 1", outer(&cfg.gid_map));
+    cfg.inner_uid = uid;
+    cfg.inner_gid = gid;
 }
 
 /// The root of an image sandbox for its init.
