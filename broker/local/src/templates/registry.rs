@@ -114,7 +114,7 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64, &str) + Send + Sync);
 
 /// Pull `reference` into the store (blobs not stored yet are fetched) and install it.
 pub async fn pull(
-    store: &Store,
+    store: &std::sync::Arc<Store>,
     reference: &str,
     progress: Progress<'_>,
 ) -> Result<Image, AbxError> {
@@ -178,23 +178,42 @@ pub async fn pull(
                 format!("unsupported digest {}", d.digest),
             ));
         }
-        if !store.has_blob(&d.digest) {
-            let mut w = store.blob_writer()?;
-            let mut sink = Sink {
-                w: &mut w,
-                err: None,
-            };
-            let res = client.pull_blob(&r, d, &mut sink).await;
-            if let Some(e) = sink.err {
-                return Err(AbxError::internal(format!(
-                    "templates: writing a blob: {e}"
-                )));
+    }
+    // Up to four blobs at a time (as docker and skopeo do); each is checked and stored on
+    // its own, so a failed pull keeps the blobs that were complete.
+    let fetch = |d: oci_client::manifest::OciDescriptor| {
+        let client = &client;
+        let r = &r;
+        async move {
+            if !store.has_blob(&d.digest) {
+                let mut w = store.blob_writer()?;
+                let mut sink = Sink {
+                    w: &mut w,
+                    err: None,
+                };
+                let res = client.pull_blob(r, &d, &mut sink).await;
+                if let Some(e) = sink.err {
+                    return Err(AbxError::internal(format!(
+                        "templates: writing a blob: {e}"
+                    )));
+                }
+                res.map_err(|e| map_err(reference, e))?;
+                let digest = d.digest.clone();
+                store.commit_blob(w, &digest)?;
             }
-            res.map_err(|e| map_err(reference, e))?;
-            store.commit_blob(w, &d.digest)?;
+            Ok::<_, AbxError>(d)
         }
-        done += d.size.max(0) as u64;
-        progress(done, total, &d.digest);
+    };
+    {
+        use futures::StreamExt;
+        let mut s = futures::stream::iter(blobs.clone())
+            .map(fetch)
+            .buffer_unordered(4);
+        while let Some(d) = s.next().await {
+            let d = d?;
+            done += d.size.max(0) as u64;
+            progress(done, total, &d.digest);
+        }
     }
     let cfg_path = store.blob_path(&manifest.config.digest).expect("digest");
     let cfg_b = std::fs::read(cfg_path).map_err(|e| AbxError::internal(e.to_string()))?;
@@ -216,7 +235,11 @@ pub async fn pull(
         // name@digest too, so the pinned form finds it without the registry.
         names.push(format!("{}@{}", r.whole(), digest));
     }
-    store.install(&img, &names)?;
+    // Unpacking is long blocking work: off the runtime's threads.
+    let (st, i2) = (store.clone(), img.clone());
+    tokio::task::spawn_blocking(move || st.install(&i2, &names))
+        .await
+        .map_err(AbxError::internal)??;
     progress(total, total, "unpacked");
     Ok(img)
 }
