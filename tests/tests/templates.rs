@@ -949,3 +949,48 @@ fn image_user_numeric_and_named_is_honoured() {
         );
     }
 }
+
+#[test]
+fn fallback_root_is_a_private_copy_where_overlayfs_is_refused() {
+    let mut home = Home::new();
+    home.env.push(("ABX_TEST_HOOKS".into(), "1".into()));
+    home.env.push(("ABX_TEST_OVERLAY".into(), "refused".into()));
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    build_image(&t.path().join("img"));
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": t.path().join("img"), "name": "copy/bb:1"}),
+    );
+    let a = c.create(json!({"template": "copy/bb:1"}));
+    let b = c.create(json!({"template": "copy/bb:1"}));
+    assert_eq!(
+        out(&mut c, &a, "echo $GREETING; pwd; cat base.txt"),
+        "from-image\n/srv/app\nfrom the base layer\n"
+    );
+    assert_eq!(sh(&mut c, &a, "test -e /etc/gone.txt").0, 1, "whiteout");
+    out(&mut c, &a, "echo changed > /srv/app/base.txt");
+    assert_eq!(
+        out(&mut c, &b, "cat /srv/app/base.txt"),
+        "from the base layer\n",
+        "copies are private"
+    );
+    let rootfs = std::fs::read_dir(home.path.join("data/local/templates/images"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().join("rootfs").is_dir())
+        .unwrap()
+        .path()
+        .join("rootfs/srv/app/base.txt");
+    assert_eq!(
+        std::fs::read_to_string(rootfs).unwrap(),
+        "from the base layer\n",
+        "the stored image is untouched"
+    );
+    let e = c.call_err(
+        "templates/build",
+        json!({"provider": "local", "sandbox": a, "name": "x:1"}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+}

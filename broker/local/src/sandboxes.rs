@@ -443,6 +443,13 @@ struct Inner {
     events: abx_core::events::Events,
 }
 
+/// `ABX_TEST_HOOKS=1` with `ABX_TEST_OVERLAY=refused`: image sandboxes take the fallback
+/// root (a copy) as where the kernel refuses overlayfs (tests only).
+fn overlay_refused_for_tests() -> bool {
+    std::env::var("ABX_TEST_HOOKS").is_ok_and(|v| v == "1")
+        && std::env::var("ABX_TEST_OVERLAY").is_ok_and(|v| v == "refused")
+}
+
 /// The writable layer of an image sandbox (and overlayfs's work dir beside it).
 fn layer_dirs(dirs: &SandboxDirs) -> (PathBuf, PathBuf, PathBuf) {
     let l = dirs.root.join(".layer");
@@ -840,7 +847,12 @@ impl Inner {
             return Err(e);
         }
         // Build the sandbox now: create fails (and leaves nothing) when it cannot be built.
-        let mut built = sb.container().await;
+        let image_sandbox = sb.rec.lock().expect("record").image.is_some();
+        let mut built = if image_sandbox && overlay_refused_for_tests() {
+            self.copy_root(&sb).await
+        } else {
+            sb.container().await
+        };
         if let Err(e) = &built {
             if e.message.contains("mounting the image (overlay)") {
                 // The kernel refuses overlayfs here: the root is a full copy of the image.
