@@ -994,3 +994,34 @@ fn fallback_root_is_a_private_copy_where_overlayfs_is_refused() {
     );
     assert_eq!(abx_code(&e), "E1004", "{e}");
 }
+
+#[test]
+fn an_image_sandbox_and_its_own_layer_survive_a_daemon_restart() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    build_image(&t.path().join("img"));
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": t.path().join("img"), "name": "restart/bb:1"}),
+    );
+    let id = c.create(json!({"template": "restart/bb:1", "timeout": 600}));
+    out(&mut c, &id, "echo kept > /etc/kept && rm /srv/app/base.txt");
+    drop(c);
+    let o = home.run(&["broker", "stop"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    home.start();
+    let mut c = home.connect();
+    let info = c.call("sandbox/info", json!({"sandbox": id}));
+    assert_eq!(info["template"], "restart/bb:1");
+    assert!(info["templateDigest"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    assert_eq!(
+        out(&mut c, &id, "cat /etc/kept; echo $GREETING"),
+        "kept\nfrom-image\n"
+    );
+    assert_eq!(sh(&mut c, &id, "test -e /srv/app/base.txt").0, 1);
+}
