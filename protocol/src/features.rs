@@ -54,7 +54,8 @@ pub fn for_method(method: &str, has_pty: bool) -> Option<&'static str> {
         | "code/listContexts"
         | "code/restartContext"
         | "code/removeContext" => "code.interpret",
-        "commands/run" | "templates/list" | "templates/init" => "templates.read",
+        "commands/run" | "templates/list" | "templates/init" | "templates/pull"
+        | "templates/remove" | "templates/import" => "templates.read",
         "templates/build" => "templates.build",
         _ => return None,
     })
@@ -101,6 +102,9 @@ pub const PROVIDER_METHODS: &[&str] = &[
     "templates/list",
     "templates/init",
     "templates/build",
+    "templates/pull",
+    "templates/remove",
+    "templates/import",
 ];
 
 /// Group dotted features for display: `sandbox(lifecycle,timeout) exec(run) pty`.

@@ -174,7 +174,7 @@ fn catalogue() -> Vec<Method> {
         // Provider methods (routed, gated by feature).
         m!("sandbox/create", "sandboxes", "Create a sandbox.",
             SandboxCreateParams => "Sandbox": Sandbox,
-            [SandboxCreateFailed, InvalidTimeout, TemplateNotFound]),
+            [SandboxCreateFailed, InvalidTimeout, TemplateNotFound, SourceUnreachable, DigestMismatch]),
         m!("sandbox/info", "sandboxes", "Show a sandbox.",
             SandboxParams => "Sandbox": Sandbox, [SandboxNotFound]),
         m!("sandbox/connect", "sandboxes",
@@ -283,12 +283,19 @@ fn catalogue() -> Vec<Method> {
             CodeContextParams => "Empty": Empty, [SandboxNotFound]),
         m!("commands/run", "templates", "Run a named command of the sandbox's template.",
             CommandRunParams => "ExecResult": ExecResult, [SandboxNotFound, SandboxNotRunning]),
-        m!("templates/list", "templates", "The provider's templates (provider-defined).",
-            TemplatesParams => "ProviderDefined": ProviderDefined, []),
+        m!("templates/list", "templates", "The provider's templates (local: base and the stored OCI images).",
+            TemplatesParams => "TemplateList": TemplateList, []),
         m!("templates/init", "templates", "Start a template (provider-defined).",
             TemplatesParams => "ProviderDefined": ProviderDefined, []),
-        m!("templates/build", "templates", "Build a template (provider-defined).",
-            TemplatesParams => "ProviderDefined": ProviderDefined, [TemplateNotFound]),
+        m!("templates/build", "templates", "Save a sandbox's filesystem changes as a new template (local: a new layer on its base image).",
+            TemplatesBuildParams => "TemplateInfo": TemplateInfo, [TemplateNotFound, SandboxNotFound]),
+        m!("templates/pull", "templates", "Pull an image from its registry (progress as templates/progress).",
+            TemplatesPullParams => "TemplateInfo": TemplateInfo, [TemplateNotFound, SourceUnreachable, DigestMismatch],
+            notes ["templates/progress"]),
+        m!("templates/remove", "templates", "Remove a template, or prune the unused ones.",
+            TemplatesRemoveParams => "TemplatesRemoved": TemplatesRemoved, [TemplateNotFound]),
+        m!("templates/import", "templates", "Import a docker save archive or an OCI image layout directory.",
+            TemplatesImportParams => "TemplateInfo": TemplateInfo, [LocalFileError, DigestMismatch]),
     ];
     v
 }
@@ -315,6 +322,11 @@ fn notifications() -> Vec<(&'static str, &'static str, SchemaFn)> {
             "files/progress",
             "Progress of files/upload or files/download.",
             s::<FilesProgress>,
+        ),
+        (
+            "templates/progress",
+            "Progress of templates/pull.",
+            s::<TemplatesProgress>,
         ),
         (
             "files/changed",

@@ -35,7 +35,7 @@ const SEED_TESTS: &[&str] = &[
 ];
 
 /// Tests for features none of the providers here declares.
-const NOBODY: &[&str] = &["test_templates_list", "test_templates_build_is_typed"];
+const NOBODY: &[&str] = &[];
 
 /// A started daemon with extra environment, and a client that waits long enough for a
 /// whole kit run.

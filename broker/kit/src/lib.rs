@@ -338,6 +338,8 @@ pub struct Kit {
     pub secrets: KeyValues,
     /// Defaults of its secret config keys as the installed manifest has them.
     pub secret_defaults: KeyValues,
+    /// The template of the run's sandboxes (`provider/test {template}`).
+    pub template: Option<String>,
 }
 
 /// One test's view: the kit, its sandboxes, what it is waiting for.
@@ -378,6 +380,9 @@ impl T {
     /// it is killed when the test ends.
     pub async fn create(&self, extra: Value) -> Result<Sb, String> {
         let mut p = json!({"provider": self.kit.id, "timeout": SANDBOX_TIMEOUT});
+        if let (Some(o), Some(t)) = (p.as_object_mut(), &self.kit.template) {
+            o.insert("template".into(), json!(t));
+        }
         if let (Some(o), Value::Object(x)) = (p.as_object_mut(), extra) {
             o.extend(x);
         }
@@ -554,6 +559,7 @@ where
         features: target.features,
         secrets: target.secrets,
         secret_defaults: target.secret_defaults,
+        template: p.template.clone(),
     });
 
     // A first cheap call: a provider that cannot start (integrity, handshake, config) is

@@ -928,5 +928,6 @@ pub fn config(dirs: &super::SandboxDirs, id: &str, network: &str, nproc: Option<
         landlock: true,
         nproc,
         fsize: None,
+        image: None,
     }
 }

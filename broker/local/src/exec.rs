@@ -123,6 +123,8 @@ pub struct Site<'a> {
     pub id: &'a str,
     /// The env given at create.
     pub env: &'a BTreeMap<String, String>,
+    /// The config of the image it was made from (a template): Env and WorkingDir apply.
+    pub image: Option<&'a super::templates::ImageConfig>,
     /// Its container (namespaces model).
     pub container: Option<&'a super::container::Container>,
     /// Its cgroup, to tell an OOM kill.
@@ -200,7 +202,19 @@ fn argv_of(p: &ExecParams) -> Result<Vec<String>, AbxError> {
 
 /// The environment of an exec: the base, the sandbox's, the exec's (checked).
 fn env_of(site: &Site<'_>, p: &ExecParams) -> Result<Vec<(String, String)>, AbxError> {
-    let mut env = base_env(site.env, p.pty.is_some());
+    let mut env = match site.image {
+        // The image's Env goes over the base (its PATH wins), under the sandbox's own.
+        Some(img) => {
+            let mut e = base_env(&BTreeMap::new(), p.pty.is_some());
+            e.extend(img.env.iter().filter_map(|kv| {
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            }));
+            e.extend(site.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            e
+        }
+        None => base_env(site.env, p.pty.is_some()),
+    };
     if let Some(extra) = &p.env {
         for (k, v) in extra {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
@@ -235,6 +249,36 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The working directory of an exec in an image sandbox: `/workspace` and `/tmp` paths are
+/// checked as on the host template; any other absolute path is the image's (the init's
+/// chdir happens inside the sandbox's root; a missing one is E4001).
+fn image_cwd(site: &Site<'_>, cwd: Option<&str>) -> Result<String, AbxError> {
+    let cwd = cwd.unwrap_or("/workspace");
+    if super::split_path(cwd).is_ok() {
+        return isolate::check_cwd(site.dirs, site.id, cwd);
+    }
+    if !cwd.starts_with('/') || cwd.contains('\0') {
+        return Err(AbxError::new(
+            ErrorCode::PathOutsideSandbox,
+            &[("path", cwd)],
+        ));
+    }
+    Ok(cwd.to_owned())
+}
+
+/// `KEY=value` entries with each key once, its last value.
+fn dedup_env(pairs: Vec<(String, String)>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<String> = pairs
+        .into_iter()
+        .rev()
+        .filter(|(k, _)| seen.insert(k.clone()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    out.reverse();
+    out
+}
+
 /// Spawn an exec in a sandbox.
 pub async fn spawn(site: Site<'_>, p: &ExecParams, want_stdin: bool) -> Result<Spawned, AbxError> {
     match site.container {
@@ -252,15 +296,21 @@ async fn spawn_in(
 ) -> Result<Spawned, AbxError> {
     let argv = argv_of(p)?;
     check_timeout(p)?;
-    let cwd = isolate::check_cwd(site.dirs, site.id, p.cwd.as_deref().unwrap_or("/workspace"))?;
-    let mut env: Vec<String> = env_of(&site, p)?
-        .into_iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    env.push(format!("{}={}", procs::MARKER, site.id));
-    env.push("HOME=/workspace".into());
-    env.push("TMPDIR=/tmp".into());
-    env.push(format!("PWD={cwd}"));
+    let cwd = match site.image {
+        Some(img) => image_cwd(&site, p.cwd.as_deref().or(img.working_dir.as_deref()))?,
+        None => isolate::check_cwd(site.dirs, site.id, p.cwd.as_deref().unwrap_or("/workspace"))?,
+    };
+    let mut pairs = env_of(&site, p)?;
+    pairs.push((procs::MARKER.to_owned(), site.id.to_owned()));
+    pairs.push(("HOME".into(), "/workspace".into()));
+    pairs.push(("TMPDIR".into(), "/tmp".into()));
+    pairs.push(("PWD".into(), cwd.clone()));
+    let env = if site.image.is_some() {
+        // Later entries win (the image's Env sets what the base set before).
+        dedup_env(pairs)
+    } else {
+        pairs.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+    };
     let io = |e: std::io::Error| AbxError::internal(format!("exec pipes: {e}"));
     let pty = p.pty.map(|s| (s.rows, s.cols));
     let mut ours: (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>) = (None, None, None);

@@ -32,6 +32,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 /// The argument that makes the daemon binary run as a sandbox init.
 pub const ARG: &str = "__abx-sandbox-init";
@@ -76,6 +77,23 @@ pub struct Config {
     pub nproc: Option<u64>,
     /// `RLIMIT_FSIZE`: the largest file a process may write.
     pub fsize: Option<u64>,
+    /// An image root (a template): the sandbox's `/` is the image, with a writable layer of
+    /// its own, instead of the host's system directories.
+    #[serde(default)]
+    pub image: Option<ImageRoot>,
+}
+
+/// The root of a sandbox made from an image.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRoot {
+    /// The image's flattened tree (read-only lower layer of an overlay); None: `upper` is a
+    /// full copy of it and is bound as the root (where overlayfs is refused).
+    pub lower: Option<PathBuf>,
+    /// The sandbox's own writable layer.
+    pub upper: PathBuf,
+    /// overlayfs's work directory (beside `upper`).
+    pub work: PathBuf,
 }
 
 /// A request of the daemon.
@@ -617,7 +635,15 @@ fn inner(cfg: &Config, joined: RawFd) -> ! {
     // walk), then the process becomes the sandbox's user and binds them through the fds.
     let mut cfg = cfg.clone();
     let mut keep = Vec::new();
-    for p in [&mut cfg.workspace, &mut cfg.tmp] {
+    let mut paths = vec![&mut cfg.workspace, &mut cfg.tmp];
+    if let Some(img) = cfg.image.as_mut() {
+        paths.push(&mut img.upper);
+        paths.push(&mut img.work);
+        if let Some(l) = img.lower.as_mut() {
+            paths.push(l);
+        }
+    }
+    for p in paths {
         match std::fs::File::open(&*p) {
             Ok(f) => {
                 *p = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
@@ -834,11 +860,120 @@ const RO: u64 = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
 /// sandbox's user) on `new_root`, and the working directory in it. The rest of the root is
 /// built relative to it, so nothing above `new_root` (a root daemon's data dir is under
 /// `/root`) needs to be walked as the sandbox's user.
+/// The directory holding an image sandbox's `.root`, opened with the creator's credentials.
+static IMAGE_PARENT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+trait IntoRawKeep {
+    fn into_raw_fd_keep(self) -> RawFd;
+}
+impl IntoRawKeep for OwnedFd {
+    fn into_raw_fd_keep(self) -> RawFd {
+        std::os::fd::IntoRawFd::into_raw_fd(self)
+    }
+}
+
+/// The descriptor behind a `/proc/self/fd/N` path (see [`inner`]), else the path opened.
+fn dir_fd(p: &Path) -> Result<(RawFd, Option<OwnedFd>), String> {
+    if let Some(n) = p
+        .to_str()
+        .and_then(|s| s.strip_prefix("/proc/self/fd/"))
+        .and_then(|n| n.parse::<RawFd>().ok())
+    {
+        return Ok((n, None));
+    }
+    let f = std::fs::File::open(p).map_err(|e| format!("opening {}: {e}", p.display()))?;
+    let f = OwnedFd::from(f);
+    Ok((f.as_raw_fd(), Some(f)))
+}
+
+/// Mount an overlay of `lower` (read-only) and `upper` at `target`, its layers given by
+/// descriptor (the new mount API: `fsopen`, `fsconfig(FSCONFIG_SET_FD)`, `fsmount`,
+/// `move_mount`): the paths beneath a root daemon's data dir cannot be walked by the
+/// sandbox's user, and a path string would be looked up with its credentials.
+fn mount_overlay(
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    at: RawFd,
+    target: &Path,
+) -> Result<(), String> {
+    const FSCONFIG_SET_FLAG: u32 = 0;
+    const FSCONFIG_SET_FD: u32 = 5;
+    const FSCONFIG_CMD_CREATE: u32 = 6;
+    let (l, _lk) = dir_fd(lower)?;
+    let (u, _uk) = dir_fd(upper)?;
+    let (w, _wk) = dir_fd(work)?;
+    // SAFETY: the new mount API with C strings and descriptors we hold.
+    unsafe {
+        let fs = libc::syscall(libc::SYS_fsopen, c"overlay".as_ptr(), 1u32);
+        if fs < 0 {
+            return Err(os_err("fsopen"));
+        }
+        let fs = OwnedFd::from_raw_fd(fs as RawFd);
+        let cfg = |cmd: u32, key: Option<&CStr>, aux: RawFd, what: &str| -> Result<(), String> {
+            let k = key.map_or(std::ptr::null(), |k| k.as_ptr());
+            if libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                cmd,
+                k,
+                std::ptr::null::<u8>(),
+                aux,
+            ) < 0
+            {
+                return Err(os_err(what));
+            }
+            Ok(())
+        };
+        cfg(FSCONFIG_SET_FLAG, Some(c"userxattr"), 0, "userxattr")?;
+        cfg(FSCONFIG_SET_FD, Some(c"lowerdir+"), l, "lowerdir")?;
+        cfg(FSCONFIG_SET_FD, Some(c"upperdir"), u, "upperdir")?;
+        cfg(FSCONFIG_SET_FD, Some(c"workdir"), w, "workdir")?;
+        cfg(FSCONFIG_CMD_CREATE, None, 0, "creating the overlay")?;
+        let m = libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1u32, MOUNT_ATTR_NODEV);
+        if m < 0 {
+            return Err(os_err("fsmount"));
+        }
+        let m = OwnedFd::from_raw_fd(m as RawFd);
+        let t = cstr(target);
+        if libc::syscall(
+            libc::SYS_move_mount,
+            m.as_raw_fd(),
+            c"".as_ptr(),
+            at,
+            t.as_ptr(),
+            4u32, /* MOVE_MOUNT_F_EMPTY_PATH */
+        ) < 0
+        {
+            return Err(os_err("move_mount"));
+        }
+    }
+    Ok(())
+}
+
 fn prepare_root(cfg: &Config) -> Result<(), String> {
     check(
         mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None),
         "making the mount tree private",
     )?;
+    if let Some(img) = &cfg.image {
+        if img.lower.is_some() {
+            // Mounted once the process is the sandbox's user (the overlay's mounter, owner
+            // of its layers), on `.root` beneath this directory (reached by descriptor: the
+            // user cannot walk a root daemon's data dir).
+            let parent = cfg.new_root.parent().unwrap_or(Path::new("/"));
+            let f = std::fs::File::open(parent)
+                .map_err(|e| format!("opening {}: {e}", parent.display()))?;
+            IMAGE_PARENT.store(OwnedFd::from(f).into_raw_fd_keep(), Ordering::Relaxed);
+            return Ok(());
+        }
+        bind(&img.upper, &cfg.new_root, MOUNT_ATTR_NODEV)?;
+        // SAFETY: chdir with a C string we hold.
+        return check(
+            unsafe { libc::chdir(cstr(&cfg.new_root).as_ptr()) } as _,
+            "entering the image root",
+        );
+    }
     let opts = CString::new(format!(
         "mode=0755,size=1m,uid={},gid={}",
         cfg.inner_uid, cfg.inner_gid
@@ -864,6 +999,9 @@ fn prepare_root(cfg: &Config) -> Result<(), String> {
 fn build_root(cfg: &Config) -> Result<(), String> {
     let r = Path::new(".");
     let rc = cstr(r);
+    if cfg.image.is_some() {
+        return build_image_root(cfg);
+    }
     for name in &cfg.system {
         carry(&Path::new("/").join(name), &r.join(name), RO)?;
     }
@@ -909,6 +1047,31 @@ fn build_root(cfg: &Config) -> Result<(), String> {
     if cfg.network != "host" && !etc.join("resolv.conf").exists() {
         gen("resolv.conf", String::new())?;
     }
+    mount_common(cfg, r)?;
+    // The root itself read-only.
+    check(
+        mount(
+            None,
+            &rc,
+            None,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            None,
+        ),
+        "making the root read-only",
+    )?;
+    // SAFETY: sethostname with a buffer and its length.
+    check(
+        unsafe { libc::sethostname(cfg.id.as_ptr().cast(), cfg.id.len()) } as _,
+        "sethostname",
+    )?;
+    if cfg.network != "host" {
+        loopback_up()?;
+    }
+    pivot(&rc)
+}
+
+/// The sandbox's own directories, a minimal `/dev` and a fresh `/proc`, beneath `r`.
+fn mount_common(cfg: &Config, r: &Path) -> Result<(), String> {
     // The sandbox's own directories.
     let ws = r.join("workspace");
     mkdir(&ws)?;
@@ -978,17 +1141,36 @@ fn build_root(cfg: &Config) -> Result<(), String> {
         ),
         "mounting /proc",
     )?;
-    // The root itself read-only.
-    check(
-        mount(
-            None,
-            &rc,
-            None,
-            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
-            None,
-        ),
-        "making the root read-only",
-    )?;
+    Ok(())
+}
+
+/// The rest of an image root: the image's own `/usr` and `/etc` stay; the sandbox's
+/// directories, `/dev` and `/proc` are mounted on it as on the host template.
+fn build_image_root(cfg: &Config) -> Result<(), String> {
+    if let Some(img) = cfg.image.as_ref().filter(|i| i.lower.is_some()) {
+        let parent = IMAGE_PARENT.load(Ordering::Relaxed);
+        let name = cfg.new_root.file_name().unwrap_or_default();
+        mount_overlay(
+            img.lower.as_deref().unwrap_or(Path::new("/")),
+            &img.upper,
+            &img.work,
+            parent,
+            Path::new(name),
+        )
+        .map_err(|e| format!("mounting the image (overlay): {e}"))?;
+        // SAFETY: fchdir/chdir/close on our descriptor and a C string we hold.
+        unsafe {
+            check(libc::fchdir(parent) as _, "entering the sandbox dir")?;
+            check(
+                libc::chdir(cstr(name).as_ptr()) as _,
+                "entering the image root",
+            )?;
+            libc::close(parent);
+        }
+    }
+    let r = Path::new(".");
+    let rc = cstr(r);
+    mount_common(cfg, r)?;
     // SAFETY: sethostname with a buffer and its length.
     check(
         unsafe { libc::sethostname(cfg.id.as_ptr().cast(), cfg.id.len()) } as _,
@@ -997,6 +1179,10 @@ fn build_root(cfg: &Config) -> Result<(), String> {
     if cfg.network != "host" {
         loopback_up()?;
     }
+    pivot(&rc)
+}
+
+fn pivot(rc: &CStr) -> Result<(), String> {
     // SAFETY: chdir/pivot_root/umount2 with valid C strings.
     unsafe {
         check(libc::chdir(rc.as_ptr()) as _, "chdir to the new root")?;
@@ -1067,11 +1253,16 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
     let prepared = if cfg.landlock && abx_confine::landlock_abi() > 0 {
         let policy = abx_confine::Policy {
             read: vec![PathBuf::from("/")],
-            write: vec![
-                PathBuf::from("/workspace"),
-                PathBuf::from("/tmp"),
-                PathBuf::from("/dev/shm"),
-            ],
+            // An image root is the sandbox's own (its writable layer): all of it.
+            write: if cfg.image.is_some() {
+                vec![PathBuf::from("/")]
+            } else {
+                vec![
+                    PathBuf::from("/workspace"),
+                    PathBuf::from("/tmp"),
+                    PathBuf::from("/dev/shm"),
+                ]
+            },
             exec: None,
             net: abx_confine::Net::Any,
             // Signals and abstract Unix sockets stay inside the sandbox (ABI 6+).

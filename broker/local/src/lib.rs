@@ -9,6 +9,7 @@
 //!   Landlock and none models.
 //! - [`code`]: `code/*`, contexts (long-lived interpreters) that run cells.
 //! - [`procs`]: finding, signalling and listing a sandbox's processes.
+//! - [`templates`]: OCI images (pull, import, store, unpack) and sandboxes saved as templates.
 
 pub mod code;
 pub mod container;
@@ -20,6 +21,7 @@ pub mod limits;
 pub mod net;
 pub mod procs;
 pub mod sandboxes;
+pub mod templates;
 pub mod watch;
 
 use abx_protocol::{AbxError, ErrorCode};

@@ -8,6 +8,7 @@
 use super::container::{self, Container};
 use super::exec::{self, PtySize};
 use super::limits::{self, Cgroup, Limits};
+use super::templates::{self, Store};
 use super::{files, isolate, procs, watch, SandboxDirs};
 use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use abx_home::util::{now_ms, replace_file, rfc3339};
@@ -16,7 +17,7 @@ use abx_protocol::api::{
     ExecResizeParams, ExecRunParams, ExecStartParams, ExecWriteParams, FilesListParams,
     FilesReadParams, FilesWriteParams, MkdirParams, PathParams, PortParams, ProcessKillParams,
     RemoveParams, RenameParams, SandboxCreateParams, SandboxParams, SetTimeoutParams,
-    TransferParams, UnwatchParams, WatchParams,
+    TemplatesParams, TransferParams, UnwatchParams, WatchParams,
 };
 use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,8 @@ pub const FEATURES: &[&str] = &[
     "files.transfer",
     "ports.url",
     "code.interpret",
+    "templates.read",
+    "templates.build",
 ];
 
 /// A sandbox's persisted record.
@@ -74,6 +77,22 @@ struct Record {
     /// Memory, CPU and process limits.
     #[serde(default)]
     limits: Limits,
+    /// The image it was made from (a template other than `base`): pinned by digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image: Option<RecordImage>,
+}
+
+/// The image of a sandbox made from a template.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RecordImage {
+    /// Its manifest digest.
+    digest: String,
+    /// Its config (Env, WorkingDir, User, ...).
+    config: templates::ImageConfig,
+    /// Whether its root is a full copy (overlayfs refused) rather than an overlay.
+    #[serde(default)]
+    copy: bool,
 }
 
 fn default_network() -> String {
@@ -82,6 +101,8 @@ fn default_network() -> String {
 
 struct Sandbox {
     dirs: SandboxDirs,
+    /// The template store (an image sandbox's lower layer).
+    store: Arc<Store>,
     rec: Mutex<Record>,
     /// The init of a running sandbox (namespaces model); started again on first use after a
     /// daemon restart.
@@ -95,6 +116,7 @@ struct Sandbox {
 /// What an exec in a sandbox needs besides its params (see [`Sandbox::exec_parts`]).
 struct ExecParts {
     env: std::collections::BTreeMap<String, String>,
+    image: Option<templates::ImageConfig>,
     container: Option<Arc<Container>>,
     cgroup: Option<Arc<Cgroup>>,
 }
@@ -105,6 +127,7 @@ impl ExecParts {
             dirs: &sb.dirs,
             id,
             env: &self.env,
+            image: self.image.as_ref(),
             container: self.container.as_deref(),
             cgroup: self.cgroup.clone(),
         }
@@ -114,11 +137,15 @@ impl ExecParts {
 impl Sandbox {
     /// Its env, its running container (started if there is none) and its cgroup.
     async fn exec_parts(&self) -> Result<ExecParts, AbxError> {
-        let env = self.rec.lock().expect("record").env.clone();
+        let (env, image) = {
+            let r = self.rec.lock().expect("record");
+            (r.env.clone(), r.image.as_ref().map(|i| i.config.clone()))
+        };
         let container = self.container().await?;
         let cgroup = self.cgroup.lock().expect("cgroup").clone();
         Ok(ExecParts {
             env,
+            image,
             container,
             cgroup,
         })
@@ -135,7 +162,7 @@ impl Sandbox {
 
     fn view(&self) -> Value {
         let r = self.rec.lock().expect("record");
-        json!({
+        let mut v = json!({
             "id": r.id,
             "provider": "local",
             "status": r.status,
@@ -147,7 +174,12 @@ impl Sandbox {
             "expiresAt": rfc3339(r.expires_ms / 1000),
             "metadata": r.metadata,
             "network": r.network,
-        })
+        });
+        // Only for an image sandbox: a host sandbox's view stays as it was.
+        if let Some(i) = &r.image {
+            v["templateDigest"] = json!(i.digest);
+        }
+        v
     }
 
     /// The sandbox's running container, started when there is none (namespaces model only).
@@ -159,9 +191,14 @@ impl Sandbox {
         if let Some(c) = g.as_ref().filter(|c| c.alive()) {
             return Ok(Some(c.clone()));
         }
-        let (id, network, lim) = {
+        let (id, network, lim, image) = {
             let r = self.rec.lock().expect("record");
-            (r.id.clone(), r.network.clone(), r.limits.clone())
+            (
+                r.id.clone(),
+                r.network.clone(),
+                r.limits.clone(),
+                r.image.clone(),
+            )
         };
         let t0 = std::time::Instant::now();
         let mut spare = None;
@@ -198,7 +235,14 @@ impl Sandbox {
             None => container::Start::Fresh(procs.iter().map(|f| f.as_raw_fd()).collect()),
         };
         let t1 = std::time::Instant::now();
-        let cfg = container::config(&self.dirs, &id, &network, nproc);
+        let mut cfg = container::config(&self.dirs, &id, &network, nproc);
+        if let Some(img) = &image {
+            let root = image_root(&self.dirs, &self.store, img)?;
+            if let Some((u, g)) = image_user(&self.store, img)? {
+                run_as(&mut cfg, u, g);
+            }
+            cfg.image = Some(root);
+        }
         let mut started = Container::start(cfg.clone(), how).await;
         drop(procs);
         if from_spare && started.is_err() {
@@ -291,6 +335,8 @@ pub struct Settings {
     pub network: String,
     /// Limits of a sandbox created without them (`memory`, `cpus`, `pids`).
     pub limits: Limits,
+    /// Registries (`insecure_registries`, `[local.registry_auth]`).
+    pub registry: templates::RegistrySettings,
 }
 
 impl Default for Settings {
@@ -299,6 +345,7 @@ impl Default for Settings {
             max_sandboxes: 64,
             network: "none".into(),
             limits: limits::DEFAULT,
+            registry: templates::RegistrySettings::default(),
         }
     }
 }
@@ -346,6 +393,32 @@ impl Settings {
                 None => warn!(value = %v, "ignoring [local] pids"),
             }
         }
+        if let Some(v) = t.get("insecure_registries") {
+            match v.as_array() {
+                Some(a) => {
+                    s.registry.insecure = a
+                        .iter()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect()
+                }
+                None => warn!("ignoring [local] insecure_registries: not a list of hosts"),
+            }
+        }
+        if let Some(a) = t.get("registry_auth").and_then(|v| v.as_table()) {
+            for (host, v) in a {
+                match v.as_str().and_then(|c| c.split_once(':')) {
+                    Some((u, p)) => {
+                        s.registry
+                            .auth
+                            .insert(host.clone(), (u.to_owned(), p.to_owned()));
+                    }
+                    // The value is a secret: never logged.
+                    None => {
+                        warn!(registry = %host, "ignoring [local.registry_auth] entry: not \"user:password\"")
+                    }
+                }
+            }
+        }
         if let Some(v) = t.get("network") {
             match v.as_str().filter(|n| NETWORK_MODES.contains(n)) {
                 Some(n) => s.network = n.to_owned(),
@@ -360,6 +433,7 @@ impl Settings {
 
 struct Inner {
     settings: Settings,
+    templates: Arc<Store>,
     summary: ProviderSummary,
     root: PathBuf,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
@@ -371,6 +445,147 @@ struct Inner {
     events: abx_core::events::Events,
     /// The sandboxes' code contexts (`code/*`).
     code: super::code::Contexts,
+}
+
+/// `ABX_TEST_HOOKS=1` with `ABX_TEST_OVERLAY=refused`: image sandboxes take the fallback
+/// root (a copy) as where the kernel refuses overlayfs (tests only).
+fn overlay_refused_for_tests() -> bool {
+    std::env::var("ABX_TEST_HOOKS").is_ok_and(|v| v == "1")
+        && std::env::var("ABX_TEST_OVERLAY").is_ok_and(|v| v == "refused")
+}
+
+/// The writable layer of an image sandbox (and overlayfs's work dir beside it).
+fn layer_dirs(dirs: &SandboxDirs) -> (PathBuf, PathBuf, PathBuf) {
+    let l = dirs.root.join(".layer");
+    (l.join("upper"), l.join("work"), l.join("copy"))
+}
+
+/// Make an image sandbox's layer directories, owned by the sandbox's user.
+fn prepare_layer(dirs: &SandboxDirs, _image: &Option<RecordImage>) -> Result<(), AbxError> {
+    let (upper, work, _) = layer_dirs(dirs);
+    for d in [&upper, &work] {
+        std::fs::create_dir_all(d).map_err(|e| {
+            AbxError::new(
+                ErrorCode::SandboxCreateFailed,
+                &[("detail", &e.to_string()), ("provider", "local")],
+            )
+        })?;
+        if let Some((u, g)) = container::sandbox_owner() {
+            let _ = std::os::unix::fs::lchown(d, Some(u), Some(g));
+        }
+    }
+    Ok(())
+}
+
+/// The image's `User` as numeric ids: `uid[:gid]`, or names of the image's own
+/// `/etc/passwd` and `/etc/group` (a name without a group: the user's primary group).
+fn image_user(store: &Store, img: &RecordImage) -> Result<Option<(u32, u32)>, AbxError> {
+    let Some(user) = img.config.user.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    let bad = |what: &str| {
+        AbxError::new(
+            ErrorCode::SandboxCreateFailed,
+            &[
+                ("detail", &format!("the image's User {user:?}: {what}")),
+                ("provider", "local"),
+            ],
+        )
+    };
+    let root = store.rootfs(&img.digest);
+    let table = |name: &str| -> Vec<Vec<String>> {
+        root.as_ref()
+            .and_then(|r| std::fs::read_to_string(r.join("etc").join(name)).ok())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(':').map(str::to_owned).collect())
+            .collect()
+    };
+    let (u, g) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let passwd = table("passwd");
+    let (uid, primary) = match u.parse::<u32>() {
+        Ok(n) => (
+            n,
+            passwd
+                .iter()
+                .find(|f| f.get(2).map(String::as_str) == Some(u))
+                .and_then(|f| f.get(3)?.parse().ok()),
+        ),
+        Err(_) => {
+            let f = passwd
+                .iter()
+                .find(|f| f.first().map(String::as_str) == Some(u))
+                .ok_or_else(|| bad("no such user in the image's /etc/passwd"))?;
+            (
+                f.get(2)
+                    .and_then(|x| x.parse().ok())
+                    .ok_or_else(|| bad("bad /etc/passwd"))?,
+                f.get(3).and_then(|x| x.parse().ok()),
+            )
+        }
+    };
+    let gid = match g {
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => table("group")
+                .iter()
+                .find(|f| f.first().map(String::as_str) == Some(g))
+                .and_then(|f| f.get(2)?.parse().ok())
+                .ok_or_else(|| bad("no such group in the image's /etc/group"))?,
+        },
+        None => primary.unwrap_or(uid),
+    };
+    Ok(Some((uid, gid)))
+}
+
+/// Make the sandbox's processes run as `uid:gid` inside: the one id a sandbox has is mapped
+/// to the same host id as before, only its number inside changes (every file of the image,
+/// `/workspace` and `/tmp` then belong to it).
+fn run_as(cfg: &mut super::init::Config, uid: u32, gid: u32) {
+    let outer = |map: &str| map.split_whitespace().nth(1).unwrap_or("0").to_owned();
+    cfg.uid_map = format!("{uid} {} 1", outer(&cfg.uid_map));
+    cfg.gid_map = format!("{gid} {} 1", outer(&cfg.gid_map));
+    cfg.inner_uid = uid;
+    cfg.inner_gid = gid;
+}
+
+/// The root of an image sandbox for its init.
+fn image_root(
+    dirs: &SandboxDirs,
+    store: &Store,
+    img: &RecordImage,
+) -> Result<super::init::ImageRoot, AbxError> {
+    let (upper, work, copy) = layer_dirs(dirs);
+    if img.copy {
+        return Ok(super::init::ImageRoot {
+            lower: None,
+            upper: copy,
+            work,
+        });
+    }
+    let lower = store.rootfs(&img.digest).ok_or_else(|| {
+        AbxError::new(
+            ErrorCode::SandboxCreateFailed,
+            &[
+                (
+                    "detail",
+                    &format!(
+                        "the image {} of this sandbox is no longer stored",
+                        img.digest
+                    ),
+                ),
+                ("provider", "local"),
+            ],
+        )
+    })?;
+    Ok(super::init::ImageRoot {
+        lower: Some(lower),
+        upper,
+        work,
+    })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(method: &str, v: Value) -> Result<T, AbxError> {
@@ -429,7 +644,13 @@ impl Inner {
     fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
+        let templates = Arc::new(Store::new(
+            data_dir,
+            container::sandbox_owner(),
+            settings.registry.clone(),
+        ));
         let p = Arc::new(Inner {
+            templates,
             settings,
             summary: ProviderSummary {
                 id: "local".into(),
@@ -486,6 +707,7 @@ impl Inner {
                         r.id.clone(),
                         Arc::new(Sandbox {
                             dirs: SandboxDirs::new(dir),
+                            store: self.templates.clone(),
                             rec: Mutex::new(r),
                             container: tokio::sync::Mutex::new(None),
                             forwards: tokio::sync::Mutex::new(HashMap::new()),
@@ -531,16 +753,14 @@ impl Inner {
     async fn create(&self, p: SandboxCreateParams) -> Result<Value, AbxError> {
         let template = p
             .template
+            .clone()
             .filter(|t| !t.is_empty())
             .unwrap_or_else(|| "base".into());
-        if !TEMPLATES.contains(&template.as_str()) {
-            return Err(
-                AbxError::new(ErrorCode::TemplateNotFound, &[("template", &template)])
-                    .with_suggestion(
-                        "The local provider has one template: 'base' (the host system, read-only).",
-                    ),
-            );
-        }
+        let image = if TEMPLATES.contains(&template.as_str()) {
+            None
+        } else {
+            Some(self.image_for(&template).await?)
+        };
         let timeout = match &p.timeout {
             None | Some(Value::Null) => DEFAULT_TIMEOUT,
             Some(v) => timeout_secs(v)?,
@@ -610,9 +830,18 @@ impl Inner {
             metadata: p.metadata.unwrap_or_default().into_iter().collect(),
             network,
             limits,
+            image: image.map(|i| RecordImage {
+                digest: i.digest,
+                config: i.config,
+                copy: false,
+            }),
         };
+        if rec.image.is_some() {
+            prepare_layer(&dirs, &rec.image)?;
+        }
         let sb = Arc::new(Sandbox {
             dirs,
+            store: self.templates.clone(),
             rec: Mutex::new(rec),
             container: tokio::sync::Mutex::new(None),
             forwards: tokio::sync::Mutex::new(HashMap::new()),
@@ -623,7 +852,20 @@ impl Inner {
             return Err(e);
         }
         // Build the sandbox now: create fails (and leaves nothing) when it cannot be built.
-        if let Err(e) = sb.container().await {
+        let image_sandbox = sb.rec.lock().expect("record").image.is_some();
+        let mut built = if image_sandbox && overlay_refused_for_tests() {
+            self.copy_root(&sb).await
+        } else {
+            sb.container().await
+        };
+        if let Err(e) = &built {
+            if e.message.contains("mounting the image (overlay)") {
+                // The kernel refuses overlayfs here: the root is a full copy of the image.
+                warn!(sandbox = %sb.rec.lock().expect("record").id, error = %e.message, "overlayfs refused; the image root is a copy");
+                built = self.copy_root(&sb).await;
+            }
+        }
+        if let Err(e) = built {
             let _ = std::fs::remove_dir_all(&sb.dirs.root);
             return Err(e);
         }
@@ -633,6 +875,216 @@ impl Inner {
             .insert(id, sb.clone());
         self.reaper.notify_one();
         Ok(sb.view())
+    }
+
+    /// The stored image a template names, pulled on first use (a tag then stays pinned to
+    /// the digest it resolved to).
+    async fn image_for(&self, template: &str) -> Result<templates::Image, AbxError> {
+        if isolate::model() != isolate::Model::Namespaces {
+            return Err(AbxError::new(
+                ErrorCode::SandboxCreateFailed,
+                &[
+                    (
+                        "detail",
+                        "image templates need the namespaces isolation model (user namespaces)",
+                    ),
+                    ("provider", "local"),
+                ],
+            ));
+        }
+        if let Some(img) = self.templates.lookup(template) {
+            return Ok(img);
+        }
+        let _g = self.templates.lock.lock().await;
+        if let Some(img) = self.templates.lookup(template) {
+            return Ok(img);
+        }
+        let quiet = |_: u64, _: u64, _: &str| {};
+        match templates::registry::pull(&self.templates, template, &quiet).await {
+            Ok(img) => Ok(img),
+            Err(e) if e.code == ErrorCode::SourceUnreachable => Err(AbxError::new(
+                ErrorCode::TemplateNotFound,
+                &[("template", template)],
+            )
+            .with_suggestion(format!(
+                "It is not stored here and pulling it failed ({}). Run 'abx template list', 'abx template pull' or 'abx template import'; 'base' is the host system.",
+                e.message
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Fallback root where overlayfs is refused: a full copy of the image.
+    async fn copy_root(&self, sb: &Arc<Sandbox>) -> Result<Option<Arc<Container>>, AbxError> {
+        let digest = {
+            let mut r = sb.rec.lock().expect("record");
+            let Some(i) = r.image.as_mut() else {
+                return Err(AbxError::internal("not an image sandbox"));
+            };
+            i.copy = true;
+            i.digest.clone()
+        };
+        let src = self
+            .templates
+            .rootfs(&digest)
+            .ok_or_else(|| AbxError::internal("image rootfs missing"))?;
+        let (_, _, copy) = layer_dirs(&sb.dirs);
+        tokio::task::spawn_blocking(move || templates::unpack::deep_copy(&src, &copy))
+            .await
+            .map_err(AbxError::internal)?
+            .map_err(|e| AbxError::internal(format!("copying the image: {e}")))?;
+        sb.save()?;
+        sb.container().await
+    }
+
+    /// Digests of the images live sandboxes use.
+    fn images_in_use(&self) -> Vec<String> {
+        self.sandboxes
+            .lock()
+            .expect("sandboxes")
+            .values()
+            .filter_map(|s| {
+                s.rec
+                    .lock()
+                    .expect("record")
+                    .image
+                    .as_ref()
+                    .map(|i| i.digest.clone())
+            })
+            .collect()
+    }
+
+    /// `templates/*`.
+    async fn templates(&self, cx: &CallCx, method: &str, params: Value) -> Result<Value, AbxError> {
+        let p: TemplatesParams = parse(method, params)?;
+        let s = |k: &str| {
+            p.rest
+                .get(k)
+                .and_then(|v| v.as_str())
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let need = |k: &str| {
+            s(k).ok_or_else(|| AbxError::invalid_params(method, format!("missing field `{k}`")))
+        };
+        let store = self.templates.clone();
+        match method {
+            "templates/list" => {
+                let mut out = vec![json!({
+                    "name": "base",
+                    "digest": null,
+                    "size": 0,
+                    "pulledAt": null,
+                    "source": "host",
+                    "description": "the host system, read-only",
+                })];
+                out.extend(store.list().iter().map(|(i, n)| i.view(n)));
+                Ok(json!({"templates": out}))
+            }
+            "templates/pull" => {
+                let reference = need("template").or_else(|_| need("name"))?;
+                let conn = cx.conn.clone();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64, String)>();
+                let r2 = reference.clone();
+                let fwd = tokio::spawn(async move {
+                    while let Some((done, total, what)) = rx.recv().await {
+                        conn.notify(
+                            "templates/progress",
+                            &json!({"template": r2, "bytes": done, "total": total, "step": what}),
+                        )
+                        .await;
+                    }
+                });
+                let progress = move |d: u64, t: u64, w: &str| {
+                    let _ = tx.send((d, t, w.to_owned()));
+                };
+                let _g = store.lock.lock().await;
+                let res = templates::registry::pull(&store, &reference, &progress).await;
+                drop(progress);
+                let _ = fwd.await;
+                let img = res?;
+                let names: Vec<String> = store
+                    .list()
+                    .into_iter()
+                    .find(|(i, _)| i.digest == img.digest)
+                    .map(|(_, n)| n)
+                    .unwrap_or_default();
+                Ok(img.view(&names))
+            }
+            "templates/import" => {
+                let path = PathBuf::from(need("path")?);
+                let name = s("name");
+                let tag = s("tag");
+                let _g = store.lock.lock().await;
+                let st = store.clone();
+                let img = tokio::task::spawn_blocking(move || {
+                    templates::archive::import(&st, &path, name.as_deref(), tag.as_deref())
+                })
+                .await
+                .map_err(AbxError::internal)??;
+                Ok(img.view(std::slice::from_ref(&img.name)))
+            }
+            "templates/remove" => {
+                let in_use = self.images_in_use();
+                let _g = store.lock.lock().await;
+                if p.rest.get("prune").and_then(|v| v.as_bool()) == Some(true) {
+                    let all = p.rest.get("all").and_then(|v| v.as_bool()) == Some(true);
+                    return store.prune(&in_use, all);
+                }
+                let t = need("template").or_else(|_| need("name"))?;
+                if TEMPLATES.contains(&t.as_str()) {
+                    return Err(AbxError::invalid_params(
+                        method,
+                        "'base' is the host system; it cannot be removed",
+                    ));
+                }
+                store.remove(&t, &in_use)
+            }
+            "templates/build" => {
+                let sandbox = need("sandbox")?;
+                let name = need("name")?;
+                if TEMPLATES.contains(&name.as_str()) || name.contains('@') {
+                    return Err(AbxError::invalid_params(
+                        method,
+                        format!("'{name}' cannot name a template"),
+                    ));
+                }
+                let sb = self.get(&sandbox)?;
+                let base = sb.rec.lock().expect("record").image.clone().ok_or_else(|| {
+                    AbxError::invalid_params(
+                        method,
+                        format!("sandbox '{sandbox}' was made from the host template 'base'; only a sandbox made from an image can be saved as a template"),
+                    )
+                })?;
+                let base_img = store.image(&base.digest).ok_or_else(|| {
+                    AbxError::new(ErrorCode::TemplateNotFound, &[("template", &base.digest)])
+                })?;
+                let upper = if base.copy {
+                    return Err(AbxError::invalid_params(method, "this sandbox's root is a copy (overlayfs was refused): it has no layer of its own to save"));
+                } else {
+                    layer_dirs(&sb.dirs).0
+                };
+                // Writes in flight would make a torn layer: freeze the sandbox meanwhile.
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
+                if let Some(c) = &cg {
+                    c.freeze(true);
+                }
+                let _g = store.lock.lock().await;
+                let st = store.clone();
+                let res = tokio::task::spawn_blocking(move || st.build(&name, &base_img, &upper))
+                    .await
+                    .map_err(AbxError::internal);
+                if let Some(c) = &cg {
+                    c.freeze(false);
+                }
+                let img = res??;
+                Ok(img.view(std::slice::from_ref(&img.name)))
+            }
+            _ => Err(AbxError::new(
+                ErrorCode::MethodNotFound,
+                &[("method", method)],
+            )),
+        }
     }
 
     async fn kill(&self, id: &str) -> Value {
@@ -894,6 +1346,7 @@ impl Inner {
             }
             m if m.starts_with("files/") => self.files(cx, m, params).await,
             m if m.starts_with("code/") => self.code_call(cx, m, params).await,
+            m if m.starts_with("templates/") => self.templates(cx, m, params).await,
             "ports/url" => {
                 let p: PortParams = parse(method, params)?;
                 let sb = self.get(&p.sandbox)?;

@@ -169,10 +169,12 @@ pub enum Command {
     /// Sandbox files, processes, system info, capabilities and named commands.
     #[command(subcommand)]
     Sandbox(SandboxCmd),
-    /// Templates of the provider (list, init, build): only where the provider declares templates.
+    /// Templates of the provider: only where the provider declares templates.
+    /// `list`, `pull REF`, `build SANDBOX NAME`, `rm NAME|--prune`, `import PATH [NAME]`,
+    /// `init ...`.
     Template {
-        /// list, init or build.
-        #[arg(value_parser = ["list", "init", "build"])]
+        /// list, pull, build, rm, import or init.
+        #[arg(value_parser = ["list", "pull", "build", "rm", "import", "init"])]
         action: String,
         /// Arguments for the provider.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -24,6 +24,7 @@ pub mod ports;
 pub mod process;
 pub mod provider;
 pub mod sandbox;
+pub mod templates;
 
 pub use broker::*;
 pub use code::*;
@@ -33,6 +34,7 @@ pub use ports::*;
 pub use process::*;
 pub use provider::*;
 pub use sandbox::*;
+pub use templates::*;
 
 /// Method names of the broker API (DESIGN §4) handled by the broker itself.
 pub mod methods {

@@ -273,6 +273,10 @@ pub struct ProviderTestParams {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(with = "Option<u64>", range(min = 1)))]
     pub concurrency: Option<usize>,
+    /// The template every sandbox of the run is made from (default: the provider's own
+    /// default), e.g. an OCI image on `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// One contract test of `provider/test`.

@@ -19,6 +19,9 @@ pub struct Sandbox {
     /// Its template.
     #[serde(default)]
     pub template: Option<String>,
+    /// The digest its image template resolved to when it was created (`local`: pinned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_digest: Option<String>,
     /// A provider URL of the sandbox.
     #[serde(default)]
     pub url: Option<String>,

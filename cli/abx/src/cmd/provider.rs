@@ -426,6 +426,7 @@ pub async fn test(
         id: id.into(),
         filter: filter.map(Into::into),
         concurrency: concurrency.map(|n| n as usize),
+        template: None,
     });
     let req = c.send_request("provider/test", Some(&params)).await?;
     let print_line = |v: &Value| {
@@ -548,21 +549,85 @@ pub async fn set_default(cx: &Ctx, id: &str) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `abx template list|init|build`: gated on templates.read / templates.build like every
-/// other method (the seed's open problem: they ignored --provider and never said E8004).
+/// `abx template list|pull|build|rm|import|init`: gated on templates.read / templates.build
+/// like every other method (the seed's open problem: they ignored --provider and never said
+/// E8004). The words after the action go as `args` too, for providers of their own.
 pub async fn template(cx: &Ctx, action: &str, args: &[String]) -> Result<u8, Failure> {
+    let usage = |u: &str| {
+        Failure::usage(
+            format!("missing arguments for abx template {action}"),
+            format!("Usage: abx template {u}"),
+        )
+    };
+    let mut rest: serde_json::Map<String, serde_json::Value> =
+        [("args".to_owned(), json!(args))].into_iter().collect();
+    let arg = |i: usize| args.get(i).filter(|a| !a.starts_with("--")).cloned();
     let method = match action {
         "list" => "templates/list",
         "init" => "templates/init",
-        _ => "templates/build",
+        "pull" => {
+            rest.insert(
+                "template".into(),
+                json!(arg(0).ok_or_else(|| usage("pull REF"))?),
+            );
+            "templates/pull"
+        }
+        "rm" => {
+            if args.iter().any(|a| a == "--prune") {
+                rest.insert("prune".into(), json!(true));
+                if args.iter().any(|a| a == "--all") {
+                    rest.insert("all".into(), json!(true));
+                }
+            } else {
+                rest.insert(
+                    "template".into(),
+                    json!(arg(0).ok_or_else(|| usage("rm NAME|DIGEST, or rm --prune [--all]"))?),
+                );
+            }
+            "templates/remove"
+        }
+        "import" => {
+            let p = arg(0).ok_or_else(|| usage("import PATH [NAME]"))?;
+            // The broker reads it: an absolute path.
+            let abs = std::path::absolute(&p).unwrap_or_else(|_| p.clone().into());
+            rest.insert("path".into(), json!(abs));
+            if let Some(n) = arg(1) {
+                rest.insert("name".into(), json!(n));
+            }
+            "templates/import"
+        }
+        _ => {
+            if let (Some(sb), Some(name)) = (arg(0), arg(1)) {
+                rest.insert("sandbox".into(), json!(sb));
+                rest.insert("name".into(), json!(name));
+            }
+            "templates/build"
+        }
     };
     let params = api::TemplatesParams {
         provider: cx.provider.clone(),
-        rest: [("args".to_owned(), json!(args))].into_iter().collect(),
+        rest,
     };
     let r = call1(cx, method, to_params(&params)).await?;
     if cx.json {
         print_json(&r);
+    } else if method == "templates/list" && r["templates"].is_array() {
+        line(&format!(
+            "{:<40} {:<19} {:>10}  {}",
+            "NAME", "DIGEST", "SIZE", "PULLED"
+        ));
+        for t in r["templates"].as_array().into_iter().flatten() {
+            let digest = t["digest"].as_str().map_or("-".to_owned(), |d| {
+                d.trim_start_matches("sha256:").chars().take(12).collect()
+            });
+            line(&format!(
+                "{:<40} {:<19} {:>10}  {}",
+                t["name"].as_str().unwrap_or(""),
+                digest,
+                t["size"].as_u64().unwrap_or(0),
+                t["pulledAt"].as_str().unwrap_or("-")
+            ));
+        }
     } else {
         line(&serde_json::to_string_pretty(&r).unwrap_or_default());
     }

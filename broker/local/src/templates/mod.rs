@@ -1,0 +1,713 @@
+//! Templates of the `local` provider: OCI images, stored content-addressed under the
+//! provider's data dir, and sandboxes saved as templates (issue 22).
+//!
+//! Layout of `data/local/templates/`:
+//! - `blobs/sha256/<hex>`: every blob (manifests, configs, layers), written only after its
+//!   sha256 matched the digest it was asked for; a blob is stored once whatever uses it.
+//! - `images/<hex>/image.json`: one image (its manifest digest): name, layers, config (Env,
+//!   WorkingDir, User, Entrypoint, Cmd), size, when pulled; `images/<hex>/rootfs/`: its layers
+//!   applied in order (one flattened tree per image, see [`unpack`]), the read-only lower
+//!   layer of every sandbox made from it.
+//! - `names.json`: name -> digest. A tag resolves to a digest once (pull or import) and stays
+//!   pinned until the next `templates/pull`; a sandbox records the digest it started from.
+//!
+//! - [`registry`]: pulls from an OCI / Docker registry v2 (through `oci-client`).
+//! - [`archive`]: imports a `docker save` tar or an OCI layout directory.
+//! - [`unpack`]: applies layers safely; tree copies.
+
+pub mod archive;
+pub mod registry;
+pub mod unpack;
+
+use abx_home::util::{now_ms, replace_file, rfc3339};
+use abx_protocol::{AbxError, ErrorCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The host template: no image, the host's system directories read-only.
+pub const HOST_TEMPLATE: &str = "base";
+
+/// What of an image's config a sandbox honours.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageConfig {
+    /// `KEY=value` entries, applied under the sandbox's and the exec's env.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// The default working directory of an exec.
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// `uid[:gid]` (numeric, or a name of the image's /etc/passwd).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Recorded and shown; exec runs the command it is given.
+    #[serde(default)]
+    pub entrypoint: Option<Vec<String>>,
+    /// See `entrypoint`.
+    #[serde(default)]
+    pub cmd: Option<Vec<String>>,
+}
+
+impl ImageConfig {
+    /// From an OCI / Docker image config blob (its `config` object).
+    pub fn from_blob(blob: &[u8]) -> Result<ImageConfig, String> {
+        let v: Value = serde_json::from_slice(blob).map_err(|e| format!("image config: {e}"))?;
+        let c = v
+            .get("config")
+            .or_else(|| v.get("Config"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let strs = |k: &str| {
+            c.get(k).and_then(|x| x.as_array()).map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let s = |k: &str| {
+            c.get(k)
+                .and_then(|x| x.as_str())
+                .filter(|x| !x.is_empty())
+                .map(str::to_owned)
+        };
+        Ok(ImageConfig {
+            env: strs("Env").unwrap_or_default(),
+            working_dir: s("WorkingDir"),
+            user: s("User"),
+            entrypoint: strs("Entrypoint"),
+            cmd: strs("Cmd"),
+        })
+    }
+}
+
+/// One stored image.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Image {
+    /// The name it was pulled, imported or built as.
+    pub name: String,
+    /// Its manifest digest (`sha256:...`).
+    pub digest: String,
+    /// Layer blob digests, lowest first.
+    pub layers: Vec<String>,
+    /// Bytes of its blobs (as stored).
+    pub size: u64,
+    /// When it was stored (RFC 3339).
+    pub pulled_at: String,
+    /// `registry`, `import` or `build`.
+    pub source: String,
+    /// The image it was built on (`build`).
+    #[serde(default)]
+    pub base: Option<String>,
+    /// Its config.
+    pub config: ImageConfig,
+}
+
+impl Image {
+    /// The `templates/list` entry.
+    pub fn view(&self, names: &[String]) -> Value {
+        json!({
+            "name": self.name,
+            "names": names,
+            "digest": self.digest,
+            "size": self.size,
+            "pulledAt": self.pulled_at,
+            "source": self.source,
+            "base": self.base,
+            "layers": self.layers.len(),
+            "config": self.config,
+        })
+    }
+}
+
+/// The `[local]` keys for registries.
+#[derive(Clone, Debug, Default)]
+pub struct RegistrySettings {
+    /// Registries reached over plain HTTP besides loopback ones (`insecure_registries`).
+    pub insecure: Vec<String>,
+    /// Credentials per registry host (`[local.registry_auth]` `"host" = "user:password"`).
+    pub auth: BTreeMap<String, (String, String)>,
+}
+
+/// The store of templates.
+pub struct Store {
+    dir: PathBuf,
+    owner: Option<(u32, u32)>,
+    /// The registry settings.
+    pub registry: RegistrySettings,
+    /// One writer at a time (pull, import, build, remove).
+    pub lock: tokio::sync::Mutex<()>,
+}
+
+/// A sha256 digest string of bytes.
+pub fn sha256_digest(b: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(b)))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The hex of a `sha256:` digest (checked: 64 lowercase hex digits).
+pub fn digest_hex(d: &str) -> Option<&str> {
+    let h = d.strip_prefix("sha256:")?;
+    (h.len() == 64
+        && h.bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)))
+    .then_some(h)
+}
+
+fn mismatch(expected: &str, actual: &str) -> AbxError {
+    AbxError::new(
+        ErrorCode::DigestMismatch,
+        &[("expected", expected), ("actual", actual)],
+    )
+    .with_suggestion("The blob's content does not match its digest: the registry or the archive is corrupt or was tampered with. Nothing of it was stored.")
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> AbxError {
+    AbxError::internal(format!("templates: {what}: {e}"))
+}
+
+/// A blob being written: hashed as it is written, stored under its digest only if it matches.
+pub struct BlobWriter {
+    tmp: tempfile::NamedTempFile,
+    hash: Sha256,
+    /// Bytes written.
+    pub len: u64,
+}
+
+impl BlobWriter {
+    /// Append bytes.
+    pub fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.hash.update(b);
+        self.len += b.len() as u64;
+        self.tmp.write_all(b)
+    }
+}
+
+impl Store {
+    /// The store beneath `data_dir/local/templates`; files owned by `owner` where given.
+    pub fn new(data_dir: &Path, owner: Option<(u32, u32)>, registry: RegistrySettings) -> Store {
+        Store {
+            dir: data_dir.join("local/templates"),
+            owner,
+            registry,
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn blobs(&self) -> PathBuf {
+        self.dir.join("blobs/sha256")
+    }
+
+    /// Where a stored blob is.
+    pub fn blob_path(&self, digest: &str) -> Option<PathBuf> {
+        digest_hex(digest).map(|h| self.blobs().join(h))
+    }
+
+    /// Whether a blob is stored.
+    pub fn has_blob(&self, digest: &str) -> bool {
+        self.blob_path(digest).is_some_and(|p| p.is_file())
+    }
+
+    /// Start writing a blob.
+    pub fn blob_writer(&self) -> Result<BlobWriter, AbxError> {
+        let d = self.dir.join("tmp");
+        std::fs::create_dir_all(&d).map_err(|e| io_err("tmp dir", e))?;
+        Ok(BlobWriter {
+            tmp: tempfile::NamedTempFile::new_in(&d).map_err(|e| io_err("tmp file", e))?,
+            hash: Sha256::new(),
+            len: 0,
+        })
+    }
+
+    /// Finish a blob: stored under `expected` when its content matches (else E8013).
+    pub fn commit_blob(&self, w: BlobWriter, expected: &str) -> Result<PathBuf, AbxError> {
+        let actual = format!("sha256:{}", hex(&w.hash.finalize()));
+        if actual != expected {
+            return Err(mismatch(expected, &actual));
+        }
+        let dst = self.blob_path(expected).ok_or_else(|| {
+            AbxError::invalid_params("templates", format!("unsupported digest {expected:?}"))
+        })?;
+        std::fs::create_dir_all(self.blobs()).map_err(|e| io_err("blob dir", e))?;
+        w.tmp
+            .persist(&dst)
+            .map_err(|e| io_err("storing a blob", e.error))?;
+        Ok(dst)
+    }
+
+    /// Store bytes as a blob under `expected` (checked).
+    pub fn put_blob(&self, bytes: &[u8], expected: &str) -> Result<PathBuf, AbxError> {
+        let mut w = self.blob_writer()?;
+        w.write(bytes).map_err(|e| io_err("writing a blob", e))?;
+        self.commit_blob(w, expected)
+    }
+
+    /// Copy a file into the store as a blob under `expected` (checked).
+    pub fn put_blob_file(&self, src: &Path, expected: &str) -> Result<PathBuf, AbxError> {
+        if self.has_blob(expected) {
+            return Ok(self.blob_path(expected).expect("digest"));
+        }
+        let mut f = std::fs::File::open(src).map_err(|e| io_err(&src.display().to_string(), e))?;
+        let mut w = self.blob_writer()?;
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| io_err("reading", e))?;
+            if n == 0 {
+                break;
+            }
+            w.write(&buf[..n])
+                .map_err(|e| io_err("writing a blob", e))?;
+        }
+        self.commit_blob(w, expected)
+    }
+
+    fn image_dir(&self, digest: &str) -> Option<PathBuf> {
+        digest_hex(digest).map(|h| self.dir.join("images").join(h))
+    }
+
+    /// The flattened root of a stored image.
+    pub fn rootfs(&self, digest: &str) -> Option<PathBuf> {
+        self.image_dir(digest)
+            .map(|d| d.join("rootfs"))
+            .filter(|p| p.is_dir())
+    }
+
+    /// A stored image by digest.
+    pub fn image(&self, digest: &str) -> Option<Image> {
+        let d = self.image_dir(digest)?;
+        let b = std::fs::read(d.join("image.json")).ok()?;
+        serde_json::from_slice(&b).ok()
+    }
+
+    fn names(&self) -> BTreeMap<String, String> {
+        std::fs::read(self.dir.join("names.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn save_names(&self, n: &BTreeMap<String, String>) -> Result<(), AbxError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| io_err("store dir", e))?;
+        replace_file(
+            &self.dir.join("names.json"),
+            &serde_json::to_vec_pretty(n).unwrap_or_default(),
+        )
+        .map_err(|e| io_err("names.json", e))
+    }
+
+    /// Point `names` at `digest`.
+    pub fn tag(&self, names: &[String], digest: &str) -> Result<(), AbxError> {
+        let mut n = self.names();
+        for name in names {
+            n.insert(name.clone(), digest.to_owned());
+        }
+        self.save_names(&n)
+    }
+
+    /// The stored image a template names: a name (as given or normalized), or a digest
+    /// (`sha256:...`, `name@sha256:...`).
+    pub fn lookup(&self, template: &str) -> Option<Image> {
+        let names = self.names();
+        if let Some(d) = names.get(template) {
+            return self.image(d);
+        }
+        if let Ok(r) = registry::parse_ref(template) {
+            if let Some(d) = names.get(&r.whole()) {
+                return self.image(d);
+            }
+            if let Some(d) = r.digest() {
+                return self.image(d);
+            }
+        }
+        let d = template.rsplit('@').next().unwrap_or(template);
+        if digest_hex(d).is_some() {
+            return self.image(d);
+        }
+        None
+    }
+
+    /// Record an image and flatten its layers into its rootfs (once per digest).
+    pub fn install(&self, img: &Image, names: &[String]) -> Result<(), AbxError> {
+        let dir = self
+            .image_dir(&img.digest)
+            .ok_or_else(|| io_err("image", "bad digest"))?;
+        if !dir.join("rootfs").is_dir() {
+            let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            let root = unpack::Root::open(&tmp.join("rootfs"), self.owner)
+                .map_err(|e| io_err("rootfs", e))?;
+            for l in &img.layers {
+                let p = self
+                    .blob_path(l)
+                    .filter(|p| p.is_file())
+                    .ok_or_else(|| io_err("layer", format!("{l} is not stored")))?;
+                let r = unpack::layer_reader(&p).map_err(|e| io_err("layer", e))?;
+                root.apply(r).map_err(|e| {
+                    AbxError::detail(
+                        ErrorCode::SandboxCreateFailed,
+                        format!("applying layer {l} of {}: {e}", img.name),
+                    )
+                })?;
+            }
+            self.write_record(&tmp, img)?;
+            std::fs::create_dir_all(dir.parent().expect("images"))
+                .map_err(|e| io_err("images", e))?;
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::rename(&tmp, &dir).map_err(|e| io_err("installing the image", e))?;
+        } else {
+            self.write_record(&dir, img)?;
+        }
+        self.tag(names, &img.digest)
+    }
+
+    fn write_record(&self, dir: &Path, img: &Image) -> Result<(), AbxError> {
+        std::fs::create_dir_all(dir).map_err(|e| io_err("image dir", e))?;
+        replace_file(
+            &dir.join("image.json"),
+            &serde_json::to_vec_pretty(img).unwrap_or_default(),
+        )
+        .map_err(|e| io_err("image.json", e))
+    }
+
+    /// Every stored image with its names.
+    pub fn list(&self) -> Vec<(Image, Vec<String>)> {
+        let names = self.names();
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let Some(h) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if digest_hex(&format!("sha256:{h}")).is_none() {
+                continue;
+            }
+            if let Some(img) = self.image(&format!("sha256:{h}")) {
+                let n: Vec<String> = names
+                    .iter()
+                    .filter(|(_, d)| **d == img.digest)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                out.push((img, n));
+            }
+        }
+        out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        out
+    }
+
+    /// Remove an image (by a name or its digest); `in_use` digests are refused. Names
+    /// pointing at it go; blobs no other image uses go.
+    pub fn remove(&self, template: &str, in_use: &[String]) -> Result<Value, AbxError> {
+        let img = self
+            .lookup(template)
+            .ok_or_else(|| AbxError::new(ErrorCode::TemplateNotFound, &[("template", template)]))?;
+        if in_use.contains(&img.digest) {
+            return Err(AbxError::invalid_params(
+                "templates/remove",
+                format!(
+                    "template '{template}' ({}) is used by a live sandbox; kill it first",
+                    img.digest
+                ),
+            ));
+        }
+        if self
+            .list()
+            .iter()
+            .any(|(i, _)| i.base.as_deref() == Some(&img.digest))
+        {
+            return Err(AbxError::invalid_params(
+                "templates/remove",
+                format!("template '{template}' is the base of a built template; remove that first"),
+            ));
+        }
+        let mut names = self.names();
+        names.retain(|_, d| *d != img.digest);
+        self.save_names(&names)?;
+        if let Some(d) = self.image_dir(&img.digest) {
+            let trash = d.with_extension("removing");
+            let _ = std::fs::rename(&d, &trash);
+            let _ = std::fs::remove_dir_all(&trash);
+        }
+        let freed = self.gc_blobs();
+        Ok(json!({"removed": [img.digest], "freedBytes": freed}))
+    }
+
+    /// Remove every image no live sandbox uses and no name points at (`prune`), then
+    /// unused blobs.
+    pub fn prune(&self, in_use: &[String], all: bool) -> Result<Value, AbxError> {
+        let names = self.names();
+        let mut removed = Vec::new();
+        let imgs = self.list();
+        let bases: Vec<String> = imgs.iter().filter_map(|(i, _)| i.base.clone()).collect();
+        for (img, n) in imgs {
+            let named = !n.is_empty() && !all;
+            if in_use.contains(&img.digest) || named || bases.contains(&img.digest) {
+                continue;
+            }
+            if let Some(d) = self.image_dir(&img.digest) {
+                let _ = std::fs::remove_dir_all(&d);
+            }
+            removed.push(img.digest);
+        }
+        let mut names = names;
+        names.retain(|_, d| !removed.contains(d));
+        self.save_names(&names)?;
+        let freed = self.gc_blobs();
+        Ok(json!({"removed": removed, "freedBytes": freed}))
+    }
+
+    /// Remove blobs no stored image refers to (layers, and the configs and manifests
+    /// recorded beside them in `blobs.json` of each image).
+    fn gc_blobs(&self) -> u64 {
+        let mut keep = std::collections::HashSet::new();
+        let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else {
+            return 0;
+        };
+        for e in rd.flatten() {
+            let p = e.path().join("image.json");
+            if let Some(img) = std::fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Image>(&b).ok())
+            {
+                keep.extend(img.layers.iter().cloned());
+                keep.insert(img.digest.clone());
+            }
+            if let Some(extra) = std::fs::read(e.path().join("blobs.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Vec<String>>(&b).ok())
+            {
+                keep.extend(extra);
+            }
+        }
+        let mut freed = 0;
+        if let Ok(rd) = std::fs::read_dir(self.blobs()) {
+            for e in rd.flatten() {
+                let d = format!("sha256:{}", e.file_name().to_string_lossy());
+                if !keep.contains(&d) {
+                    freed += e.metadata().map_or(0, |m| m.len());
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        freed
+    }
+
+    /// Record the other blobs an image uses (config, manifest) so they are kept.
+    pub fn keep_blobs(&self, digest: &str, blobs: &[String]) {
+        if let Some(d) = self.image_dir(digest) {
+            let _ = std::fs::create_dir_all(&d);
+            let _ = replace_file(
+                &d.join("blobs.json"),
+                &serde_json::to_vec(blobs).unwrap_or_default(),
+            );
+        }
+    }
+
+    /// Store a locally made image: its layers (already stored), a config and a manifest
+    /// written here; the manifest's digest is the image's.
+    pub fn store_local(
+        &self,
+        name: &str,
+        layers: &[(String, u64, String)],
+        config: &ImageConfig,
+        source: &str,
+        base: Option<String>,
+    ) -> Result<Image, AbxError> {
+        let cfg = json!({
+            "architecture": registry::go_arch(),
+            "os": "linux",
+            "config": {
+                "Env": config.env,
+                "WorkingDir": config.working_dir.clone().unwrap_or_default(),
+                "User": config.user.clone().unwrap_or_default(),
+                "Entrypoint": config.entrypoint,
+                "Cmd": config.cmd,
+            },
+            "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.2.clone()).collect::<Vec<_>>()},
+        });
+        let cfg_b = serde_json::to_vec(&cfg).map_err(AbxError::internal)?;
+        let cfg_d = sha256_digest(&cfg_b);
+        self.put_blob(&cfg_b, &cfg_d)?;
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg_d, "size": cfg_b.len()},
+            "layers": layers.iter().map(|(d, s, _)| json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": s})).collect::<Vec<_>>(),
+        });
+        let man_b = serde_json::to_vec(&manifest).map_err(AbxError::internal)?;
+        let man_d = sha256_digest(&man_b);
+        self.put_blob(&man_b, &man_d)?;
+        let img = Image {
+            name: name.to_owned(),
+            digest: man_d.clone(),
+            layers: layers.iter().map(|l| l.0.clone()).collect(),
+            size: layers.iter().map(|l| l.1).sum::<u64>() + cfg_b.len() as u64,
+            pulled_at: rfc3339(now_ms() / 1000),
+            source: source.to_owned(),
+            base,
+            config: config.clone(),
+        };
+        self.keep_blobs(&man_d, &[cfg_d, man_d.clone()]);
+        Ok(img)
+    }
+
+    /// Save a sandbox's upper layer as a new template on its base image: the upper dir is
+    /// turned into an OCI layer (overlay whiteouts become `.wh.` entries), stored as a
+    /// blob, and the new image's rootfs is the base's (hard-link clone) with it applied.
+    pub fn build(&self, name: &str, base: &Image, upper: &Path) -> Result<Image, AbxError> {
+        let mut w = self.blob_writer()?;
+        let mut hw = HashWriter(&mut w);
+        {
+            let mut b = tar::Builder::new(&mut hw);
+            b.follow_symlinks(false);
+            layer_from_upper(&mut b, upper, Path::new(""))
+                .map_err(|e| io_err("saving the sandbox's layer", e))?;
+            b.finish()
+                .map_err(|e| io_err("saving the sandbox's layer", e))?;
+        }
+        let digest = format!("sha256:{}", hex(&w.hash.clone().finalize()));
+        let size = w.len;
+        let path = self.commit_blob(w, &digest)?;
+        let mut layers: Vec<(String, u64, String)> = base
+            .layers
+            .iter()
+            .map(|l| {
+                let s = self
+                    .blob_path(l)
+                    .and_then(|p| p.metadata().ok())
+                    .map_or(0, |m| m.len());
+                (l.clone(), s, l.clone())
+            })
+            .collect();
+        layers.push((digest.clone(), size, digest));
+        let img = self.store_local(
+            name,
+            &layers,
+            &base.config,
+            "build",
+            Some(base.digest.clone()),
+        )?;
+        let dir = self
+            .image_dir(&img.digest)
+            .ok_or_else(|| io_err("image", "bad digest"))?;
+        let base_root = self
+            .rootfs(&base.digest)
+            .ok_or_else(|| io_err("build", "the base image's rootfs is gone"))?;
+        let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        unpack::link_clone(&base_root, &tmp.join("rootfs"))
+            .map_err(|e| io_err("cloning the base", e))?;
+        let root =
+            unpack::Root::open(&tmp.join("rootfs"), self.owner).map_err(|e| io_err("rootfs", e))?;
+        root.apply(unpack::layer_reader(&path).map_err(|e| io_err("layer", e))?)
+            .map_err(|e| io_err("applying the saved layer", e))?;
+        self.write_record(&tmp, &img)?;
+        if let Ok(b) = std::fs::read(dir.join("blobs.json")) {
+            let _ = std::fs::write(tmp.join("blobs.json"), b);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&tmp, &dir).map_err(|e| io_err("installing the image", e))?;
+        self.tag(&[name.to_owned()], &img.digest)?;
+        Ok(img)
+    }
+}
+
+struct HashWriter<'a>(&'a mut BlobWriter);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.write(b)?;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The mount points the sandbox's init makes in an image root: not part of a saved layer
+/// when they are empty.
+const MOUNT_POINTS: &[&str] = &["workspace", "tmp", "dev", "proc"];
+
+/// Append the overlay upper dir `dir` (at `rel`) to a layer: a 0:0 character device is a
+/// whiteout, `user.overlay.opaque` (or `trusted.`) marks an opaque directory.
+fn layer_from_upper<W: std::io::Write>(
+    b: &mut tar::Builder<W>,
+    dir: &Path,
+    rel: &Path,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut entries: Vec<_> = std::fs::read_dir(dir.join(rel))?.flatten().collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name();
+        let r = rel.join(&name);
+        let m = std::fs::symlink_metadata(e.path())?;
+        let ft = m.file_type();
+        if rel.as_os_str().is_empty()
+            && ft.is_dir()
+            && MOUNT_POINTS.iter().any(|p| name == *p)
+            && std::fs::read_dir(e.path())
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(true)
+        {
+            continue;
+        }
+        let mut h = tar::Header::new_ustar();
+        h.set_mtime(m.mtime().max(0) as u64);
+        h.set_mode(m.mode() & 0o7777);
+        h.set_uid(0);
+        h.set_gid(0);
+        if ft.is_char_device() && m.rdev() == 0 {
+            let wh = rel.join(format!(".wh.{}", name.to_string_lossy()));
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(0);
+            b.append_data(&mut h, &wh, &[][..])?;
+        } else if ft.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            b.append_data(&mut h, &r, &[][..])?;
+            if is_opaque(&e.path()) {
+                let mut oh = tar::Header::new_ustar();
+                oh.set_entry_type(tar::EntryType::Regular);
+                oh.set_size(0);
+                oh.set_mode(0o644);
+                b.append_data(&mut oh, r.join(".wh..wh..opq"), &[][..])?;
+            }
+            layer_from_upper(b, dir, &r)?;
+        } else if ft.is_symlink() {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            b.append_link(&mut h, &r, std::fs::read_link(e.path())?)?;
+        } else if ft.is_file() {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(m.len());
+            b.append_data(&mut h, &r, std::fs::File::open(e.path())?)?;
+        }
+    }
+    Ok(())
+}
+
+fn is_opaque(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    [c"user.overlay.opaque", c"trusted.overlay.opaque"]
+        .iter()
+        .any(|name| {
+            let mut v = [0u8; 4];
+            // SAFETY: lgetxattr into a local buffer.
+            let n = unsafe {
+                libc::lgetxattr(c.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len())
+            };
+            n >= 1 && v[0] == b'y'
+        })
+}

@@ -1,0 +1,336 @@
+//! Pulling images from an OCI / Docker registry v2, through `oci-client`.
+//!
+//! HTTPS everywhere except registries on loopback addresses (`127.0.0.0/8`, `::1`,
+//! `localhost`, as Docker does) and those listed in `[local] insecure_registries`.
+//! Credentials: `[local.registry_auth]` of the broker config, else `auths.<registry>.auth` of
+//! `~/.docker/config.json` (base64 `user:password`), else anonymous; `oci-client` does the
+//! token (Bearer) exchange the registry asks for. Credentials are never logged or returned.
+//! An index is resolved to the manifest of `linux` and the host's architecture. Every blob is
+//! hashed while it is written and stored only when it matches its digest (E8013 otherwise).
+
+use super::{Image, ImageConfig, Store};
+use abx_home::util::{now_ms, rfc3339};
+use abx_protocol::{AbxError, ErrorCode};
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::Reference;
+use std::net::IpAddr;
+
+/// Parse an image reference (`busybox:latest`, `reg:5000/ns/img:tag`, `img@sha256:...`).
+pub fn parse_ref(s: &str) -> Result<Reference, AbxError> {
+    Reference::try_from(s).map_err(|e| {
+        AbxError::new(ErrorCode::TemplateNotFound, &[("template", s)]).with_suggestion(format!(
+            "'{s}' is not an image reference ({e}); use name[:tag] or name@sha256:<digest>, or 'base' for the host system."
+        ))
+    })
+}
+
+/// The architecture name OCI uses for this machine.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+/// Whether a registry host (with an optional port) is a loopback address.
+pub fn is_loopback(registry: &str) -> bool {
+    let host = if let Some(rest) = registry.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        registry.rsplit_once(':').map_or(registry, |(h, p)| {
+            if p.bytes().all(|c| c.is_ascii_digit()) {
+                h
+            } else {
+                registry
+            }
+        })
+    };
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
+}
+
+fn docker_config_auth(registry: &str) -> Option<(String, String)> {
+    let home = std::env::var_os("HOME")?;
+    let dir = std::env::var_os("DOCKER_CONFIG")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(&home).join(".docker"));
+    let b = std::fs::read(dir.join("config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+    let auths = v.get("auths")?.as_object()?;
+    let keys = [
+        registry.to_owned(),
+        format!("https://{registry}"),
+        format!("http://{registry}"),
+        if registry == "docker.io" || registry == "index.docker.io" {
+            "https://index.docker.io/v1/".to_owned()
+        } else {
+            String::new()
+        },
+    ];
+    let entry = keys.iter().find_map(|k| auths.get(k))?;
+    let enc = entry.get("auth")?.as_str()?;
+    let dec = base64_simd::STANDARD.decode_to_vec(enc.trim()).ok()?;
+    let s = String::from_utf8(dec).ok()?;
+    let (u, p) = s.split_once(':')?;
+    Some((u.to_owned(), p.to_owned()))
+}
+
+fn auth_for(store: &Store, registry: &str) -> RegistryAuth {
+    if let Some((u, p)) = store.registry.auth.get(registry) {
+        return RegistryAuth::Basic(u.clone(), p.clone());
+    }
+    match docker_config_auth(registry) {
+        Some((u, p)) => RegistryAuth::Basic(u, p),
+        None => RegistryAuth::Anonymous,
+    }
+}
+
+fn unreachable(reference: &str, e: impl std::fmt::Display) -> AbxError {
+    AbxError::new(
+        ErrorCode::SourceUnreachable,
+        &[("source", reference), ("detail", &e.to_string())],
+    )
+    .with_suggestion("Check the image name and the registry (plain HTTP is used only for loopback registries and [local] insecure_registries).")
+}
+
+fn map_err(reference: &str, e: oci_client::errors::OciDistributionError) -> AbxError {
+    use oci_client::errors::{DigestError, OciDistributionError as E};
+    match e {
+        E::DigestError(DigestError::VerificationError { expected, actual }) => {
+            super::mismatch(&expected, &actual)
+        }
+        E::ImageManifestNotFoundError(_) => {
+            AbxError::new(ErrorCode::TemplateNotFound, &[("template", reference)])
+        }
+        other => unreachable(reference, other),
+    }
+}
+
+/// Progress of a pull: (bytes done, bytes total, what).
+pub type Progress<'a> = &'a (dyn Fn(u64, u64, &str) + Send + Sync);
+
+/// Pull `reference` into the store (blobs not stored yet are fetched) and install it.
+pub async fn pull(
+    store: &std::sync::Arc<Store>,
+    reference: &str,
+    progress: Progress<'_>,
+) -> Result<Image, AbxError> {
+    let r = parse_ref(reference)?;
+    let registry = r.resolve_registry().to_owned();
+    let plain = is_loopback(&registry) || store.registry.insecure.contains(&registry);
+    let cfg = ClientConfig {
+        protocol: if plain {
+            ClientProtocol::HttpsExcept(vec![registry.clone()])
+        } else {
+            ClientProtocol::Https
+        },
+        platform_resolver: Some(Box::new(
+            |entries: &[oci_client::manifest::ImageIndexEntry]| {
+                entries
+                    .iter()
+                    .find(|e| {
+                        e.platform
+                            .as_ref()
+                            .is_some_and(|p| p.os == "linux" && p.architecture == go_arch())
+                    })
+                    .map(|e| e.digest.clone())
+            },
+        )),
+        connect_timeout: Some(std::time::Duration::from_secs(15)),
+        read_timeout: Some(std::time::Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let client = oci_client::Client::new(cfg);
+    let auth = auth_for(store, &registry);
+    let (manifest, digest) = client
+        .pull_image_manifest(&r, &auth)
+        .await
+        .map_err(|e| map_err(reference, e))?;
+    if super::digest_hex(&digest).is_none() {
+        return Err(unreachable(
+            reference,
+            format!("unsupported manifest digest {digest}"),
+        ));
+    }
+    if let Some(want) = r.digest() {
+        // An index digest resolves to a platform manifest; a manifest digest must match.
+        if want != digest && !manifest_is_platform_of(&client, &r, &auth, want, &digest).await {
+            return Err(super::mismatch(want, &digest));
+        }
+    }
+    let total: u64 = manifest
+        .layers
+        .iter()
+        .map(|l| l.size.max(0) as u64)
+        .sum::<u64>()
+        + manifest.config.size.max(0) as u64;
+    let mut done = 0u64;
+    progress(0, total, "manifest");
+    let mut blobs = vec![manifest.config.clone()];
+    blobs.extend(manifest.layers.iter().cloned());
+    for d in &blobs {
+        if super::digest_hex(&d.digest).is_none() {
+            return Err(unreachable(
+                reference,
+                format!("unsupported digest {}", d.digest),
+            ));
+        }
+    }
+    // Up to four blobs at a time (as docker and skopeo do); each is checked and stored on
+    // its own, so a failed pull keeps the blobs that were complete.
+    let fetch = |d: oci_client::manifest::OciDescriptor| {
+        let client = &client;
+        let r = &r;
+        async move {
+            if !store.has_blob(&d.digest) {
+                let mut w = store.blob_writer()?;
+                let mut sink = Sink {
+                    w: &mut w,
+                    err: None,
+                };
+                let res = client.pull_blob(r, &d, &mut sink).await;
+                if let Some(e) = sink.err {
+                    return Err(AbxError::internal(format!(
+                        "templates: writing a blob: {e}"
+                    )));
+                }
+                res.map_err(|e| map_err(reference, e))?;
+                let digest = d.digest.clone();
+                store.commit_blob(w, &digest)?;
+            }
+            Ok::<_, AbxError>(d)
+        }
+    };
+    {
+        use futures::StreamExt;
+        let mut s = futures::stream::iter(blobs.clone())
+            .map(fetch)
+            .buffer_unordered(4);
+        while let Some(d) = s.next().await {
+            let d = d?;
+            done += d.size.max(0) as u64;
+            progress(done, total, &d.digest);
+        }
+    }
+    let cfg_path = store.blob_path(&manifest.config.digest).expect("digest");
+    let cfg_b = std::fs::read(cfg_path).map_err(|e| AbxError::internal(e.to_string()))?;
+    let config = ImageConfig::from_blob(&cfg_b).map_err(|e| unreachable(reference, e))?;
+    let img = Image {
+        name: reference.to_owned(),
+        digest: digest.clone(),
+        layers: manifest.layers.iter().map(|l| l.digest.clone()).collect(),
+        size: total,
+        pulled_at: rfc3339(now_ms() / 1000),
+        source: "registry".into(),
+        base: None,
+        config,
+    };
+    store.keep_blobs(&digest, std::slice::from_ref(&manifest.config.digest));
+    let mut names = vec![reference.to_owned(), r.whole()];
+    names.dedup();
+    if r.digest().is_none() {
+        // name@digest too, so the pinned form finds it without the registry.
+        names.push(format!("{}@{}", r.whole(), digest));
+    }
+    // Unpacking is long blocking work: off the runtime's threads.
+    let (st, i2) = (store.clone(), img.clone());
+    tokio::task::spawn_blocking(move || st.install(&i2, &names))
+        .await
+        .map_err(AbxError::internal)??;
+    progress(total, total, "unpacked");
+    Ok(img)
+}
+
+async fn manifest_is_platform_of(
+    client: &oci_client::Client,
+    r: &Reference,
+    auth: &RegistryAuth,
+    index: &str,
+    platform: &str,
+) -> bool {
+    let Ok((raw, got)) = client
+        .pull_manifest_raw(
+            r,
+            auth,
+            &[
+                "application/vnd.oci.image.index.v1+json",
+                "application/vnd.docker.distribution.manifest.list.v2+json",
+            ],
+        )
+        .await
+    else {
+        return false;
+    };
+    if got != index || super::sha256_digest(&raw) != index {
+        return false;
+    }
+    serde_json::from_slice::<serde_json::Value>(&raw)
+        .ok()
+        .and_then(|v| v.get("manifests").and_then(|m| m.as_array()).cloned())
+        .is_some_and(|m| {
+            m.iter()
+                .any(|e| e.get("digest").and_then(|d| d.as_str()) == Some(platform))
+        })
+}
+
+struct Sink<'a> {
+    w: &'a mut super::BlobWriter,
+    err: Option<std::io::Error>,
+}
+
+impl tokio::io::AsyncWrite for Sink<'_> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = self.w.write(buf);
+        if let Err(e) = r {
+            let k = e.kind();
+            self.err = Some(e);
+            return std::task::Poll::Ready(Err(k.into()));
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_registries_are_recognised() {
+        for r in [
+            "127.0.0.1:5000",
+            "127.3.4.5",
+            "localhost:80",
+            "[::1]:5000",
+            "localhost",
+        ] {
+            assert!(is_loopback(r), "{r}");
+        }
+        for r in [
+            "docker.io",
+            "10.0.0.1:5000",
+            "registry.example:5000",
+            "localhost.evil",
+        ] {
+            assert!(!is_loopback(r), "{r}");
+        }
+    }
+}

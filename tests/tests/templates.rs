@@ -1,0 +1,1027 @@
+//! Templates on `local` (issue 22) end to end: a real registry (Debian's `docker-registry`)
+//! on a loopback port, test images built here from `busybox-static` as OCI layout
+//! directories (several layers: gzip, plain and zstd; a whiteout, an opaque directory, a
+//! hard link, a symlink, a setuid file), pushed with `skopeo`, then pulled and run by a
+//! real daemon. Nothing is mocked.
+
+use abx_tests::{abx_code, wait_until, Client, Home};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+// ---- a minimal ustar writer: the test writes its layers byte by byte (hostile ones too) ----
+
+#[derive(Clone)]
+enum E {
+    Dir(&'static str),
+    File(String, Vec<u8>, u32),
+    Sym(String, String),
+    Hard(&'static str, &'static str),
+    Dev(&'static str),
+}
+
+fn header(name: &str, kind: u8, size: usize, mode: u32, link: &str) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    assert!(name.len() < 100 && link.len() < 100, "{name}");
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    let oct = |h: &mut [u8; 512], at: usize, len: usize, v: u64| {
+        let s = format!("{:0w$o}\0", v, w = len - 1);
+        h[at..at + len].copy_from_slice(s.as_bytes());
+    };
+    oct(&mut h, 100, 8, mode as u64);
+    oct(&mut h, 108, 8, 0);
+    oct(&mut h, 116, 8, 0);
+    oct(&mut h, 124, 12, size as u64);
+    oct(&mut h, 136, 12, 1_700_000_000);
+    h[156] = kind;
+    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    if kind == b'3' {
+        oct(&mut h, 329, 8, 1);
+        oct(&mut h, 337, 8, 3);
+    }
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    let s = format!("{sum:06o}\0 ");
+    h[148..156].copy_from_slice(s.as_bytes());
+    h
+}
+
+fn tar(entries: &[E]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in entries {
+        match e {
+            E::Dir(n) => out.extend(header(&format!("{n}/"), b'5', 0, 0o755, "")),
+            E::File(n, data, mode) => {
+                out.extend(header(n, b'0', data.len(), *mode, ""));
+                out.extend(data);
+                out.resize(out.len().div_ceil(512) * 512, 0);
+            }
+            E::Sym(n, t) => out.extend(header(n, b'2', 0, 0o777, t)),
+            E::Hard(n, t) => out.extend(header(n, b'1', 0, 0o644, t)),
+            E::Dev(n) => out.extend(header(n, b'3', 0, 0o666, "")),
+        }
+    }
+    out.extend([0u8; 1024]);
+    out
+}
+
+fn sha256(b: &[u8]) -> String {
+    let t = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(t.path(), b).unwrap();
+    abx_tests::sha256_file(t.path())
+}
+
+fn compress(tool: &str, b: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut c = Command::new(tool)
+        .args(["-c", "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    let mut stdin = c.stdin.take().unwrap();
+    let data = b.to_vec();
+    let w = std::thread::spawn(move || stdin.write_all(&data));
+    let out = c.wait_with_output().unwrap();
+    w.join().unwrap().unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+/// An OCI layout directory holding one image of `layers` (tar, compression) under `tag`.
+fn oci_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, &str)], env: &[&str], workdir: &str) {
+    oci_layout_as(dir, tag, layers, env, workdir, "")
+}
+
+/// [`oci_layout`] with the image config's `User`.
+fn oci_layout_as(
+    dir: &Path,
+    tag: &str,
+    layers: &[(Vec<u8>, &str)],
+    env: &[&str],
+    workdir: &str,
+    user: &str,
+) {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |b: &[u8]| {
+        let h = sha256(b);
+        std::fs::write(blobs.join(&h), b).unwrap();
+        format!("sha256:{h}")
+    };
+    let mut descs = Vec::new();
+    let mut diff_ids = Vec::new();
+    for (t, how) in layers {
+        diff_ids.push(format!("sha256:{}", sha256(t)));
+        let (bytes, mt) = match *how {
+            "gzip" => (
+                compress("gzip", t),
+                "application/vnd.oci.image.layer.v1.tar+gzip",
+            ),
+            "zstd" => (
+                compress("zstd", t),
+                "application/vnd.oci.image.layer.v1.tar+zstd",
+            ),
+            _ => (t.clone(), "application/vnd.oci.image.layer.v1.tar"),
+        };
+        let d = put(&bytes);
+        descs.push(json!({"mediaType": mt, "digest": d, "size": bytes.len()}));
+    }
+    let cfg = serde_json::to_vec(&json!({
+        "architecture": go_arch(), "os": "linux",
+        "config": {"Env": env, "WorkingDir": workdir, "User": user, "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let cd = put(&cfg);
+    let man = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cfg.len()},
+        "layers": descs,
+    }))
+    .unwrap();
+    let md = put(&man);
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": man.len(),
+            "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        a => a,
+    }
+}
+
+const APPLETS: &[&str] = &[
+    "sh", "cat", "ls", "test", "echo", "id", "env", "pwd", "rm", "mkdir", "touch", "stat",
+    "readlink",
+];
+
+/// The base layer: busybox with its applets as symlinks, a few files the upper layer changes.
+fn base_layer() -> Vec<u8> {
+    let bb = std::fs::read("/bin/busybox").expect("busybox-static (/bin/busybox)");
+    let mut e = vec![
+        E::Dir("bin"),
+        E::Dir("etc"),
+        E::Dir("srv"),
+        E::Dir("srv/app"),
+        E::Dir("opq"),
+        E::File("bin/busybox".into(), bb, 0o755),
+        E::File(
+            "etc/gone.txt".into(),
+            b"deleted by the upper layer\n".to_vec(),
+            0o644,
+        ),
+        E::File(
+            "opq/old.txt".into(),
+            b"hidden by an opaque dir\n".to_vec(),
+            0o644,
+        ),
+        E::File(
+            "srv/app/base.txt".into(),
+            b"from the base layer\n".to_vec(),
+            0o644,
+        ),
+        E::File(
+            "etc/passwd".into(),
+            b"root:x:0:0:root:/root:/bin/sh\n".to_vec(),
+            0o644,
+        ),
+    ];
+    for a in APPLETS {
+        e.push(E::Sym(format!("bin/{a}"), "busybox".into()));
+    }
+    tar(&e)
+}
+
+/// The upper layer: a whiteout, an opaque dir, a hard link, a symlink, a setuid file.
+fn upper_layer() -> Vec<u8> {
+    tar(&[
+        E::File("etc/.wh.gone.txt".into(), vec![], 0o644),
+        E::Dir("opq"),
+        E::File("opq/.wh..wh..opq".into(), vec![], 0o644),
+        E::File("opq/new.txt".into(), b"new\n".to_vec(), 0o644),
+        E::File("srv/app/target.txt".into(), b"linked\n".to_vec(), 0o644),
+        E::Hard("srv/app/hard.txt", "srv/app/target.txt"),
+        E::Sym("srv/app/soft".into(), "/srv/app/target.txt".into()),
+        E::File(
+            "bin/suid".into(),
+            b"#!/bin/sh\necho suid\n".to_vec(),
+            0o4755,
+        ),
+    ])
+}
+
+/// A third layer, zstd-compressed.
+fn zstd_layer() -> Vec<u8> {
+    tar(&[
+        E::Dir("usr"),
+        E::File("usr/zstd.txt".into(), b"zstd layer\n".to_vec(), 0o644),
+    ])
+}
+
+// ---- the registry ----
+
+struct Registry {
+    child: Child,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    fn start() -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = dir.path().join("config.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry (Debian package docker-registry)");
+        wait_until("the registry listens", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Registry { child, dir, port }
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Push an OCI layout dir's `tag` as `name:tag` with skopeo.
+    fn push(&self, layout: &Path, tag: &str, name: &str) {
+        let out = Command::new("skopeo")
+            .args(["--insecure-policy", "copy", "-q", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:{tag}", layout.display()))
+            .arg(format!("docker://{}/{name}:{tag}", self.host()))
+            .output()
+            .expect("skopeo");
+        assert!(
+            out.status.success(),
+            "skopeo copy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The stored data file of a blob.
+    fn blob_file(&self, digest: &str) -> PathBuf {
+        let h = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&h[..2])
+            .join(h)
+            .join("data")
+    }
+}
+
+fn build_image(dir: &Path) {
+    oci_layout(
+        dir,
+        "v1",
+        &[
+            (base_layer(), "gzip"),
+            (upper_layer(), "plain"),
+            (zstd_layer(), "zstd"),
+        ],
+        &["PATH=/bin", "GREETING=from-image"],
+        "/srv/app",
+    );
+}
+
+struct Fx {
+    reg: Registry,
+    _images: tempfile::TempDir,
+    home: Home,
+    c: Client,
+    image: String,
+}
+
+fn fixture() -> Fx {
+    let reg = Registry::start();
+    let images = tempfile::tempdir().unwrap();
+    let dir = images.path().join("bb");
+    build_image(&dir);
+    reg.push(&dir, "v1", "test/bb");
+    let home = Home::new();
+    home.start();
+    let c = home.connect();
+    let image = format!("{}/test/bb:v1", reg.host());
+    Fx {
+        reg,
+        _images: images,
+        home,
+        c,
+        image,
+    }
+}
+
+fn sh(c: &mut Client, id: &str, cmd: &str) -> (i64, String) {
+    let r = c.sh(id, cmd);
+    (
+        r["exitCode"].as_i64().unwrap_or(-1),
+        format!(
+            "{}{}",
+            r["stdout"].as_str().unwrap_or(""),
+            r["stderr"].as_str().unwrap_or("")
+        ),
+    )
+}
+
+fn out(c: &mut Client, id: &str, cmd: &str) -> String {
+    let (code, o) = sh(c, id, cmd);
+    assert_eq!(code, 0, "{cmd}: {o}");
+    o
+}
+
+#[test]
+fn image_template_from_a_loopback_registry_by_tag_and_by_digest_with_env_workdir_and_layers() {
+    let mut f = fixture();
+    let sb = f.c.call("sandbox/create", json!({"template": f.image}));
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(sb["template"], f.image.as_str());
+    let digest = sb["templateDigest"]
+        .as_str()
+        .expect("templateDigest")
+        .to_owned();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{digest}"
+    );
+    // The image's root, not the host's: busybox is the only program.
+    assert!(out(&mut f.c, &id, "ls /bin").contains("busybox"));
+    assert_eq!(
+        sh(&mut f.c, &id, "test -e /usr/bin/apt").0,
+        1,
+        "no host /usr"
+    );
+    // Env and WorkingDir of the image.
+    assert_eq!(out(&mut f.c, &id, "echo $GREETING"), "from-image\n");
+    assert_eq!(out(&mut f.c, &id, "pwd"), "/srv/app\n");
+    assert_eq!(out(&mut f.c, &id, "cat base.txt"), "from the base layer\n");
+    // The sandbox's env goes over the image's, an exec's over both.
+    let r = f.c.call(
+        "exec/run",
+        json!({"sandbox": id, "command": "echo $GREETING", "env": {"GREETING": "exec"}, "cwd": "/workspace"}),
+    );
+    assert_eq!(r["stdout"], "exec\n");
+    // Layers: a whiteout removed a file, an opaque dir hid the lower content.
+    assert_eq!(sh(&mut f.c, &id, "test -e /etc/gone.txt").0, 1, "whiteout");
+    assert_eq!(out(&mut f.c, &id, "ls /opq"), "new.txt\n");
+    // The hard link is one inode; the symlink resolves inside the image.
+    let a = out(&mut f.c, &id, "stat -c %i /srv/app/target.txt");
+    assert_eq!(out(&mut f.c, &id, "stat -c %i /srv/app/hard.txt"), a);
+    assert_eq!(out(&mut f.c, &id, "cat /srv/app/soft"), "linked\n");
+    assert_eq!(out(&mut f.c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
+    // The setuid bit is dropped (documented).
+    assert_eq!(out(&mut f.c, &id, "stat -c %a /bin/suid"), "755\n");
+    // The root is writable (the sandbox's own layer), /workspace and /tmp are its own.
+    out(
+        &mut f.c,
+        &id,
+        "echo mine > /etc/mine && cat /etc/mine && echo w > /workspace/w.txt",
+    );
+    let r = f.c.call(
+        "files/read",
+        json!({"sandbox": id, "path": "/workspace/w.txt"}),
+    );
+    assert_eq!(r["data"], "w\n");
+
+    // By digest: the same image, no new pull (the registry is stopped first).
+    let pinned = format!("{}/test/bb@{digest}", f.reg.host());
+    drop(f.reg);
+    let sb2 = f.c.call("sandbox/create", json!({"template": pinned}));
+    let id2 = sb2["id"].as_str().unwrap().to_owned();
+    assert_eq!(sb2["templateDigest"], digest.as_str());
+    // The tag is pinned: it resolves without the registry too.
+    let sb3 = f.c.call("sandbox/create", json!({"template": f.image}));
+    assert_eq!(sb3["templateDigest"], digest.as_str());
+    // Two sandboxes of one image do not see each other's writes.
+    assert_eq!(sh(&mut f.c, &id2, "test -e /etc/mine").0, 1);
+    out(&mut f.c, &id2, "echo other > /srv/app/base.txt");
+    assert_eq!(
+        out(&mut f.c, &id, "cat /srv/app/base.txt"),
+        "from the base layer\n"
+    );
+    // templates/list shows it with name, digest, size and when pulled.
+    let l = f.c.call("templates/list", json!({"provider": "local"}));
+    let t = l["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["digest"] == digest.as_str())
+        .cloned()
+        .expect("listed");
+    assert!(t["size"].as_u64().unwrap() > 100_000, "{t}");
+    assert!(t["pulledAt"].as_str().unwrap().ends_with('Z'), "{t}");
+    assert!(
+        t["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == f.image.as_str()),
+        "{t}"
+    );
+    let info = f.c.call("sandbox/info", json!({"sandbox": id}));
+    assert_eq!(info["templateDigest"], digest.as_str());
+    // Without a template: the host system as before.
+    let host = f.c.create(json!({}));
+    assert_eq!(sh(&mut f.c, &host, "test -e /usr/bin/env").0, 0);
+    let _ = &f.home;
+}
+
+#[test]
+fn pull_progress_corrupted_blob_refused_with_e8013_and_remove_prune() {
+    let mut f = fixture();
+    // templates/pull with progress notifications.
+    let r = f.c.request(
+        "templates/pull",
+        json!({"provider": "local", "template": f.image}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    let mut progress = 0;
+    while let Some(n) = f.c.try_recv(Duration::from_millis(1)) {
+        if n["method"] == "templates/progress" {
+            progress += 1;
+        }
+    }
+    assert!(
+        progress >= 2,
+        "templates/progress notifications: {progress}"
+    );
+    let digest = r["result"]["digest"].as_str().unwrap().to_owned();
+
+    // A second image whose layer is corrupted in the registry's storage.
+    let dir = f._images.path().join("bad");
+    // (gzip: skopeo pushes a compressed layer as it is.)
+    oci_layout(
+        &dir,
+        "v1",
+        &[(
+            tar(&[E::File("x.txt".into(), vec![b'x'; 4096], 0o644)]),
+            "gzip",
+        )],
+        &[],
+        "",
+    );
+    f.reg.push(&dir, "v1", "test/bad");
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let md = index["manifests"][0]["digest"].as_str().unwrap();
+    let man: Value = serde_json::from_slice(
+        &std::fs::read(
+            dir.join("blobs/sha256")
+                .join(md.trim_start_matches("sha256:")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let layer = man["layers"][0]["digest"].as_str().unwrap();
+    let data = f.reg.blob_file(layer);
+    let mut b = std::fs::read(&data).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0xff;
+    std::fs::write(&data, b).unwrap();
+    let bad = format!("{}/test/bad:v1", f.reg.host());
+    let e = f.c.call_err(
+        "templates/pull",
+        json!({"provider": "local", "template": bad}),
+    );
+    assert_eq!(abx_code(&e), "E8013", "{e}");
+    let e = f.c.call_err("sandbox/create", json!({"template": bad}));
+    assert_eq!(abx_code(&e), "E8013", "{e}");
+    let l = f.c.call("templates/list", json!({"provider": "local"}));
+    assert_eq!(
+        l["templates"].as_array().unwrap().len(),
+        2,
+        "base and the good image: {l}"
+    );
+    let blobs = f.home.path.join("data/local/templates/blobs/sha256");
+    assert!(
+        !blobs.join(layer.trim_start_matches("sha256:")).exists(),
+        "the corrupt blob is not stored"
+    );
+
+    // remove: refused while a sandbox uses it, then done; prune empties the store.
+    let id = f.c.create(json!({"template": f.image}));
+    let e = f.c.call_err(
+        "templates/remove",
+        json!({"provider": "local", "template": f.image}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    f.c.call("sandbox/kill", json!({"sandbox": id}));
+    let r = f.c.call(
+        "templates/remove",
+        json!({"provider": "local", "template": digest}),
+    );
+    assert_eq!(r["removed"][0], digest.as_str());
+    let l = f.c.call("templates/list", json!({"provider": "local"}));
+    assert_eq!(l["templates"].as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(
+        std::fs::read_dir(&blobs).unwrap().count(),
+        0,
+        "unused blobs removed"
+    );
+    let e = f.c.call_err(
+        "templates/remove",
+        json!({"provider": "local", "template": f.image}),
+    );
+    assert_eq!(abx_code(&e), "E2005");
+    let r = f.c.call(
+        "templates/remove",
+        json!({"provider": "local", "prune": true}),
+    );
+    assert_eq!(r["removed"], json!([]));
+}
+
+#[test]
+fn hostile_layer_with_dotdot_absolute_symlink_write_and_device_node_writes_nothing_outside() {
+    let reg = Registry::start();
+    let images = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let out_s = outside.path().display().to_string();
+    let dir = images.path().join("hostile");
+    let bb = std::fs::read("/bin/busybox").unwrap();
+    let l1 = tar(&[
+        E::Dir("bin"),
+        E::File("bin/busybox".into(), bb, 0o755),
+        E::Sym("bin/sh".into(), "busybox".into()),
+        E::Sym("bin/ls".into(), "busybox".into()),
+        E::File(
+            format!("../../../../../..{out_s}/dotdot"),
+            b"x".to_vec(),
+            0o644,
+        ),
+        E::Sym("escape".into(), out_s.clone()),
+        E::Sym("up".into(), "../../../../../../../..".into()),
+        E::Dev("bin/evil"),
+    ]);
+    let l2 = tar(&[
+        E::File("escape/through-abs".into(), b"x".to_vec(), 0o644),
+        E::File(format!("up{out_s}/through-rel"), b"x".to_vec(), 0o644),
+        E::Hard("bin/hl", "../../../../etc/passwd"),
+    ]);
+    oci_layout(
+        &dir,
+        "v1",
+        &[(l1, "gzip"), (l2, "plain")],
+        &["PATH=/bin"],
+        "",
+    );
+    reg.push(&dir, "v1", "test/hostile");
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let id = c.create(json!({"template": format!("{}/test/hostile:v1", reg.host())}));
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing was written outside the image"
+    );
+    assert_eq!(sh(&mut c, &id, "test -e /bin/evil").0, 1, "no device node");
+    assert_eq!(
+        sh(&mut c, &id, "test -e /bin/hl").0,
+        1,
+        "no hard link out of the image"
+    );
+    assert_eq!(out(&mut c, &id, "ls /bin"), "busybox\nls\nsh\n");
+}
+
+#[test]
+fn saved_template_from_templates_build_starts_with_the_saved_files() {
+    let mut f = fixture();
+    let id = f.c.create(json!({"template": f.image}));
+    out(&mut f.c, &id, "mkdir -p /srv/app/built && echo saved > /srv/app/built/file.txt && rm /srv/app/base.txt && rm -r /opq && echo ws > /workspace/not-saved");
+    let r = f.c.call(
+        "templates/build",
+        json!({"provider": "local", "sandbox": id, "name": "mine:1"}),
+    );
+    let d = r["digest"].as_str().unwrap().to_owned();
+    assert_eq!(r["base"].as_str().unwrap().len(), 71);
+    // The sandbox goes on working after the save.
+    out(&mut f.c, &id, "echo after > /srv/app/after.txt");
+    let sb = f.c.call("sandbox/create", json!({"template": "mine:1"}));
+    let id2 = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(sb["templateDigest"], d.as_str());
+    assert_eq!(
+        out(&mut f.c, &id2, "cat /srv/app/built/file.txt"),
+        "saved\n"
+    );
+    assert_eq!(
+        sh(&mut f.c, &id2, "test -e /srv/app/base.txt").0,
+        1,
+        "a deletion is saved"
+    );
+    assert_eq!(
+        sh(&mut f.c, &id2, "test -e /opq").0,
+        1,
+        "a removed dir is saved"
+    );
+    assert_eq!(sh(&mut f.c, &id2, "test -e /srv/app/after.txt").0, 1);
+    assert_eq!(
+        sh(&mut f.c, &id2, "test -e /workspace/not-saved").0,
+        1,
+        "/workspace is not part of it"
+    );
+    assert_eq!(
+        out(&mut f.c, &id2, "echo $GREETING; pwd"),
+        "from-image\n/srv/app\n"
+    );
+    // The base is still as it was.
+    let id3 = f.c.create(json!({"template": f.image}));
+    assert_eq!(
+        out(&mut f.c, &id3, "cat /srv/app/base.txt"),
+        "from the base layer\n"
+    );
+    // A host sandbox cannot be saved; a missing sandbox is E2009.
+    let host = f.c.create(json!({}));
+    let e = f.c.call_err(
+        "templates/build",
+        json!({"provider": "local", "sandbox": host, "name": "x"}),
+    );
+    assert_eq!(abx_code(&e), "E1004");
+    let e = f.c.call_err(
+        "templates/build",
+        json!({"provider": "local", "sandbox": "sb-nope", "name": "x"}),
+    );
+    assert_eq!(abx_code(&e), "E2009");
+    // The base of a built template is not removed under it.
+    let e = f.c.call_err(
+        "templates/remove",
+        json!({"provider": "local", "template": f.image}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+}
+
+#[test]
+fn import_of_a_docker_save_archive_and_an_oci_layout_directory() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    // docker save: manifest.json, the config named by its digest, layer tars.
+    let save = t.path().join("save");
+    std::fs::create_dir_all(save.join("l1")).unwrap();
+    std::fs::create_dir_all(save.join("l2")).unwrap();
+    let (l1, l2) = (base_layer(), upper_layer());
+    std::fs::write(save.join("l1/layer.tar"), &l1).unwrap();
+    std::fs::write(save.join("l2/layer.tar"), &l2).unwrap();
+    let cfg = serde_json::to_vec(&json!({
+        "architecture": go_arch(), "os": "linux",
+        "config": {"Env": ["PATH=/bin", "FROM=docker-save"], "WorkingDir": "/srv/app"},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", sha256(&l1)), format!("sha256:{}", sha256(&l2))]},
+    }))
+    .unwrap();
+    let ch = sha256(&cfg);
+    std::fs::write(save.join(format!("{ch}.json")), &cfg).unwrap();
+    std::fs::write(
+        save.join("manifest.json"),
+        serde_json::to_vec(&json!([{"Config": format!("{ch}.json"), "RepoTags": ["saved/bb:1"], "Layers": ["l1/layer.tar", "l2/layer.tar"]}])).unwrap(),
+    )
+    .unwrap();
+    let archive = t.path().join("bb.tar");
+    let st = Command::new("tar")
+        .arg("-cf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&save)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let r = c.call(
+        "templates/import",
+        json!({"provider": "local", "path": archive}),
+    );
+    assert_eq!(r["name"], "saved/bb:1");
+    let id = c.create(json!({"template": "saved/bb:1"}));
+    assert_eq!(
+        out(&mut c, &id, "echo $FROM; pwd; cat base.txt"),
+        "docker-save\n/srv/app\nfrom the base layer\n"
+    );
+    assert_eq!(sh(&mut c, &id, "test -e /etc/gone.txt").0, 1);
+
+    // A docker-save archive whose layer does not match its diff_id: E8013.
+    std::fs::write(
+        save.join("l2/layer.tar"),
+        tar(&[E::File("evil".into(), b"x".to_vec(), 0o644)]),
+    )
+    .unwrap();
+    let e = c.call_err(
+        "templates/import",
+        json!({"provider": "local", "path": save, "name": "tampered"}),
+    );
+    assert_eq!(abx_code(&e), "E8013", "{e}");
+
+    // An OCI layout directory.
+    let layout = t.path().join("layout");
+    build_image(&layout);
+    let r = c.call(
+        "templates/import",
+        json!({"provider": "local", "path": layout, "name": "oci/bb:1", "tag": "v1"}),
+    );
+    let d = r["digest"].as_str().unwrap().to_owned();
+    let sb = c.call("sandbox/create", json!({"template": "oci/bb:1"}));
+    assert_eq!(sb["templateDigest"], d.as_str());
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        out(&mut c, &id, "cat /usr/zstd.txt; echo $GREETING"),
+        "zstd layer\nfrom-image\n"
+    );
+    // By digest alone.
+    let id = c.create(json!({"template": d}));
+    assert_eq!(out(&mut c, &id, "cat /opq/new.txt"), "new\n");
+    let l = c.call("templates/list", json!({"provider": "local"}));
+    assert_eq!(l["templates"].as_array().unwrap().len(), 3, "{l}");
+    // An unknown template is still E2005 (nothing stored, nothing to pull on loopback).
+    let e = c.call_err("sandbox/create", json!({"template": "127.0.0.1:1/none:1"}));
+    assert_eq!(abx_code(&e), "E2005", "{e}");
+}
+
+#[test]
+fn cli_template_import_list_create_build_rm() {
+    let home = Home::new();
+    home.start();
+    let t = tempfile::tempdir().unwrap();
+    let layout = t.path().join("layout");
+    build_image(&layout);
+    let run = |args: &[&str]| {
+        let o = home.run(args);
+        let s = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "abx {args:?}: {s}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        s
+    };
+    let l = layout.display().to_string();
+    let r: Value =
+        serde_json::from_str(&run(&["-j", "template", "import", &l, "cli/bb:1"])).unwrap();
+    assert_eq!(r["name"], "cli/bb:1");
+    let list = run(&["template", "list"]);
+    assert!(list.starts_with("NAME"), "{list}");
+    assert!(list.contains("cli/bb:1") && list.contains("base"), "{list}");
+    let sb: Value =
+        serde_json::from_str(&run(&["-j", "create", "--template", "cli/bb:1"])).unwrap();
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(run(&["exec", &id, "cat /usr/zstd.txt"]), "zstd layer\n");
+    run(&["exec", &id, "echo cli > /srv/app/cli.txt"]);
+    run(&["template", "build", &id, "cli/saved:1"]);
+    let sb: Value =
+        serde_json::from_str(&run(&["-j", "create", "--template", "cli/saved:1"])).unwrap();
+    let id2 = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(run(&["exec", &id2, "cat /srv/app/cli.txt"]), "cli\n");
+    run(&["kill", &id2, "--yes"]);
+    run(&["template", "rm", "cli/saved:1"]);
+    assert!(!run(&["template", "list"]).contains("cli/saved:1"));
+    let o = home.run(&["template", "rm", "cli/saved:1"]);
+    assert_eq!(o.status.code(), Some(4), "E2005 exits 4");
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("[E2005]"));
+}
+
+/// An image of busybox with every applet it has (as `busybox --install -s` would make).
+fn full_busybox_image(dir: &Path) {
+    let bb = std::fs::read("/bin/busybox").unwrap();
+    let list = Command::new("/bin/busybox")
+        .arg("--list-full")
+        .output()
+        .unwrap();
+    let mut e = vec![
+        E::Dir("bin"),
+        E::Dir("sbin"),
+        E::Dir("usr"),
+        E::Dir("usr/bin"),
+        E::Dir("usr/sbin"),
+        E::Dir("etc"),
+    ];
+    e.push(E::File("bin/busybox".into(), bb, 0o755));
+    for a in String::from_utf8_lossy(&list.stdout).lines() {
+        let a = a.trim();
+        // busybox-static's ls prints '?' for every non-ASCII byte of a name (it is built
+        // without Unicode support): the image gets the host's for the kit's unicode test.
+        if a.is_empty() || a == "bin/busybox" {
+            continue;
+        }
+        e.push(E::Sym(a.to_owned(), "/bin/busybox".into()));
+    }
+    e.push(E::File(
+        "etc/passwd".into(),
+        b"root:x:0:0:root:/workspace:/bin/sh\n".to_vec(),
+        0o644,
+    ));
+    // The host's dash as /bin/sh (busybox's ash would run its own ls applet) and the host's
+    // ls, with the libraries ldd names.
+    for (bin, at) in [("/bin/dash", "bin/sh"), ("/bin/ls", "bin/ls")] {
+        e.retain(|x| !matches!(x, E::Sym(n, _) if n == at));
+        e.push(E::File(at.into(), std::fs::read(bin).unwrap(), 0o755));
+        let ldd = Command::new("ldd").arg(bin).output().unwrap();
+        for l in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let Some(p) = l.split_whitespace().find(|w| w.starts_with('/')) else {
+                continue;
+            };
+            let name = p.trim_start_matches('/').to_owned();
+            if !e
+                .iter()
+                .any(|x| matches!(x, E::File(n, _, _) if *n == name))
+            {
+                e.push(E::File(name, std::fs::read(p).unwrap(), 0o755));
+            }
+        }
+    }
+    oci_layout(
+        dir,
+        "v1",
+        &[(tar(&e), "gzip")],
+        &["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "",
+    );
+}
+
+#[test]
+fn kit_passes_on_local_with_an_image_template() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    full_busybox_image(&t.path().join("bb"));
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": t.path().join("bb"), "name": "kit/busybox:1"}),
+    );
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    let r = c.call(
+        "provider/test",
+        json!({"id": "local", "template": "kit/busybox:1"}),
+    );
+    let failed: Vec<&Value> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["outcome"] == "failed")
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "failed on an image template: {}",
+        serde_json::to_string_pretty(&failed).unwrap()
+    );
+    assert!(r["passed"].as_u64().unwrap() >= 20, "{r}");
+    // The run's sandboxes really were of the image (and are gone).
+    let l = c.call("sandbox/list", json!({"provider": "local"}));
+    assert_eq!(l["sandboxes"], json!([]), "{l}");
+}
+
+#[test]
+fn image_user_numeric_and_named_is_honoured() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    let extra = tar(&[E::File(
+        "etc/passwd".into(),
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:2000:3000:app:/srv/app:/bin/sh\n".to_vec(),
+        0o644,
+    )]);
+    for (name, user, want) in [
+        ("numeric", "1234:5678", "1234 5678\n"),
+        ("named", "app", "2000 3000\n"),
+    ] {
+        let dir = t.path().join(name);
+        oci_layout_as(
+            &dir,
+            "v1",
+            &[(base_layer(), "gzip"), (extra.clone(), "plain")],
+            &["PATH=/bin"],
+            "/srv/app",
+            user,
+        );
+        let tname = format!("user/{name}:1");
+        c.call(
+            "templates/import",
+            json!({"provider": "local", "path": dir, "name": tname}),
+        );
+        let id = c.create(json!({"template": tname}));
+        assert_eq!(out(&mut c, &id, "echo $(id -u) $(id -g)"), want, "{user}");
+        // The image's files, /workspace and /tmp belong to that user: it can write them.
+        out(
+            &mut c,
+            &id,
+            "echo x > /srv/app/mine && echo y > /workspace/y && echo z > /tmp/z",
+        );
+        assert_eq!(
+            out(&mut c, &id, "stat -c %u /srv/app/base.txt"),
+            format!("{}\n", want.split(' ').next().unwrap())
+        );
+    }
+}
+
+#[test]
+fn fallback_root_is_a_private_copy_where_overlayfs_is_refused() {
+    let mut home = Home::new();
+    home.env.push(("ABX_TEST_HOOKS".into(), "1".into()));
+    home.env.push(("ABX_TEST_OVERLAY".into(), "refused".into()));
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    build_image(&t.path().join("img"));
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": t.path().join("img"), "name": "copy/bb:1"}),
+    );
+    let a = c.create(json!({"template": "copy/bb:1"}));
+    let b = c.create(json!({"template": "copy/bb:1"}));
+    assert_eq!(
+        out(&mut c, &a, "echo $GREETING; pwd; cat base.txt"),
+        "from-image\n/srv/app\nfrom the base layer\n"
+    );
+    assert_eq!(sh(&mut c, &a, "test -e /etc/gone.txt").0, 1, "whiteout");
+    out(&mut c, &a, "echo changed > /srv/app/base.txt");
+    assert_eq!(
+        out(&mut c, &b, "cat /srv/app/base.txt"),
+        "from the base layer\n",
+        "copies are private"
+    );
+    let rootfs = std::fs::read_dir(home.path.join("data/local/templates/images"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().join("rootfs").is_dir())
+        .unwrap()
+        .path()
+        .join("rootfs/srv/app/base.txt");
+    assert_eq!(
+        std::fs::read_to_string(rootfs).unwrap(),
+        "from the base layer\n",
+        "the stored image is untouched"
+    );
+    let e = c.call_err(
+        "templates/build",
+        json!({"provider": "local", "sandbox": a, "name": "x:1"}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+}
+
+#[test]
+fn an_image_sandbox_and_its_own_layer_survive_a_daemon_restart() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let t = tempfile::tempdir().unwrap();
+    build_image(&t.path().join("img"));
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": t.path().join("img"), "name": "restart/bb:1"}),
+    );
+    let id = c.create(json!({"template": "restart/bb:1", "timeout": 600}));
+    out(&mut c, &id, "echo kept > /etc/kept && rm /srv/app/base.txt");
+    drop(c);
+    let o = home.run(&["broker", "stop"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    home.start();
+    let mut c = home.connect();
+    let info = c.call("sandbox/info", json!({"sandbox": id}));
+    assert_eq!(info["template"], "restart/bb:1");
+    assert!(info["templateDigest"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    assert_eq!(
+        out(&mut c, &id, "cat /etc/kept; echo $GREETING"),
+        "kept\nfrom-image\n"
+    );
+    assert_eq!(sh(&mut c, &id, "test -e /srv/app/base.txt").0, 1);
+}
