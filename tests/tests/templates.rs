@@ -901,6 +901,25 @@ fn kit_passes_on_local_with_an_image_template() {
         serde_json::to_string_pretty(&failed).unwrap()
     );
     assert!(r["passed"].as_u64().unwrap() >= 20, "{r}");
+    // The image has no python3: the code.interpret tests say so and skip (on `base` they
+    // run: tests/tests/kit.rs).
+    let code: Vec<&Value> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["name"].as_str().unwrap().starts_with("test_code_"))
+        .collect();
+    assert_eq!(code.len(), 5, "{r}");
+    for x in code {
+        assert_eq!(x["outcome"], "skipped", "{x}");
+        assert!(
+            x["detail"]
+                .as_str()
+                .unwrap()
+                .contains("no Python interpreter"),
+            "{x}"
+        );
+    }
     // The run's sandboxes really were of the image (and are gone).
     let l = c.call("sandbox/list", json!({"provider": "local"}));
     assert_eq!(l["sandboxes"], json!([]), "{l}");

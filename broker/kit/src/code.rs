@@ -3,9 +3,31 @@
 //! language every provider of `code.interpret` runs).
 
 use super::client::short;
-use super::{ensure, pass, Outcome, T};
+use super::{ensure, pass, Done, Outcome, Sb, T};
 use serde_json::{json, Value};
 use std::time::Duration;
+
+/// A sandbox for Python cells, or the test's skip when the sandbox's template has no Python
+/// (an image without `python3`: the interpreter cannot start, E3003), which says nothing
+/// about the provider.
+pub(crate) async fn python_sandbox(t: &T) -> Result<Sb, Outcome> {
+    let sb = t.create(json!({})).await.map_err(Err)?;
+    match t
+        .client()
+        .call(
+            "code/run",
+            json!({"sandbox": sb.id, "language": "python", "code": "pass"}),
+        )
+        .await
+    {
+        Err(e) if e.is(&["E3003"]) => Err(Ok(Done::Skipped(format!(
+            "the sandbox's template has no Python interpreter ({})",
+            short(&e.to_string())
+        )))),
+        // Anything else is the test's to judge.
+        _ => Ok(sb),
+    }
+}
 
 fn plain(r: &Value) -> String {
     r["results"][0]["text/plain"]
@@ -16,7 +38,10 @@ fn plain(r: &Value) -> String {
 
 pub async fn state_kept(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(json!({})).await?;
+    let sb = match python_sandbox(t).await {
+        Ok(sb) => sb,
+        Err(skip) => return skip,
+    };
     let run = |code: &'static str| {
         c.ok(
             "code/run",
@@ -48,7 +73,10 @@ pub async fn state_kept(t: &T) -> Outcome {
 
 pub async fn error_shape(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(json!({})).await?;
+    let sb = match python_sandbox(t).await {
+        Ok(sb) => sb,
+        Err(skip) => return skip,
+    };
     let r = c
         .ok(
             "code/run",
@@ -82,7 +110,10 @@ pub async fn error_shape(t: &T) -> Outcome {
 
 pub async fn cancel_keeps_state(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(json!({})).await?;
+    let sb = match python_sandbox(t).await {
+        Ok(sb) => sb,
+        Err(skip) => return skip,
+    };
     c.ok(
         "code/run",
         json!({"sandbox": sb.id, "language": "python", "code": "kit_kept = 5"}),
@@ -140,7 +171,10 @@ pub async fn cancel_keeps_state(t: &T) -> Outcome {
 
 pub async fn rich_result(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(json!({})).await?;
+    let sb = match python_sandbox(t).await {
+        Ok(sb) => sb,
+        Err(skip) => return skip,
+    };
     let code = "class KitRich:\n    def _repr_html_(self):\n        return '<b>kit</b>'\n    def __repr__(self):\n        return 'KitRich()'\nKitRich()";
     let r = c
         .ok(

@@ -647,7 +647,10 @@ pub async fn system_info(t: &T) -> Outcome {
 
 pub async fn code_run(t: &T) -> Outcome {
     let c = t.client();
-    let sb = t.create(json!({})).await?;
+    let sb = match super::code::python_sandbox(t).await {
+        Ok(sb) => sb,
+        Err(skip) => return skip,
+    };
     let r = match c
         .call(
             "code/run",
