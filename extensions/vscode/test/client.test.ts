@@ -106,8 +106,9 @@ describe('broker client (real broker)', { timeout: 180_000 }, () => {
     assert.match(err.message, /sb-doesnotexist/);
     assert.match(err.suggestion ?? '', /abx list/);
     assert.match(err.describe(), /^\[E2009\] .*\nSuggestion: /);
-    // Feature gating: local does not declare templates.read.
-    await assert.rejects(client.templatesList('local'), (e: unknown) => e instanceof AbxError && e.abx === 'E8004');
+    // local declares templates.read (OCI images, issue 22): the host template is listed.
+    const tl = (await client.templatesList('local')) as { templates: { name: string }[] };
+    assert.equal(tl.templates[0].name, 'base');
     // Unknown method: the standard code, mapped to E1003.
     await assert.rejects(client.request('nope/nothing'), (e: unknown) => e instanceof AbxError && e.abx === 'E1003' && e.code === -32601);
   });

@@ -170,10 +170,14 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     assert.equal(bar.command, 'abx.showBrokerStatus');
   });
 
-  test('create: the only provider with sandbox.lifecycle is used, the template asked; the view and status bar follow', async () => {
-    fake.recorded.answers.push(''); // template: the provider's default
+  test('create: the only provider with sandbox.lifecycle is used, the template picked from its templates/list; the view and status bar follow', async () => {
+    fake.recorded.answers.push('$(star) Default'); // template: the provider's default
+    const picks = fake.recorded.quickPicks.length;
     const created = await vscode.commands.executeCommand<{ id: string; provider: string; timeout: number }>('abx.create');
     assert.ok(created);
+    // local declares templates.read: its templates are offered (the host's `base` first).
+    const offered = fake.recorded.quickPicks[picks].map((i: { label: string }) => i.label);
+    assert.deepEqual(offered.slice(0, 2), ['$(star) Default', 'base']);
     assert.equal(created.timeout, 300); // abx.defaultTimeout
     sb = `${created.provider}:${created.id}`;
     const roots = await api.sandboxes.getChildren();

@@ -49,6 +49,6 @@ export const METHODS: Readonly<Record<string, readonly string[]>> = {
   'files/watch': ['sandbox', 'path', 'recursive'],
   'files/unwatch': ['watchId'],
   'ports/url': ['sandbox', 'port'],
-  'code/run': ['sandbox', 'code', 'language'],
+  'code/run': ['sandbox', 'code', 'language', 'context', 'timeout', 'env'],
   'commands/run': ['sandbox', 'name', 'args'],
 };

@@ -11,6 +11,7 @@ import type { ExecSession } from './exec.js';
 import type { Cancel, Disposable } from './jsonrpc.js';
 import type {
   Capabilities,
+  CodeRunParams,
   CodeRunResult,
   CreateParams,
   DoctorResult,
@@ -296,8 +297,15 @@ export class Sandbox {
    * `code/run` (language default `python`): FeatureNotSupportedError (E8004) where the
    * provider does not declare code.interpret.
    */
-  runCode(code: string, opts: { language?: string; signal?: AbortSignal } = {}): Promise<CodeRunResult> {
-    return this.client.codeRun({ sandbox: this.id, code, language: opts.language ?? 'python' }, opts.signal);
+  runCode(
+    code: string,
+    opts: { language?: string; context?: string; timeout?: number; env?: Record<string, string>; signal?: AbortSignal } = {},
+  ): Promise<CodeRunResult> {
+    const p: CodeRunParams = { sandbox: this.id, code, language: opts.language ?? 'python' };
+    if (opts.context !== undefined) p.context = opts.context;
+    if (opts.timeout !== undefined) p.timeout = opts.timeout;
+    if (opts.env !== undefined) p.env = opts.env;
+    return this.client.codeRun(p, opts.signal);
   }
 
   /** `commands/run`: a named command of the provider (E8004 where it has none). */

@@ -299,6 +299,12 @@ export interface CodeRunParams {
   code: string;
   /** `python`, `javascript`, ... (what the provider's code.interpret offers). */
   language: string;
+  /** A context made with `code/createContext` (default: the language's own context). */
+  context?: string;
+  /** Seconds before the cell is interrupted (the context and its state are kept). */
+  timeout?: number;
+  /** Environment of the cell. */
+  env?: Record<string, string>;
 }
 
 export interface CodeRunResult {

@@ -258,6 +258,17 @@ describe('files', () => {
     assert.ok(Array.isArray(after));
   });
 
+  test('runCode on local (code.interpret): the default context keeps its state; an error is in the result', async () => {
+    let r = await sb.runCode("x = 41\nprint('hi')\nx + 1");
+    assert.equal(r.stdout, 'hi\n');
+    assert.equal(r.results[0]['text/plain'], '42');
+    r = await sb.runCode('x * 2', { env: { A: '1' }, timeout: 30 });
+    assert.equal(r.results[0]['text/plain'], '82');
+    r = await sb.runCode('1/0');
+    assert.equal(r.error?.name, 'ZeroDivisionError');
+    await assert.rejects(sb.runCode('1', { context: 'nope' }), (e) => e instanceof sdk.InvalidParamsError);
+  });
+
   test('ports.url', async () => {
     const u = await sb.ports.url(8080);
     assert.match(u.url, /8080/);
