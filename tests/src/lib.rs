@@ -181,6 +181,44 @@ impl Drop for Home {
         if self.socket().exists() {
             let _ = self.abx().args(["broker", "stop"]).output();
         }
+        remove_sandbox_cgroups(&self.path);
+    }
+}
+
+/// The cgroups of a home's `local` sandboxes (`<hierarchy>/abx/<id>` in every cgroup v1
+/// hierarchy, `abx/<id>` on v2). A stopped daemon keeps its sandboxes' records and cgroups
+/// for its next start; a home deleted with them would leave the cgroups behind for good
+/// (thousands on a machine that runs the suites). Only empty ones can be removed: a
+/// sandbox process still alive keeps its cgroup.
+fn remove_sandbox_cgroups(home: &Path) {
+    let Ok(sandboxes) = std::fs::read_dir(home.join("data/local/sandboxes")) else {
+        return;
+    };
+    let ids: Vec<std::ffi::OsString> = sandboxes.flatten().map(|e| e.file_name()).collect();
+    let root = Path::new("/sys/fs/cgroup");
+    let mut bases = vec![root.join("abx")];
+    if let Ok(hierarchies) = std::fs::read_dir(root) {
+        bases.extend(hierarchies.flatten().map(|h| h.path().join("abx")));
+    }
+    // The stopped daemon's sandbox processes may still be exiting: a busy cgroup is tried
+    // again until it empties (a few seconds at most; a process that stays keeps it).
+    let mut busy: Vec<PathBuf> = Vec::new();
+    for base in bases.iter().filter(|b| b.is_dir()) {
+        for id in &ids {
+            let dir = base.join(id);
+            if let Err(e) = std::fs::remove_dir(&dir) {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    busy.push(dir);
+                }
+            }
+        }
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while !busy.is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        busy.retain(|d| {
+            std::fs::remove_dir(d).is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+        });
     }
 }
 
