@@ -344,7 +344,21 @@ fn the_daemon_binary_is_found_beside_abx_or_named_by_abx_broker_bin() {
         if let Some(b) = broker_bin {
             c.env("ABX_BROKER_BIN", b);
         }
-        c.args(["-j", "list"]).output().unwrap()
+        c.args(["-j", "list"]);
+        // A test thread that forks while the copy is still open for writing (std::fs::copy
+        // on another thread) holds that descriptor until its exec: ETXTBSY for a moment.
+        let t0 = std::time::Instant::now();
+        loop {
+            match c.output() {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ETXTBSY)
+                        && t0.elapsed() < Duration::from_secs(10) =>
+                {
+                    std::thread::yield_now();
+                }
+                r => break r.unwrap(),
+            }
+        }
     };
     let out = run(&abx, None);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
