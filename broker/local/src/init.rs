@@ -1059,15 +1059,7 @@ fn build_root(cfg: &Config) -> Result<(), String> {
         ),
         "making the root read-only",
     )?;
-    // SAFETY: sethostname with a buffer and its length.
-    check(
-        unsafe { libc::sethostname(cfg.id.as_ptr().cast(), cfg.id.len()) } as _,
-        "sethostname",
-    )?;
-    if cfg.network != "host" {
-        loopback_up()?;
-    }
-    pivot(&rc)
+    enter_root(cfg, &rc)
 }
 
 /// The sandbox's own directories, a minimal `/dev` and a fresh `/proc`, beneath `r`.
@@ -1171,6 +1163,12 @@ fn build_image_root(cfg: &Config) -> Result<(), String> {
     let r = Path::new(".");
     let rc = cstr(r);
     mount_common(cfg, r)?;
+    enter_root(cfg, &rc)
+}
+
+/// The last steps of either root: the sandbox's hostname, its loopback (unless it shares
+/// the host's network), then the pivot into `rc`.
+fn enter_root(cfg: &Config, rc: &CStr) -> Result<(), String> {
     // SAFETY: sethostname with a buffer and its length.
     check(
         unsafe { libc::sethostname(cfg.id.as_ptr().cast(), cfg.id.len()) } as _,
@@ -1179,7 +1177,7 @@ fn build_image_root(cfg: &Config) -> Result<(), String> {
     if cfg.network != "host" {
         loopback_up()?;
     }
-    pivot(&rc)
+    pivot(rc)
 }
 
 fn pivot(rc: &CStr) -> Result<(), String> {

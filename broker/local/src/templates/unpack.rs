@@ -138,6 +138,24 @@ pub struct Root {
     owner: Option<(u32, u32)>,
 }
 
+/// A directory `n` in `dir`: made, or kept if it is one already; a dangling symlink or a
+/// file in its place is removed first (never followed).
+fn make_dir_at(dir: RawFd, n: &CString) -> io::Result<()> {
+    if let Ok(st) = lstat_at(dir, n) {
+        if !is_dir(&st) {
+            remove_at(dir, n)?;
+        }
+    }
+    // SAFETY: mkdirat of a name in a directory we hold.
+    if unsafe { libc::mkdirat(dir, n.as_ptr(), 0o755) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 fn lstat_at(dir: RawFd, name: &CString) -> io::Result<libc::stat> {
     // SAFETY: fstatat into a zeroed struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -267,19 +285,7 @@ impl Root {
         let (parent, name) = split(rel)?;
         let pfd = self.dir(&parent)?;
         let n = cstr(Path::new(&name))?;
-        // A dangling symlink or a file where a directory must be: replace it.
-        if let Ok(st) = lstat_at(pfd.as_raw_fd(), &n) {
-            if !is_dir(&st) {
-                remove_at(pfd.as_raw_fd(), &n)?;
-            }
-        }
-        // SAFETY: mkdirat of a name in a directory we hold.
-        if unsafe { libc::mkdirat(pfd.as_raw_fd(), n.as_ptr(), 0o755) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EEXIST) {
-                return Err(e);
-            }
-        }
+        make_dir_at(pfd.as_raw_fd(), &n)?;
         self.chown_at(pfd.as_raw_fd(), &n);
         open_in(self.fd.as_raw_fd(), rel, libc::O_PATH | libc::O_DIRECTORY)
     }
@@ -331,18 +337,7 @@ impl Root {
             match kind {
                 tar::EntryType::Directory => {
                     let pfd = self.dir(&parent)?;
-                    if let Ok(st) = lstat_at(pfd.as_raw_fd(), &n) {
-                        if !is_dir(&st) {
-                            remove_at(pfd.as_raw_fd(), &n)?;
-                        }
-                    }
-                    // SAFETY: mkdirat of a name in a directory we hold.
-                    if unsafe { libc::mkdirat(pfd.as_raw_fd(), n.as_ptr(), 0o755) } != 0 {
-                        let e = io::Error::last_os_error();
-                        if e.raw_os_error() != Some(libc::EEXIST) {
-                            return Err(e);
-                        }
-                    }
+                    make_dir_at(pfd.as_raw_fd(), &n)?;
                     // The owner must be able to go on writing into it.
                     // SAFETY: fchmodat of a name in a directory we hold (a directory: no symlink).
                     unsafe { libc::fchmodat(pfd.as_raw_fd(), n.as_ptr(), mode | 0o700, 0) };
