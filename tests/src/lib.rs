@@ -654,7 +654,8 @@ impl PtyChild {
 
     /// Read what is there within `wait`: `Some(true)` data came, `Some(false)` nothing
     /// came, `None` the terminal was closed.
-    fn pump(&mut self, wait: Duration) -> Option<bool> {
+    /// Read what the terminal has within `wait`; `None` once it closed.
+    pub fn pump(&mut self, wait: Duration) -> Option<bool> {
         use std::io::Read;
         use std::os::fd::AsRawFd;
         let mut pfd = libc::pollfd {

@@ -820,9 +820,29 @@ fn shell_runs_on_a_pty_with_resize_and_exit_code() {
     p.expect("30 100");
     // A window change reaches the remote pty.
     abx_tests::set_winsize(std::os::fd::AsRawFd::as_raw_fd(&p.master), 120, 40);
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    p.write(b"stty size\r");
-    p.expect("40 120");
+    // The resize travels (SIGWINCH, exec/resize, the remote pty): ask for the size until
+    // the answer is the new one, each time after the previous answer came.
+    let answers = |p: &abx_tests::PtyChild| {
+        let t = p.text();
+        t.matches("30 100").count() + t.matches("40 120").count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !p.text().contains("40 120") {
+        let before = answers(&p);
+        p.write(b"stty size\r");
+        while answers(&p) == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no stty answer: {:?}",
+                p.text()
+            );
+            assert!(
+                p.pump(std::time::Duration::from_millis(50)).is_some(),
+                "{:?}",
+                p.text()
+            );
+        }
+    }
     // Raw mode while the session runs; the terminal's settings come back at the end.
     assert_eq!(p.lflag() & (libc::ICANON | libc::ECHO), 0);
     p.write(b"exit 7\r");
