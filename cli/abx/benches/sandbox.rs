@@ -91,16 +91,12 @@ fn main() {
         .is_ok_and(|s| s.success());
     println!("local sandbox benchmark");
     println!("  binary: {}", abx.display());
-    let modes: &[bool] = if have("taskset", "-V") {
-        &[false, true]
-    } else {
-        &[false]
-    };
+    let modes: &[bool] = &[false, true];
     for &pinned in modes {
         println!(
             "\n{}",
             if pinned {
-                "pinned (taskset -c 0: client, daemon and sandbox on one CPU)"
+                "pinned (CPU 0: client, daemon and sandbox on one CPU)"
             } else {
                 "unpinned"
             }
