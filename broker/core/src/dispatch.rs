@@ -385,7 +385,7 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
             }
         }
     }
-    let summary = provider.summary().clone();
+    let summary = provider.summary();
     let has_pty =
         method == "exec/start" && obj.get("pty").is_some_and(|v| v.get().trim() != "null");
     for f in [
