@@ -448,8 +448,25 @@ fn attach_after_reconnect_and_foreign_exec_ids() {
     );
     // ...until it attaches after the first goes away.
     drop(c);
-    std::thread::sleep(Duration::from_millis(300));
-    let r = other.call("exec/attach", json!({"execId": e}));
+    // Refused (E3004) until the daemon has seen the first connection close.
+    let mut r = Value::Null;
+    wait_until(
+        "the exec freed by its closed connection",
+        Duration::from_secs(10),
+        || {
+            let v = other.request("exec/attach", json!({"execId": e}));
+            match v.get("result") {
+                Some(res) => {
+                    r = res.clone();
+                    true
+                }
+                None => {
+                    assert_eq!(abx_code(&v["error"]), "E3004", "{v}");
+                    false
+                }
+            }
+        },
+    );
     assert_eq!(r["execId"], e.as_str());
     let s = other.collect(&e);
     let text = String::from_utf8(s.stdout).unwrap();
@@ -495,7 +512,9 @@ fn pause_stops_output_and_resume_continues() {
     let r = c.call("exec/start", json!({"sandbox": id, "command": "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done"}));
     let e = r["execId"].as_str().unwrap().to_owned();
     let mut ctl = home.connect();
-    std::thread::sleep(Duration::from_millis(300));
+    // Paused once output flows.
+    let first = c.try_recv(Duration::from_secs(20));
+    assert!(first.is_some(), "no output before the pause");
     assert_eq!(
         ctl.call("sandbox/pause", json!({"sandbox": id}))["status"],
         "paused"
@@ -505,11 +524,7 @@ fn pause_stops_output_and_resume_continues() {
         "E2002"
     );
     // Drain what was produced before the pause, then expect silence.
-    let mut drained = 0;
-    while c.try_recv(Duration::from_millis(400)).is_some() {
-        drained += 1;
-    }
-    assert!(drained > 0, "output flowed before the pause");
+    while c.try_recv(Duration::from_millis(400)).is_some() {}
     assert!(
         c.try_recv(Duration::from_millis(700)).is_none(),
         "output continued while paused"

@@ -489,7 +489,12 @@ fn one_plugin_process_for_all_clients_and_a_kill_with_calls_in_flight() {
     for i in 0..100 {
         c.send(&json!({"jsonrpc": "2.0", "id": 10_000 + i, "method": "exec/run", "params": {"sandbox": full, "command": "sleep 30"}}).to_string());
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    // Killed only once all 100 are the plugin's: a call still queued in the broker would go
+    // to the restarted plugin instead.
+    let mut probe = home.connect();
+    wait_until("100 calls in flight", Duration::from_secs(30), || {
+        provider_status(&mut probe, "py-local")["inFlight"].as_u64() >= Some(100)
+    });
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let mut errors = 0;
     while errors < 100 {
@@ -522,7 +527,11 @@ fn cancellation_reaches_the_plugin() {
     let (home, mut c) = started(&[]);
     let (_repo, _) = install_pinned(&mut c, "bad-slow");
     c.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "sandbox/list", "params": {"provider": "bad-slow", "sleep": 30}}).to_string());
-    std::thread::sleep(Duration::from_millis(800));
+    // Cancelled once the plugin has it (a call cancelled before it was sent never reaches it).
+    let mut probe = home.connect();
+    wait_until("the call is the plugin's", Duration::from_secs(30), || {
+        provider_status(&mut probe, "bad-slow")["inFlight"].as_u64() == Some(1)
+    });
     c.send(r#"{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":5}}"#);
     let v = c.recv();
     assert_eq!(

@@ -159,9 +159,13 @@ impl Registry {
 
     /// A provider by id, or E8001.
     pub fn get(&self, id: &str) -> Result<Arc<dyn Provider>, AbxError> {
-        self.all()
-            .into_iter()
+        // Under the read lock: only the provider found is cloned, not the whole list.
+        self.providers
+            .read()
+            .expect("registry lock")
+            .iter()
             .find(|p| p.summary().id == id)
+            .cloned()
             .ok_or_else(|| AbxError::new(ErrorCode::ProviderNotInstalled, &[("provider", id)]))
     }
 

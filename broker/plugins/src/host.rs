@@ -420,6 +420,11 @@ impl Host {
                 replied,
             },
         );
+        {
+            // `broker/status` counts it from now on (one uncontended lock, no allocation).
+            let n = r.pending.lock().expect("pending").len();
+            self.status.lock().expect("status").in_flight = n;
+        }
         // `encode` owns what it encodes: owned params are freed here, before the wait.
         let mut line = encode(&Id::Num(id_num));
         line.push(b'\n');
