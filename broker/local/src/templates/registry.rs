@@ -397,6 +397,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pulled_blob_is_never_written_past_its_declared_size() {
+        use tokio::io::AsyncWriteExt;
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::new(t.path(), None, Default::default());
+        let mut w = store.blob_writer().unwrap();
+        let mut sink = Sink {
+            w: &mut w,
+            limit: 8,
+            err: None,
+        };
+        futures::executor::block_on(async {
+            sink.write_all(b"12345678").await.unwrap();
+            let e = sink.write_all(b"9").await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::FileTooLarge);
+        });
+        assert!(sink.err.is_some());
+        assert_eq!(w.len, 8);
+    }
+
+    #[test]
+    fn credential_errors_say_where_credentials_go_and_are_told_apart() {
+        for (from, state) in [
+            (AuthFrom::None, "required"),
+            (AuthFrom::BrokerConfig, "refused"),
+            (AuthFrom::DockerConfig, "refused"),
+        ] {
+            let e = auth_err("127.0.0.1:5000/a/b:1", "127.0.0.1:5000", from);
+            assert_eq!(e.code, ErrorCode::SourceUnreachable);
+            assert!(is_auth_error(&e));
+            assert_eq!(e.data["auth"], state);
+            assert!(e
+                .suggestion
+                .contains("[local.registry_auth] \"127.0.0.1:5000\""));
+            assert!(e.suggestion.contains("auths.\"127.0.0.1:5000\".auth"));
+        }
+        assert!(!is_auth_error(&unreachable("x", "connection refused")));
+    }
+
+    #[test]
     fn loopback_registries_are_recognised() {
         for r in [
             "127.0.0.1:5000",
