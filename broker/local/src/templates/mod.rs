@@ -124,13 +124,27 @@ impl Image {
     }
 }
 
-/// The `[local]` keys for registries.
-#[derive(Clone, Debug, Default)]
+/// The `[local]` keys for registries. Its `Debug` shows the users, never the passwords.
+#[derive(Clone, Default)]
 pub struct RegistrySettings {
     /// Registries reached over plain HTTP besides loopback ones (`insecure_registries`).
     pub insecure: Vec<String>,
     /// Credentials per registry host (`[local.registry_auth]` `"host" = "user:password"`).
     pub auth: BTreeMap<String, (String, String)>,
+}
+
+impl std::fmt::Debug for RegistrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let auth: BTreeMap<&str, String> = self
+            .auth
+            .iter()
+            .map(|(h, (u, _))| (h.as_str(), format!("{u}:<redacted>")))
+            .collect();
+        f.debug_struct("RegistrySettings")
+            .field("insecure", &self.insecure)
+            .field("auth", &auth)
+            .finish()
+    }
 }
 
 /// Caps on what one image may unpack to (`[local] template_max_bytes`,
@@ -803,4 +817,21 @@ fn is_opaque(p: &Path) -> bool {
             };
             n >= 1 && v[0] == b'y'
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_settings_debug_never_shows_a_password() {
+        let mut r = RegistrySettings::default();
+        r.auth.insert(
+            "reg.example:5000".into(),
+            ("alice".into(), "hunter2-secret".into()),
+        );
+        let d = format!("{r:?}");
+        assert!(d.contains("alice") && d.contains("reg.example:5000"), "{d}");
+        assert!(!d.contains("hunter2-secret"), "{d}");
+    }
 }
