@@ -254,8 +254,14 @@ impl Registry {
 
     /// A registry whose config ends with `auth(dir)` (an `auth:` section, or nothing).
     fn start_with(auth: impl FnOnce(&Path) -> String) -> Registry {
+        Registry::start_on(None, auth)
+    }
+
+    /// [`Registry::start_with`] serving the storage of `data` (another registry's) where given.
+    fn start_on(data: Option<PathBuf>, auth: impl FnOnce(&Path) -> String) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let auth = auth(dir.path());
+        let data = data.unwrap_or_else(|| dir.path().join("data"));
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -266,7 +272,7 @@ impl Registry {
             &cfg,
             format!(
                 "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
-                dir.path().join("data").display()
+                data.display()
             ),
         )
         .unwrap();
@@ -1626,4 +1632,53 @@ fn templates_import_takes_only_an_absolute_host_path_like_files_upload() {
         e["message"].as_str().unwrap().contains("must be absolute"),
         "{e}"
     );
+}
+
+#[test]
+fn credentials_are_not_sent_to_a_plain_http_token_realm_off_loopback() {
+    // The image goes in through an open registry; a second one serves the same storage
+    // behind a token realm on plain HTTP at a non-loopback address (TEST-NET-1: nothing
+    // there is ever contacted, the daemon refuses before).
+    let open = Registry::start();
+    let images = tempfile::tempdir().unwrap();
+    build_image(&images.path().join("bb"));
+    open.push(&images.path().join("bb"), "v1", "test/bb");
+    let ts = TokenServer::start();
+    let cert = ts.cert();
+    let reg = Registry::start_on(Some(open.dir.path().join("data")), move |_| {
+        format!(
+            "auth:\n  token:\n    realm: http://192.0.2.1:9/token\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
+            cert.display()
+        )
+    });
+    let image = format!("{}/test/bb:v1", reg.host());
+    let cfg = tempfile::tempdir().unwrap();
+    docker_config(cfg.path(), &reg.host(), PASSWORD);
+    let mut home = Home::new();
+    home.env
+        .push(("DOCKER_CONFIG".into(), cfg.path().display().to_string()));
+    home.start();
+    let mut c = home.connect();
+    for (method, params) in [
+        (
+            "templates/pull",
+            json!({"provider": "local", "template": image}),
+        ),
+        ("sandbox/create", json!({"template": image})),
+    ] {
+        let e = c.call_err(method, params);
+        assert_eq!(abx_code(&e), "E8012", "{method}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains("192.0.2.1:9")
+                && e["data"]["suggestion"]
+                    .as_str()
+                    .unwrap()
+                    .contains("insecure_registries"),
+            "{e}"
+        );
+        no_secret(&e.to_string(), "an error");
+    }
+    // The open registry's copy (no challenge, no credentials for it) is pulled as before.
+    let id = c.create(json!({"template": format!("{}/test/bb:v1", open.host())}));
+    assert_eq!(out(&mut c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
 }

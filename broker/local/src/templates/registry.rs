@@ -8,7 +8,10 @@
 //! (Bearer) exchange with the realm the registry names. Credentials are never logged or
 //! returned: a registry or token server that refuses them is E8010 with `data.auth`
 //! (`required` or `refused`) and a suggestion naming where credentials go, nothing of what
-//! the servers answered (a hostile one could echo them).
+//! the servers answered (a hostile one could echo them). Before credentials are handed to
+//! `oci-client`, which sends them to whatever token realm the registry names, the realm is
+//! read from the registry's challenge: one on plain HTTP off loopback (and not listed in
+//! `insecure_registries`) is refused (E8012), so credentials never travel in the clear.
 //! An index is resolved to the manifest of `linux` and the host's architecture. Every blob is
 //! hashed while it is written and stored only when it matches its digest (E8013 otherwise).
 
@@ -134,6 +137,81 @@ fn auth_err(reference: &str, registry: &str, from: AuthFrom) -> AbxError {
     .with_data("auth", state)
 }
 
+/// The realm of a `Bearer realm="...",service="..."` challenge.
+fn bearer_realm(challenge: &str) -> Option<String> {
+    let c = challenge.trim();
+    let (scheme, params) = c.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    params.split(',').find_map(|kv| {
+        let (k, v) = kv.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("realm")
+            .then(|| v.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// The `host[:port]` of a plain-HTTP URL, None for any other.
+fn plain_http_host(url: &str) -> Option<&str> {
+    let rest = url
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &url[7..])?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    Some(authority.rsplit('@').next().unwrap_or(authority))
+}
+
+/// Before credentials go anywhere (oci-client sends them to whatever token realm the
+/// registry names): a realm on plain HTTP is refused unless its host is loopback or listed
+/// in `insecure_registries`, the rule the registry itself is held to (E8012).
+async fn check_realm(
+    store: &Store,
+    reference: &str,
+    registry: &str,
+    plain: bool,
+) -> Result<(), AbxError> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(15))
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(AbxError::internal)?;
+    let url = format!("{}://{registry}/v2/", if plain { "http" } else { "https" });
+    let res = http
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| unreachable(reference, e))?;
+    let Some(realm) = res
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(bearer_realm)
+    else {
+        return Ok(());
+    };
+    match plain_http_host(&realm) {
+        Some(host) if !is_loopback(host) && !store.registry.insecure.iter().any(|h| h == host) => {
+            Err(AbxError::new(
+                ErrorCode::Refused,
+                &[
+                    (
+                        "detail",
+                        &format!("the registry {registry} sends its credentials to the token server {host} over plain HTTP; they were not sent"),
+                    ),
+                    (
+                        "rerun",
+                        &format!("Only loopback hosts and those in [local] insecure_registries are spoken to over plain HTTP: add \"{host}\" there (config.toml) if that network is trusted, then restart the broker and retry."),
+                    ),
+                ],
+            )
+            .with_data("registry", registry))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether an error is a registry's refusal for want of (good) credentials.
 pub fn is_auth_error(e: &AbxError) -> bool {
     e.code == ErrorCode::SourceUnreachable && e.data.contains_key("auth")
@@ -206,6 +284,9 @@ pub async fn pull(
     };
     let client = oci_client::Client::new(cfg);
     let (auth, from) = auth_for(store, &registry);
+    if from != AuthFrom::None {
+        check_realm(store, reference, &registry, plain).await?;
+    }
     let map_err =
         |e: oci_client::errors::OciDistributionError| map_err(reference, &registry, from, e);
     let (manifest, digest) = client
@@ -433,6 +514,22 @@ mod tests {
             assert!(e.suggestion.contains("auths.\"127.0.0.1:5000\".auth"));
         }
         assert!(!is_auth_error(&unreachable("x", "connection refused")));
+    }
+
+    #[test]
+    fn bearer_realms_and_plain_http_hosts_are_read() {
+        assert_eq!(
+            bearer_realm(r#"Bearer realm="http://auth.example:5001/token",service="reg""#)
+                .as_deref(),
+            Some("http://auth.example:5001/token")
+        );
+        assert_eq!(bearer_realm(r#"Basic realm="x""#), None);
+        assert_eq!(
+            plain_http_host("http://u@auth.example:5001/token?x=1"),
+            Some("auth.example:5001")
+        );
+        assert_eq!(plain_http_host("HTTP://127.0.0.1/t"), Some("127.0.0.1"));
+        assert_eq!(plain_http_host("https://auth.example/token"), None);
     }
 
     #[test]
