@@ -288,14 +288,14 @@ fn catalogue() -> Vec<Method> {
         m!("templates/init", "templates", "Start a template (provider-defined).",
             TemplatesParams => "ProviderDefined": ProviderDefined, []),
         m!("templates/build", "templates", "Save a sandbox's filesystem changes as a new template (local: a new layer on its base image).",
-            TemplatesBuildParams => "TemplateInfo": TemplateInfo, [TemplateNotFound, SandboxNotFound]),
+            TemplatesBuildParams => "TemplateInfo": TemplateInfo, [TemplateNotFound, SandboxNotFound, Refused]),
         m!("templates/pull", "templates", "Pull an image from its registry (progress as templates/progress).",
-            TemplatesPullParams => "TemplateInfo": TemplateInfo, [TemplateNotFound, SourceUnreachable, DigestMismatch],
+            TemplatesPullParams => "TemplateInfo": TemplateInfo, [TemplateNotFound, SourceUnreachable, DigestMismatch, Refused],
             notes ["templates/progress"]),
         m!("templates/remove", "templates", "Remove a template, or prune the unused ones.",
             TemplatesRemoveParams => "TemplatesRemoved": TemplatesRemoved, [TemplateNotFound]),
         m!("templates/import", "templates", "Import a docker save archive or an OCI image layout directory.",
-            TemplatesImportParams => "TemplateInfo": TemplateInfo, [LocalFileError, DigestMismatch]),
+            TemplatesImportParams => "TemplateInfo": TemplateInfo, [LocalFileError, DigestMismatch, Refused]),
     ];
     v
 }

@@ -249,7 +249,19 @@ impl Drop for Registry {
 
 impl Registry {
     fn start() -> Registry {
+        Registry::start_with(|_| String::new())
+    }
+
+    /// A registry whose config ends with `auth(dir)` (an `auth:` section, or nothing).
+    fn start_with(auth: impl FnOnce(&Path) -> String) -> Registry {
+        Registry::start_on(None, auth)
+    }
+
+    /// [`Registry::start_with`] serving the storage of `data` (another registry's) where given.
+    fn start_on(data: Option<PathBuf>, auth: impl FnOnce(&Path) -> String) -> Registry {
         let dir = tempfile::tempdir().unwrap();
+        let auth = auth(dir.path());
+        let data = data.unwrap_or_else(|| dir.path().join("data"));
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -259,8 +271,8 @@ impl Registry {
         std::fs::write(
             &cfg,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("data").display()
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+                data.display()
             ),
         )
         .unwrap();
@@ -283,8 +295,17 @@ impl Registry {
 
     /// Push an OCI layout dir's `tag` as `name:tag` with skopeo.
     fn push(&self, layout: &Path, tag: &str, name: &str) {
-        let out = Command::new("skopeo")
-            .args(["--insecure-policy", "copy", "-q", "--dest-tls-verify=false"])
+        self.push_as(layout, tag, name, None)
+    }
+
+    /// [`Registry::push`] with `user:password` credentials.
+    fn push_as(&self, layout: &Path, tag: &str, name: &str, creds: Option<&str>) {
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["--insecure-policy", "copy", "-q", "--dest-tls-verify=false"]);
+        if let Some(c) = creds {
+            cmd.arg(format!("--dest-creds={c}"));
+        }
+        let out = cmd
             .arg(format!("oci:{}:{tag}", layout.display()))
             .arg(format!("docker://{}/{name}:{tag}", self.host()))
             .output()
@@ -1043,4 +1064,621 @@ fn an_image_sandbox_and_its_own_layer_survive_a_daemon_restart() {
         "kept\nfrom-image\n"
     );
     assert_eq!(sh(&mut c, &id, "test -e /srv/app/base.txt").0, 1);
+}
+
+// ---- registry credentials (HTTP Basic with htpasswd, Bearer tokens from a token server) ----
+
+fn b64(b: &[u8], url: bool) -> String {
+    let abc: &[u8] = if url {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    } else {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    };
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..=c.len() {
+            out.push(abc[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+        if !url {
+            for _ in c.len()..3 {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn openssl(args: &[&str], input: Option<&[u8]>) -> Vec<u8> {
+    use std::io::Write;
+    let mut c = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    let mut stdin = c.stdin.take().unwrap();
+    let data = input.unwrap_or(b"").to_vec();
+    let w = std::thread::spawn(move || stdin.write_all(&data));
+    let out = c.wait_with_output().unwrap();
+    w.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+const USER: &str = "alice";
+const PASSWORD: &str = "pw-Xq7-correct-horse";
+const WRONG: &str = "pw-Zt3-wrong-battery";
+
+/// `docker-registry` with `auth: htpasswd` (bcrypt, `htpasswd -B`), plain HTTP on loopback
+/// (distribution 2.8 does not refuse that, and a loopback registry is plain HTTP for abx).
+fn htpasswd_registry() -> Registry {
+    Registry::start_with(|dir| {
+        let file = dir.join("htpasswd");
+        let out = Command::new("htpasswd")
+            .args(["-Bbn", USER, PASSWORD])
+            .output()
+            .expect("htpasswd (Debian package apache2-utils)");
+        assert!(out.status.success());
+        std::fs::write(&file, out.stdout).unwrap();
+        format!(
+            "auth:\n  htpasswd:\n    realm: abx-test\n    path: {}\n",
+            file.display()
+        )
+    })
+}
+
+/// A token server on a loopback port, as `docker_auth` or a registry's own would be: it
+/// takes Basic credentials and answers `{"token": JWT}`, RS256-signed with a key whose
+/// self-signed certificate is the registry's `rootcertbundle` and rides in the header's
+/// `x5c` (distribution's `token.go` verifies the chain against the bundle, then iss, aud,
+/// exp and nbf with a leeway, then the signature; `accesscontroller.go` the `access`).
+struct TokenServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    /// Every request: (query, Authorization header was the right one, token given).
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Asked>>>,
+}
+
+/// One request to the token server: (query, the right credentials, the token given).
+type Asked = (String, bool, Option<String>);
+
+const ISSUER: &str = "abx-test-issuer";
+const SERVICE: &str = "abx-test-registry";
+
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl TokenServer {
+    fn start() -> TokenServer {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        let cert = dir.path().join("cert.pem");
+        openssl(
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=abx-test-token-issuer",
+                "-keyout",
+                key.to_str().unwrap(),
+                "-out",
+                cert.to_str().unwrap(),
+            ],
+            None,
+        );
+        let der = openssl(
+            &["x509", "-in", cert.to_str().unwrap(), "-outform", "DER"],
+            None,
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        let good = format!(
+            "Basic {}",
+            b64(format!("{USER}:{PASSWORD}").as_bytes(), false)
+        );
+        let x5c = b64(&der, false);
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { continue };
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut first = String::new();
+                if r.read_line(&mut first).is_err() {
+                    continue;
+                }
+                let mut authz = String::new();
+                loop {
+                    let mut l = String::new();
+                    if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+                        break;
+                    }
+                    if let Some((k, v)) = l.split_once(':') {
+                        if k.eq_ignore_ascii_case("authorization") {
+                            authz = v.trim().to_owned();
+                        }
+                    }
+                }
+                if first.starts_with("GET /quit") {
+                    break;
+                }
+                let target = first.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let query = target.split_once('?').map_or("", |q| q.1).to_owned();
+                let ok = authz == good;
+                if !ok {
+                    seen2.lock().unwrap().push((query, false, None));
+                    let body = r#"{"details":"bad credentials"}"#;
+                    let _ = write!(s, "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                    continue;
+                }
+                // scope=repository:NAME:ACTIONS (one or more), service=...
+                let mut access = Vec::new();
+                for kv in query.split('&') {
+                    let Some((k, v)) = kv.split_once('=') else {
+                        continue;
+                    };
+                    if k != "scope" {
+                        continue;
+                    }
+                    let v = unescape(v);
+                    let mut parts = v.splitn(2, ':');
+                    let kind = parts.next().unwrap_or("");
+                    let rest = parts.next().unwrap_or("");
+                    let (name, actions) = rest.rsplit_once(':').unwrap_or((rest, ""));
+                    access.push(json!({"type": kind, "name": name, "actions": actions.split(',').collect::<Vec<_>>()}));
+                }
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let header = json!({"alg": "RS256", "typ": "JWT", "x5c": [x5c]});
+                let claims = json!({
+                    "iss": ISSUER, "sub": USER, "aud": SERVICE,
+                    "exp": now + 300, "nbf": now - 10, "iat": now,
+                    "jti": format!("jti-{now}-{}", seen2.lock().unwrap().len()),
+                    "access": access,
+                });
+                let signing = format!(
+                    "{}.{}",
+                    b64(header.to_string().as_bytes(), true),
+                    b64(claims.to_string().as_bytes(), true)
+                );
+                let sig = openssl(
+                    &["dgst", "-sha256", "-sign", key.to_str().unwrap()],
+                    Some(signing.as_bytes()),
+                );
+                let token = format!("{signing}.{}", b64(&sig, true));
+                seen2
+                    .lock()
+                    .unwrap()
+                    .push((unescape(&query), true, Some(token.clone())));
+                let body =
+                    json!({"token": token, "expires_in": 300, "issued_at": "2026-01-01T00:00:00Z"})
+                        .to_string();
+                let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            }
+        });
+        TokenServer { port, dir, seen }
+    }
+
+    fn cert(&self) -> PathBuf {
+        self.dir.path().join("cert.pem")
+    }
+
+    fn seen(&self) -> Vec<Asked> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        use std::io::Write;
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = s.write_all(b"GET /quit HTTP/1.1\r\n\r\n");
+        }
+    }
+}
+
+fn token_registry(ts: &TokenServer) -> Registry {
+    let (port, cert) = (ts.port, ts.cert());
+    Registry::start_with(move |_| {
+        format!(
+            "auth:\n  token:\n    realm: http://127.0.0.1:{port}/token\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
+            cert.display()
+        )
+    })
+}
+
+/// A docker config dir whose config.json holds `user:password` for `host`.
+fn docker_config(dir: &Path, host: &str, password: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec(&json!({"auths": {host: {"auth": b64(format!("{USER}:{password}").as_bytes(), false)}}})).unwrap(),
+    )
+    .unwrap();
+}
+
+/// Neither password (nor its base64 form in `user:password`) is in `text`.
+fn no_secret(text: &str, what: &str) {
+    for p in [PASSWORD, WRONG] {
+        assert!(!text.contains(p), "a password in {what}: {text}");
+        let enc = b64(format!("{USER}:{p}").as_bytes(), false);
+        assert!(!text.contains(&enc), "an encoded password in {what}");
+    }
+}
+
+/// The error of a registry that wants credentials: E8010 with `data.auth`, a suggestion
+/// naming where credentials go, and no secret.
+fn assert_auth_error(e: &Value, state: &str) {
+    assert_eq!(abx_code(e), "E8010", "{e}");
+    assert_eq!(e["data"]["auth"], state, "{e}");
+    let sug = e["data"]["suggestion"].as_str().unwrap();
+    assert!(
+        sug.contains("[local.registry_auth]") && sug.contains("config.json"),
+        "{sug}"
+    );
+    no_secret(&e.to_string(), "an error");
+}
+
+fn pushed_image(reg: &Registry, creds: &str) -> (tempfile::TempDir, String) {
+    let images = tempfile::tempdir().unwrap();
+    let dir = images.path().join("bb");
+    build_image(&dir);
+    reg.push_as(&dir, "v1", "test/bb", Some(creds));
+    (images, format!("{}/test/bb:v1", reg.host()))
+}
+
+#[test]
+fn htpasswd_registry_credentials_from_docker_config_and_broker_config_never_shown() {
+    let reg = htpasswd_registry();
+    // skopeo without credentials is refused too: the registry really asks for them.
+    let images = tempfile::tempdir().unwrap();
+    build_image(&images.path().join("bb"));
+    let anon = Command::new("skopeo")
+        .args(["--insecure-policy", "copy", "-q", "--dest-tls-verify=false"])
+        .arg(format!("oci:{}:v1", images.path().join("bb").display()))
+        .arg(format!("docker://{}/test/anon:v1", reg.host()))
+        .output()
+        .unwrap();
+    assert!(!anon.status.success(), "an anonymous push was taken");
+    let (_images, image) = pushed_image(&reg, &format!("{USER}:{PASSWORD}"));
+
+    // The daemon's docker config: none at first.
+    let cfg = tempfile::tempdir().unwrap();
+    let mut home = Home::new();
+    home.env
+        .push(("DOCKER_CONFIG".into(), cfg.path().display().to_string()));
+    home.start();
+    let mut c = home.connect();
+    let e = c.call_err("sandbox/create", json!({"template": image}));
+    assert_auth_error(&e, "required");
+    let e = c.call_err(
+        "templates/pull",
+        json!({"provider": "local", "template": image}),
+    );
+    assert_auth_error(&e, "required");
+    // A wrong password: refused, and said so.
+    docker_config(cfg.path(), &reg.host(), WRONG);
+    let e = c.call_err(
+        "templates/pull",
+        json!({"provider": "local", "template": image}),
+    );
+    assert_auth_error(&e, "refused");
+    assert!(
+        e["message"].as_str().unwrap().contains("docker config"),
+        "{e}"
+    );
+    let l = c.call("templates/list", json!({"provider": "local"}));
+    assert_eq!(
+        l["templates"].as_array().unwrap().len(),
+        1,
+        "only base: {l}"
+    );
+    // The right one (auths.<host:port>.auth = base64 of user:password): the image runs.
+    docker_config(cfg.path(), &reg.host(), PASSWORD);
+    let id = c.create(json!({"template": image}));
+    assert_eq!(out(&mut c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
+    drop(c);
+
+    // The broker config's [local.registry_auth] (it goes before the docker config).
+    let home2 = Home::new();
+    std::fs::create_dir_all(home2.path.join("config")).unwrap();
+    let write_cfg = |p: &str| {
+        std::fs::write(
+            home2.path.join("config/config.toml"),
+            format!(
+                "[local.registry_auth]\n\"{}\" = \"{USER}:{p}\"\n",
+                reg.host()
+            ),
+        )
+        .unwrap()
+    };
+    write_cfg(WRONG);
+    home2.start();
+    let mut c2 = home2.connect();
+    let e = c2.call_err("sandbox/create", json!({"template": image}));
+    assert_auth_error(&e, "refused");
+    assert!(
+        e["message"].as_str().unwrap().contains("broker config"),
+        "{e}"
+    );
+    drop(c2);
+    let o = home2.run(&["broker", "stop"]);
+    assert!(o.status.success());
+    write_cfg(PASSWORD);
+    home2.start();
+    let mut c2 = home2.connect();
+    let id = c2.create(json!({"template": image}));
+    assert_eq!(out(&mut c2, &id, "echo $GREETING"), "from-image\n");
+    drop(c2);
+    for h in [&home, &home2] {
+        let log = std::fs::read_to_string(h.log_file()).unwrap();
+        assert!(log.contains("daemon listening"), "the daemon's log: {log}");
+        no_secret(&log, "the daemon's log");
+    }
+}
+
+#[test]
+fn token_registry_bearer_tokens_from_a_token_server_with_docker_config_credentials() {
+    let ts = TokenServer::start();
+    let reg = token_registry(&ts);
+    let (_images, image) = pushed_image(&reg, &format!("{USER}:{PASSWORD}"));
+    assert!(
+        ts.seen()
+            .iter()
+            .any(|(q, ok, _)| *ok && q.contains("repository:test/bb:") && q.contains("push")),
+        "skopeo got its push token: {:?}",
+        ts.seen()
+    );
+    let pushes = ts.seen().len();
+
+    let cfg = tempfile::tempdir().unwrap();
+    let mut home = Home::new();
+    home.env
+        .push(("DOCKER_CONFIG".into(), cfg.path().display().to_string()));
+    home.start();
+    let mut c = home.connect();
+    // Anonymous: the token server refuses, so does the registry.
+    let e = c.call_err("sandbox/create", json!({"template": image}));
+    assert_auth_error(&e, "required");
+    let asked: Vec<_> = ts.seen()[pushes..].to_vec();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|(_, ok, _)| !ok),
+        "the daemon asked the token server, without credentials: {asked:?}"
+    );
+    // A wrong password.
+    docker_config(cfg.path(), &reg.host(), WRONG);
+    let e = c.call_err(
+        "templates/pull",
+        json!({"provider": "local", "template": image}),
+    );
+    assert_auth_error(&e, "refused");
+    // The right one: a pull token for the repository, then the image runs.
+    let before = ts.seen().len();
+    docker_config(cfg.path(), &reg.host(), PASSWORD);
+    let id = c.create(json!({"template": image}));
+    assert_eq!(
+        out(&mut c, &id, "cat /srv/app/base.txt"),
+        "from the base layer\n"
+    );
+    let got: Vec<_> = ts.seen()[before..].to_vec();
+    assert!(
+        got.iter().any(|(q, ok, t)| *ok
+            && t.is_some()
+            && q.contains("scope=repository:test/bb:pull")
+            && q.contains(&format!("service={SERVICE}"))),
+        "a pull token was asked with the credentials: {got:?}"
+    );
+    drop(c);
+    let log = std::fs::read_to_string(home.log_file()).unwrap();
+    no_secret(&log, "the daemon's log");
+    for (_, _, t) in ts.seen() {
+        if let Some(t) = t {
+            assert!(!log.contains(&t), "a bearer token in the daemon's log");
+        }
+    }
+}
+
+// ---- size caps ----
+
+/// The files a failed pull or import could have left in the store.
+fn store_leftovers(home: &Home) -> Vec<PathBuf> {
+    let t = home.path.join("data/local/templates");
+    let mut out = Vec::new();
+    for d in ["images", "blobs/sha256", "tmp"] {
+        if let Ok(rd) = std::fs::read_dir(t.join(d)) {
+            out.extend(rd.flatten().map(|e| e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn template_max_bytes_refuses_a_decompression_bomb_by_import_and_by_pull_and_keeps_nothing() {
+    let reg = Registry::start();
+    let home = Home::new();
+    std::fs::create_dir_all(home.path.join("config")).unwrap();
+    std::fs::write(
+        home.path.join("config/config.toml"),
+        "[local]\ntemplate_max_bytes = \"16M\"\n",
+    )
+    .unwrap();
+    home.start();
+    let mut c = home.connect();
+    // 64 MiB of zeros: about 64 KiB gzipped, four times the cap unpacked.
+    let bomb = tar(&[E::File("zeros".into(), vec![0u8; 64 << 20], 0o644)]);
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("bomb");
+    oci_layout(
+        &dir,
+        "v1",
+        &[(base_layer(), "gzip"), (bomb, "gzip")],
+        &["PATH=/bin"],
+        "",
+    );
+    let layer_sizes: u64 = std::fs::read_dir(dir.join("blobs/sha256"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(
+        layer_sizes < 8 << 20,
+        "the image is small packed: {layer_sizes}"
+    );
+    let e = c.call_err(
+        "templates/import",
+        json!({"provider": "local", "path": dir, "name": "bomb:1"}),
+    );
+    assert_eq!(abx_code(&e), "E8012", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("template_max_bytes")
+            && e["data"]["suggestion"]
+                .as_str()
+                .unwrap()
+                .contains("template_max_bytes"),
+        "{e}"
+    );
+    assert_eq!(
+        store_leftovers(&home),
+        Vec::<PathBuf>::new(),
+        "nothing kept"
+    );
+    // The same image from the registry: create and pull are refused alike.
+    reg.push(&dir, "v1", "test/bomb");
+    let image = format!("{}/test/bomb:v1", reg.host());
+    let e = c.call_err("sandbox/create", json!({"template": image}));
+    assert_eq!(abx_code(&e), "E8012", "{e}");
+    assert_eq!(
+        store_leftovers(&home),
+        Vec::<PathBuf>::new(),
+        "nothing kept"
+    );
+    let e = c.call_err(
+        "templates/pull",
+        json!({"provider": "local", "template": image}),
+    );
+    assert_eq!(abx_code(&e), "E8012", "{e}");
+    assert_eq!(
+        store_leftovers(&home),
+        Vec::<PathBuf>::new(),
+        "nothing kept"
+    );
+    let l = c.call("templates/list", json!({"provider": "local"}));
+    assert_eq!(
+        l["templates"].as_array().unwrap().len(),
+        1,
+        "only base: {l}"
+    );
+    // An image under the cap goes in as before.
+    let ok = t.path().join("ok");
+    build_image(&ok);
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": ok, "name": "small:1"}),
+    );
+    let id = c.create(json!({"template": "small:1"}));
+    assert_eq!(out(&mut c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
+}
+
+#[test]
+fn templates_import_takes_only_an_absolute_host_path_like_files_upload() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let e = c.call_err(
+        "templates/import",
+        json!({"provider": "local", "path": "relative/layout"}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("must be absolute"),
+        "{e}"
+    );
+}
+
+#[test]
+fn credentials_are_not_sent_to_a_plain_http_token_realm_off_loopback() {
+    // The image goes in through an open registry; a second one serves the same storage
+    // behind a token realm on plain HTTP at a non-loopback address (TEST-NET-1: nothing
+    // there is ever contacted, the daemon refuses before).
+    let open = Registry::start();
+    let images = tempfile::tempdir().unwrap();
+    build_image(&images.path().join("bb"));
+    open.push(&images.path().join("bb"), "v1", "test/bb");
+    let ts = TokenServer::start();
+    let cert = ts.cert();
+    let reg = Registry::start_on(Some(open.dir.path().join("data")), move |_| {
+        format!(
+            "auth:\n  token:\n    realm: http://192.0.2.1:9/token\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
+            cert.display()
+        )
+    });
+    let image = format!("{}/test/bb:v1", reg.host());
+    let cfg = tempfile::tempdir().unwrap();
+    docker_config(cfg.path(), &reg.host(), PASSWORD);
+    let mut home = Home::new();
+    home.env
+        .push(("DOCKER_CONFIG".into(), cfg.path().display().to_string()));
+    home.start();
+    let mut c = home.connect();
+    for (method, params) in [
+        (
+            "templates/pull",
+            json!({"provider": "local", "template": image}),
+        ),
+        ("sandbox/create", json!({"template": image})),
+    ] {
+        let e = c.call_err(method, params);
+        assert_eq!(abx_code(&e), "E8012", "{method}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains("192.0.2.1:9")
+                && e["data"]["suggestion"]
+                    .as_str()
+                    .unwrap()
+                    .contains("insecure_registries"),
+            "{e}"
+        );
+        no_secret(&e.to_string(), "an error");
+    }
+    // The open registry's copy (no challenge, no credentials for it) is pulled as before.
+    let id = c.create(json!({"template": format!("{}/test/bb:v1", open.host())}));
+    assert_eq!(out(&mut c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
 }

@@ -371,16 +371,23 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         let id = explicit.clone().unwrap_or_else(|| b.registry.default_id());
         (b.registry.get(&id)?, None)
     };
-    if matches!(method, "files/upload" | "files/download") {
-        // The daemon's working directory is nobody's: local paths must be absolute.
+    // Host paths the daemon reads or writes for the caller: the daemon's working directory
+    // is nobody's, so they must be absolute (the caller's uid is the daemon's: the door
+    // checked it, so the daemon's own file permissions are the caller's).
+    let host_path = match method {
+        "files/upload" | "files/download" => Some("localPath"),
+        "templates/import" => Some("path"),
+        _ => None,
+    };
+    if let Some(key) = host_path {
         if let Some(Value::String(lp)) = obj
-            .get("localPath")
+            .get(key)
             .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
         {
             if !std::path::Path::new(&lp).is_absolute() {
                 return Err(AbxError::invalid_params(
                     method,
-                    format!("localPath must be absolute, not '{lp}'"),
+                    format!("{key} must be absolute, not '{lp}'"),
                 ));
             }
         }

@@ -7,9 +7,15 @@ use tracing_subscriber::{fmt, layer::SubscriberExt, util::SubscriberInitExt, Env
 /// Keeps the file writer flushing; hold it for the life of the process.
 pub struct LogGuard(#[allow(dead_code)] Option<tracing_appender::non_blocking::WorkerGuard>);
 
-/// Install the global subscriber. `ABX_LOG` sets the filter (default `info`).
+/// Install the global subscriber. `ABX_LOG` sets the filter (default `info`). The registry
+/// client's debug lines are never enabled, whatever `ABX_LOG` says: they hold the bearer
+/// tokens a token server answered (secrets, like the credentials they were got with).
 pub fn init(paths: &Paths, to_stderr: bool) -> LogGuard {
-    let filter = || EnvFilter::try_from_env("ABX_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = || {
+        EnvFilter::try_from_env("ABX_LOG")
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+            .add_directive("oci_client=info".parse().expect("directive"))
+    };
     let (file_layer, guard) = match std::fs::create_dir_all(&paths.log_dir) {
         Ok(()) => {
             let appender = tracing_appender::rolling::never(&paths.log_dir, "broker.log");

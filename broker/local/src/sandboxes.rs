@@ -337,6 +337,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Registries (`insecure_registries`, `[local.registry_auth]`).
     pub registry: templates::RegistrySettings,
+    /// Caps on an image's size (`template_max_bytes`, `template_max_entries`).
+    pub template_limits: templates::Limits,
 }
 
 impl Default for Settings {
@@ -346,6 +348,7 @@ impl Default for Settings {
             network: "none".into(),
             limits: limits::DEFAULT,
             registry: templates::RegistrySettings::default(),
+            template_limits: templates::Limits::default(),
         }
     }
 }
@@ -391,6 +394,25 @@ impl Settings {
             match positive_int(v) {
                 Some(n) => s.limits.pids = Some(n),
                 None => warn!(value = %v, "ignoring [local] pids"),
+            }
+        }
+        if let Some(v) = t.get("template_max_bytes") {
+            match v
+                .as_str()
+                .and_then(limits::parse_size)
+                .or_else(|| positive_int(v))
+                .filter(|n| *n > 0)
+            {
+                Some(n) => s.template_limits.max_bytes = n,
+                None => warn!(value = %v, "ignoring [local] template_max_bytes: not a size"),
+            }
+        }
+        if let Some(v) = t.get("template_max_entries") {
+            match positive_int(v) {
+                Some(n) => s.template_limits.max_entries = n,
+                None => {
+                    warn!(value = %v, "ignoring [local] template_max_entries: not a positive integer")
+                }
             }
         }
         if let Some(v) = t.get("insecure_registries") {
@@ -644,11 +666,14 @@ impl Inner {
     fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
-        let templates = Arc::new(Store::new(
-            data_dir,
-            container::sandbox_owner(),
-            settings.registry.clone(),
-        ));
+        let templates = Arc::new(
+            Store::new(
+                data_dir,
+                container::sandbox_owner(),
+                settings.registry.clone(),
+            )
+            .with_limits(settings.template_limits),
+        );
         let p = Arc::new(Inner {
             templates,
             settings,
@@ -902,6 +927,8 @@ impl Inner {
         let quiet = |_: u64, _: u64, _: &str| {};
         match templates::registry::pull(&self.templates, template, &quiet).await {
             Ok(img) => Ok(img),
+            // Credentials wanted or refused: said as such, with where they go.
+            Err(e) if templates::registry::is_auth_error(&e) => Err(e),
             Err(e) if e.code == ErrorCode::SourceUnreachable => Err(AbxError::new(
                 ErrorCode::TemplateNotFound,
                 &[("template", template)],
@@ -1782,5 +1809,30 @@ impl Provider for LocalProvider {
             let v = self.0.dispatch(cx, method, params).await?;
             serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
         })
+    }
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use super::*;
+
+    #[test]
+    fn templates_caps_are_read_from_the_local_table() {
+        let s = |t: &str| Settings::from_config(&t.parse::<toml::Table>().unwrap());
+        assert_eq!(s("").template_limits, templates::Limits::default());
+        assert_eq!(templates::Limits::default().max_bytes, 16 << 30);
+        let l = s("[local]\ntemplate_max_bytes = \"16M\"\ntemplate_max_entries = 1000\n")
+            .template_limits;
+        assert_eq!((l.max_bytes, l.max_entries), (16 << 20, 1000));
+        assert_eq!(
+            s("[local]\ntemplate_max_bytes = 5000\n")
+                .template_limits
+                .max_bytes,
+            5000
+        );
+        // Bad values keep the defaults.
+        let l = s("[local]\ntemplate_max_bytes = \"lots\"\ntemplate_max_entries = -1\n")
+            .template_limits;
+        assert_eq!(l, templates::Limits::default());
     }
 }

@@ -43,13 +43,22 @@ pub fn import(
         let t =
             tempfile::tempdir_in(store.dir.join("tmp").tap_mkdir()).map_err(|e| bad(path, e))?;
         let root = unpack::Root::open(t.path(), None).map_err(|e| bad(path, e))?;
-        root.apply(unpack::layer_reader(path).map_err(|e| bad(path, e))?)
-            .map_err(|e| bad(path, e))?;
+        root.apply(
+            unpack::layer_reader(path).map_err(|e| bad(path, e))?,
+            &mut store.limits.budget(),
+        )
+        .map_err(|e| {
+            if unpack::is_over_budget(&e) {
+                super::too_big(&path.display().to_string(), &store.limits)
+            } else {
+                bad(path, e)
+            }
+        })?;
         let d = t.path().to_path_buf();
         _tmp = t;
         d
     };
-    if dir.join("manifest.json").is_file() {
+    let res = if dir.join("manifest.json").is_file() {
         docker_save(store, &dir, name)
     } else if dir.join("index.json").is_file() {
         oci_layout(store, &dir, name, tag)
@@ -58,7 +67,12 @@ pub fn import(
             path,
             "neither manifest.json (docker save) nor index.json (OCI layout) found",
         ))
+    };
+    if res.is_err() {
+        // The blobs a failed import stored go again.
+        store.gc_blobs();
     }
+    res
 }
 
 trait MkDir {
@@ -77,7 +91,9 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, AbxError> {
     Ok(dir.join(c))
 }
 
-fn file_digest(p: &Path, decompress: bool) -> Result<String, AbxError> {
+/// The sha256 of a file, or of its decompressed content (at most `limit` bytes of it: E8012
+/// past that, so a decompression bomb is not hashed to its end).
+fn file_digest(store: &Store, p: &Path, decompress: bool) -> Result<String, AbxError> {
     let mut r: Box<dyn std::io::Read> = if decompress {
         unpack::layer_reader(p).map_err(|e| bad(p, e))?
     } else {
@@ -85,10 +101,15 @@ fn file_digest(p: &Path, decompress: bool) -> Result<String, AbxError> {
     };
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
     loop {
         let n = r.read(&mut buf).map_err(|e| bad(p, e))?;
         if n == 0 {
             break;
+        }
+        total += n as u64;
+        if decompress && total > store.limits.max_bytes {
+            return Err(super::too_big(&p.display().to_string(), &store.limits));
         }
         h.update(&buf[..n]);
     }
@@ -145,11 +166,11 @@ fn docker_save(store: &Store, dir: &Path, name: Option<&str>) -> Result<Image, A
     let mut stored = Vec::new();
     for (l, want) in layers.iter().zip(&diff_ids) {
         let p = inside(dir, l.as_str().unwrap_or(""))?;
-        let got = file_digest(&p, true)?;
+        let got = file_digest(store, &p, true)?;
         if &got != want {
             return Err(mismatch(want, &got));
         }
-        let blob = file_digest(&p, false)?;
+        let blob = file_digest(store, &p, false)?;
         let size = std::fs::metadata(&p).map_or(0, |m| m.len());
         store.put_blob_file(&p, &blob)?;
         stored.push((blob, size, want.clone()));

@@ -124,13 +124,77 @@ impl Image {
     }
 }
 
-/// The `[local]` keys for registries.
-#[derive(Clone, Debug, Default)]
+/// The `[local]` keys for registries. Its `Debug` shows the users, never the passwords.
+#[derive(Clone, Default)]
 pub struct RegistrySettings {
     /// Registries reached over plain HTTP besides loopback ones (`insecure_registries`).
     pub insecure: Vec<String>,
     /// Credentials per registry host (`[local.registry_auth]` `"host" = "user:password"`).
     pub auth: BTreeMap<String, (String, String)>,
+}
+
+impl std::fmt::Debug for RegistrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let auth: BTreeMap<&str, String> = self
+            .auth
+            .iter()
+            .map(|(h, (u, _))| (h.as_str(), format!("{u}:<redacted>")))
+            .collect();
+        f.debug_struct("RegistrySettings")
+            .field("insecure", &self.insecure)
+            .field("auth", &auth)
+            .finish()
+    }
+}
+
+/// Caps on what one image may unpack to (`[local] template_max_bytes`,
+/// `template_max_entries`): a pull or import past them is E8012 and leaves nothing behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Unpacked bytes of all its layers together (default 16 GiB); also caps the
+    /// compressed size a registry's manifest declares.
+    pub max_bytes: u64,
+    /// Entries of all its layers together (default 4,000,000).
+    pub max_entries: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_bytes: 16 << 30,
+            max_entries: 4_000_000,
+        }
+    }
+}
+
+impl Limits {
+    /// A fresh budget of these caps.
+    pub fn budget(&self) -> unpack::Budget {
+        unpack::Budget {
+            bytes: self.max_bytes,
+            entries: self.max_entries,
+        }
+    }
+}
+
+/// E8012: `what` goes over the caps.
+pub fn too_big(what: &str, limits: &Limits) -> AbxError {
+    AbxError::new(
+        ErrorCode::Refused,
+        &[
+            (
+                "detail",
+                &format!(
+                    "'{what}' is larger than this broker accepts for a template (at most {} bytes unpacked and {} entries: [local] template_max_bytes and template_max_entries); nothing of it was kept",
+                    limits.max_bytes, limits.max_entries
+                ),
+            ),
+            (
+                "rerun",
+                "If you trust this image, raise [local] template_max_bytes (or template_max_entries) in the broker config (config.toml), restart the broker and retry.",
+            ),
+        ],
+    )
 }
 
 /// The store of templates.
@@ -139,6 +203,8 @@ pub struct Store {
     owner: Option<(u32, u32)>,
     /// The registry settings.
     pub registry: RegistrySettings,
+    /// The caps on an image's size.
+    pub limits: Limits,
     /// One writer at a time (pull, import, build, remove).
     pub lock: tokio::sync::Mutex<()>,
 }
@@ -197,8 +263,15 @@ impl Store {
             dir: data_dir.join("local/templates"),
             owner,
             registry,
+            limits: Limits::default(),
             lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The same store with other caps.
+    pub fn with_limits(mut self, limits: Limits) -> Store {
+        self.limits = limits;
+        self
     }
 
     fn blobs(&self) -> PathBuf {
@@ -341,22 +414,14 @@ impl Store {
         if !dir.join("rootfs").is_dir() {
             let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&tmp);
-            let root = unpack::Root::open(&tmp.join("rootfs"), self.owner)
-                .map_err(|e| io_err("rootfs", e))?;
-            for l in &img.layers {
-                let p = self
-                    .blob_path(l)
-                    .filter(|p| p.is_file())
-                    .ok_or_else(|| io_err("layer", format!("{l} is not stored")))?;
-                let r = unpack::layer_reader(&p).map_err(|e| io_err("layer", e))?;
-                root.apply(r).map_err(|e| {
-                    AbxError::detail(
-                        ErrorCode::SandboxCreateFailed,
-                        format!("applying layer {l} of {}: {e}", img.name),
-                    )
-                })?;
+            if let Err(e) = self.unpack_into(img, &tmp) {
+                // Nothing of a failed image stays: its partial root, its record, the blobs
+                // no other image uses.
+                let _ = std::fs::remove_dir_all(&tmp);
+                let _ = std::fs::remove_dir_all(&dir);
+                self.gc_blobs();
+                return Err(e);
             }
-            self.write_record(&tmp, img)?;
             std::fs::create_dir_all(dir.parent().expect("images"))
                 .map_err(|e| io_err("images", e))?;
             let _ = std::fs::remove_dir_all(&dir);
@@ -365,6 +430,37 @@ impl Store {
             self.write_record(&dir, img)?;
         }
         self.tag(names, &img.digest)
+    }
+
+    /// Apply an image's layers (within the caps) into `tmp/rootfs` and write its record
+    /// (and the record of its other blobs) there.
+    fn unpack_into(&self, img: &Image, tmp: &Path) -> Result<(), AbxError> {
+        let root =
+            unpack::Root::open(&tmp.join("rootfs"), self.owner).map_err(|e| io_err("rootfs", e))?;
+        let mut budget = self.limits.budget();
+        for l in &img.layers {
+            let p = self
+                .blob_path(l)
+                .filter(|p| p.is_file())
+                .ok_or_else(|| io_err("layer", format!("{l} is not stored")))?;
+            let r = unpack::layer_reader(&p).map_err(|e| io_err("layer", e))?;
+            root.apply(r, &mut budget).map_err(|e| {
+                if unpack::is_over_budget(&e) {
+                    too_big(&img.name, &self.limits)
+                } else {
+                    AbxError::detail(
+                        ErrorCode::SandboxCreateFailed,
+                        format!("applying layer {l} of {}: {e}", img.name),
+                    )
+                }
+            })?;
+        }
+        if let Some(d) = self.image_dir(&img.digest) {
+            if let Ok(b) = std::fs::read(d.join("blobs.json")) {
+                let _ = std::fs::write(tmp.join("blobs.json"), b);
+            }
+        }
+        self.write_record(tmp, img)
     }
 
     fn write_record(&self, dir: &Path, img: &Image) -> Result<(), AbxError> {
@@ -466,7 +562,7 @@ impl Store {
 
     /// Remove blobs no stored image refers to (layers, and the configs and manifests
     /// recorded beside them in `blobs.json` of each image).
-    fn gc_blobs(&self) -> u64 {
+    pub(crate) fn gc_blobs(&self) -> u64 {
         let mut keep = std::collections::HashSet::new();
         let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else {
             return 0;
@@ -607,8 +703,19 @@ impl Store {
             .map_err(|e| io_err("cloning the base", e))?;
         let root =
             unpack::Root::open(&tmp.join("rootfs"), self.owner).map_err(|e| io_err("rootfs", e))?;
-        root.apply(unpack::layer_reader(&path).map_err(|e| io_err("layer", e))?)
-            .map_err(|e| io_err("applying the saved layer", e))?;
+        if let Err(e) = root.apply(
+            unpack::layer_reader(&path).map_err(|e| io_err("layer", e))?,
+            &mut self.limits.budget(),
+        ) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_dir_all(&dir);
+            self.gc_blobs();
+            return Err(if unpack::is_over_budget(&e) {
+                too_big(name, &self.limits)
+            } else {
+                io_err("applying the saved layer", e)
+            });
+        }
         self.write_record(&tmp, &img)?;
         if let Ok(b) = std::fs::read(dir.join("blobs.json")) {
             let _ = std::fs::write(tmp.join("blobs.json"), b);
@@ -710,4 +817,21 @@ fn is_opaque(p: &Path) -> bool {
             };
             n >= 1 && v[0] == b'y'
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_settings_debug_never_shows_a_password() {
+        let mut r = RegistrySettings::default();
+        r.auth.insert(
+            "reg.example:5000".into(),
+            ("alice".into(), "hunter2-secret".into()),
+        );
+        let d = format!("{r:?}");
+        assert!(d.contains("alice") && d.contains("reg.example:5000"), "{d}");
+        assert!(!d.contains("hunter2-secret"), "{d}");
+    }
 }

@@ -3,8 +3,15 @@
 //! HTTPS everywhere except registries on loopback addresses (`127.0.0.0/8`, `::1`,
 //! `localhost`, as Docker does) and those listed in `[local] insecure_registries`.
 //! Credentials: `[local.registry_auth]` of the broker config, else `auths.<registry>.auth` of
-//! `~/.docker/config.json` (base64 `user:password`), else anonymous; `oci-client` does the
-//! token (Bearer) exchange the registry asks for. Credentials are never logged or returned.
+//! `$DOCKER_CONFIG/config.json` or `~/.docker/config.json` (base64 `user:password`), else
+//! anonymous; `oci-client` answers the registry's challenge: HTTP Basic, or the token
+//! (Bearer) exchange with the realm the registry names. Credentials are never logged or
+//! returned: a registry or token server that refuses them is E8010 with `data.auth`
+//! (`required` or `refused`) and a suggestion naming where credentials go, nothing of what
+//! the servers answered (a hostile one could echo them). Before credentials are handed to
+//! `oci-client`, which sends them to whatever token realm the registry names, the realm is
+//! read from the registry's challenge: one on plain HTTP off loopback (and not listed in
+//! `insecure_registries`) is refused (E8012), so credentials never travel in the clear.
 //! An index is resolved to the manifest of `linux` and the host's architecture. Every blob is
 //! hashed while it is written and stored only when it matches its digest (E8013 otherwise).
 
@@ -52,11 +59,15 @@ pub fn is_loopback(registry: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
 }
 
+fn docker_config_dir() -> Option<std::path::PathBuf> {
+    match std::env::var_os("DOCKER_CONFIG") {
+        Some(d) => Some(d.into()),
+        None => Some(std::path::Path::new(&std::env::var_os("HOME")?).join(".docker")),
+    }
+}
+
 fn docker_config_auth(registry: &str) -> Option<(String, String)> {
-    let home = std::env::var_os("HOME")?;
-    let dir = std::env::var_os("DOCKER_CONFIG")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(&home).join(".docker"));
+    let dir = docker_config_dir()?;
     let b = std::fs::read(dir.join("config.json")).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
     let auths = v.get("auths")?.as_object()?;
@@ -78,14 +89,132 @@ fn docker_config_auth(registry: &str) -> Option<(String, String)> {
     Some((u.to_owned(), p.to_owned()))
 }
 
-fn auth_for(store: &Store, registry: &str) -> RegistryAuth {
+/// Where the credentials for a registry came from (for errors; never the secret itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AuthFrom {
+    None,
+    BrokerConfig,
+    DockerConfig,
+}
+
+fn auth_for(store: &Store, registry: &str) -> (RegistryAuth, AuthFrom) {
     if let Some((u, p)) = store.registry.auth.get(registry) {
-        return RegistryAuth::Basic(u.clone(), p.clone());
+        return (
+            RegistryAuth::Basic(u.clone(), p.clone()),
+            AuthFrom::BrokerConfig,
+        );
     }
     match docker_config_auth(registry) {
-        Some((u, p)) => RegistryAuth::Basic(u, p),
-        None => RegistryAuth::Anonymous,
+        Some((u, p)) => (RegistryAuth::Basic(u, p), AuthFrom::DockerConfig),
+        None => (RegistryAuth::Anonymous, AuthFrom::None),
     }
+}
+
+/// E8010 for a registry (or its token server) that wants credentials or refused them.
+fn auth_err(reference: &str, registry: &str, from: AuthFrom) -> AbxError {
+    let (detail, state) = match from {
+        AuthFrom::None => (
+            format!("the registry {registry} asks for credentials and none are configured for it"),
+            "required",
+        ),
+        AuthFrom::BrokerConfig => (
+            format!("the registry {registry} refused the credentials of [local.registry_auth] in the broker config"),
+            "refused",
+        ),
+        AuthFrom::DockerConfig => (
+            format!("the registry {registry} refused the credentials of auths.\"{registry}\" in the docker config (config.json)"),
+            "refused",
+        ),
+    };
+    AbxError::new(
+        ErrorCode::SourceUnreachable,
+        &[("source", reference), ("detail", &detail)],
+    )
+    .with_suggestion(format!(
+        "Put the credentials for {registry} in the broker config (config.toml: [local.registry_auth] \"{registry}\" = \"user:password\") or in the docker config ($DOCKER_CONFIG/config.json or ~/.docker/config.json: auths.\"{registry}\".auth = base64 of user:password, as 'docker login' writes it), then retry."
+    ))
+    .with_data("registry", registry)
+    .with_data("auth", state)
+}
+
+/// The realm of a `Bearer realm="...",service="..."` challenge.
+fn bearer_realm(challenge: &str) -> Option<String> {
+    let c = challenge.trim();
+    let (scheme, params) = c.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    params.split(',').find_map(|kv| {
+        let (k, v) = kv.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("realm")
+            .then(|| v.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// The `host[:port]` of a plain-HTTP URL, None for any other.
+fn plain_http_host(url: &str) -> Option<&str> {
+    let rest = url
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &url[7..])?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    Some(authority.rsplit('@').next().unwrap_or(authority))
+}
+
+/// Before credentials go anywhere (oci-client sends them to whatever token realm the
+/// registry names): a realm on plain HTTP is refused unless its host is loopback or listed
+/// in `insecure_registries`, the rule the registry itself is held to (E8012).
+async fn check_realm(
+    store: &Store,
+    reference: &str,
+    registry: &str,
+    plain: bool,
+) -> Result<(), AbxError> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(15))
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(AbxError::internal)?;
+    let url = format!("{}://{registry}/v2/", if plain { "http" } else { "https" });
+    let res = http
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| unreachable(reference, e))?;
+    let Some(realm) = res
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(bearer_realm)
+    else {
+        return Ok(());
+    };
+    match plain_http_host(&realm) {
+        Some(host) if !is_loopback(host) && !store.registry.insecure.iter().any(|h| h == host) => {
+            Err(AbxError::new(
+                ErrorCode::Refused,
+                &[
+                    (
+                        "detail",
+                        &format!("the registry {registry} sends its credentials to the token server {host} over plain HTTP; they were not sent"),
+                    ),
+                    (
+                        "rerun",
+                        &format!("Only loopback hosts and those in [local] insecure_registries are spoken to over plain HTTP: add \"{host}\" there (config.toml) if that network is trusted, then restart the broker and retry."),
+                    ),
+                ],
+            )
+            .with_data("registry", registry))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether an error is a registry's refusal for want of (good) credentials.
+pub fn is_auth_error(e: &AbxError) -> bool {
+    e.code == ErrorCode::SourceUnreachable && e.data.contains_key("auth")
 }
 
 fn unreachable(reference: &str, e: impl std::fmt::Display) -> AbxError {
@@ -96,9 +225,19 @@ fn unreachable(reference: &str, e: impl std::fmt::Display) -> AbxError {
     .with_suggestion("Check the image name and the registry (plain HTTP is used only for loopback registries and [local] insecure_registries).")
 }
 
-fn map_err(reference: &str, e: oci_client::errors::OciDistributionError) -> AbxError {
+fn map_err(
+    reference: &str,
+    registry: &str,
+    from: AuthFrom,
+    e: oci_client::errors::OciDistributionError,
+) -> AbxError {
     use oci_client::errors::{DigestError, OciDistributionError as E};
     match e {
+        // The token server's answer is not shown: it could hold what was sent to it.
+        E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => {
+            auth_err(reference, registry, from)
+        }
+        E::ServerError { code: 401, .. } => auth_err(reference, registry, from),
         E::DigestError(DigestError::VerificationError { expected, actual }) => {
             super::mismatch(&expected, &actual)
         }
@@ -144,11 +283,16 @@ pub async fn pull(
         ..Default::default()
     };
     let client = oci_client::Client::new(cfg);
-    let auth = auth_for(store, &registry);
+    let (auth, from) = auth_for(store, &registry);
+    if from != AuthFrom::None {
+        check_realm(store, reference, &registry, plain).await?;
+    }
+    let map_err =
+        |e: oci_client::errors::OciDistributionError| map_err(reference, &registry, from, e);
     let (manifest, digest) = client
         .pull_image_manifest(&r, &auth)
         .await
-        .map_err(|e| map_err(reference, e))?;
+        .map_err(map_err)?;
     if super::digest_hex(&digest).is_none() {
         return Err(unreachable(
             reference,
@@ -167,6 +311,9 @@ pub async fn pull(
         .map(|l| l.size.max(0) as u64)
         .sum::<u64>()
         + manifest.config.size.max(0) as u64;
+    if total > store.limits.max_bytes || manifest.layers.len() as u64 > store.limits.max_entries {
+        return Err(super::too_big(reference, &store.limits));
+    }
     let mut done = 0u64;
     progress(0, total, "manifest");
     let mut blobs = vec![manifest.config.clone()];
@@ -184,20 +331,31 @@ pub async fn pull(
     let fetch = |d: oci_client::manifest::OciDescriptor| {
         let client = &client;
         let r = &r;
+        let map_err = &map_err;
         async move {
             if !store.has_blob(&d.digest) {
                 let mut w = store.blob_writer()?;
                 let mut sink = Sink {
                     w: &mut w,
+                    limit: d.size.max(0) as u64,
                     err: None,
                 };
                 let res = client.pull_blob(r, &d, &mut sink).await;
                 if let Some(e) = sink.err {
+                    if e.kind() == std::io::ErrorKind::FileTooLarge {
+                        return Err(unreachable(
+                            reference,
+                            format!(
+                                "blob {} is longer than the {} bytes its manifest declares",
+                                d.digest, d.size
+                            ),
+                        ));
+                    }
                     return Err(AbxError::internal(format!(
                         "templates: writing a blob: {e}"
                     )));
                 }
-                res.map_err(|e| map_err(reference, e))?;
+                res.map_err(map_err)?;
                 let digest = d.digest.clone();
                 store.commit_blob(w, &digest)?;
             }
@@ -276,8 +434,10 @@ async fn manifest_is_platform_of(
         })
 }
 
+/// Where a blob being pulled goes; never more than `limit` bytes (its declared size).
 struct Sink<'a> {
     w: &'a mut super::BlobWriter,
+    limit: u64,
     err: Option<std::io::Error>,
 }
 
@@ -287,7 +447,11 @@ impl tokio::io::AsyncWrite for Sink<'_> {
         _: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        let r = self.w.write(buf);
+        let r = if self.w.len + buf.len() as u64 > self.limit {
+            Err(std::io::Error::from(std::io::ErrorKind::FileTooLarge))
+        } else {
+            self.w.write(buf)
+        };
         if let Err(e) = r {
             let k = e.kind();
             self.err = Some(e);
@@ -312,6 +476,61 @@ impl tokio::io::AsyncWrite for Sink<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pulled_blob_is_never_written_past_its_declared_size() {
+        use tokio::io::AsyncWriteExt;
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::new(t.path(), None, Default::default());
+        let mut w = store.blob_writer().unwrap();
+        let mut sink = Sink {
+            w: &mut w,
+            limit: 8,
+            err: None,
+        };
+        futures::executor::block_on(async {
+            sink.write_all(b"12345678").await.unwrap();
+            let e = sink.write_all(b"9").await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::FileTooLarge);
+        });
+        assert!(sink.err.is_some());
+        assert_eq!(w.len, 8);
+    }
+
+    #[test]
+    fn credential_errors_say_where_credentials_go_and_are_told_apart() {
+        for (from, state) in [
+            (AuthFrom::None, "required"),
+            (AuthFrom::BrokerConfig, "refused"),
+            (AuthFrom::DockerConfig, "refused"),
+        ] {
+            let e = auth_err("127.0.0.1:5000/a/b:1", "127.0.0.1:5000", from);
+            assert_eq!(e.code, ErrorCode::SourceUnreachable);
+            assert!(is_auth_error(&e));
+            assert_eq!(e.data["auth"], state);
+            assert!(e
+                .suggestion
+                .contains("[local.registry_auth] \"127.0.0.1:5000\""));
+            assert!(e.suggestion.contains("auths.\"127.0.0.1:5000\".auth"));
+        }
+        assert!(!is_auth_error(&unreachable("x", "connection refused")));
+    }
+
+    #[test]
+    fn bearer_realms_and_plain_http_hosts_are_read() {
+        assert_eq!(
+            bearer_realm(r#"Bearer realm="http://auth.example:5001/token",service="reg""#)
+                .as_deref(),
+            Some("http://auth.example:5001/token")
+        );
+        assert_eq!(bearer_realm(r#"Basic realm="x""#), None);
+        assert_eq!(
+            plain_http_host("http://u@auth.example:5001/token?x=1"),
+            Some("auth.example:5001")
+        );
+        assert_eq!(plain_http_host("HTTP://127.0.0.1/t"), Some("127.0.0.1"));
+        assert_eq!(plain_http_host("https://auth.example/token"), None);
+    }
 
     #[test]
     fn loopback_registries_are_recognised() {

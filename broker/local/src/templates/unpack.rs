@@ -11,6 +11,8 @@
 //! nodes and fifos are skipped. Setuid and setgid bits are dropped (a sandbox has one id, so
 //! they could not change anything inside; on the host they would be a way into the sandbox's
 //! id). Everything is owned by `owner` where one is given (a root daemon's sandbox id).
+//! A [`Budget`] caps what layers may unpack to (the declared bytes of every entry, and the
+//! number of entries), so a decompression bomb stops at the cap ([`is_over_budget`]).
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -26,6 +28,56 @@ pub struct Applied {
     pub written: u64,
     /// Entries skipped (device nodes, fifos, `..` names, links that lead nowhere).
     pub skipped: u64,
+}
+
+/// What unpacking may still take: bytes (the declared size of every entry, whatever its
+/// kind, so skipped entries count too) and entries. Shared by the layers of one image.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    /// Bytes left.
+    pub bytes: u64,
+    /// Entries left.
+    pub entries: u64,
+}
+
+/// The error a [`Budget`] running out raises (inside an `io::Error`).
+#[derive(Debug)]
+pub struct OverBudget(pub &'static str);
+
+impl std::fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unpacking goes over the cap on {}", self.0)
+    }
+}
+
+impl std::error::Error for OverBudget {}
+
+/// Whether an error is a [`Budget`] running out.
+pub fn is_over_budget(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<OverBudget>())
+}
+
+impl Budget {
+    /// No cap.
+    pub fn unlimited() -> Budget {
+        Budget {
+            bytes: u64::MAX,
+            entries: u64::MAX,
+        }
+    }
+
+    /// Take one entry of `size` bytes.
+    pub fn take(&mut self, size: u64) -> io::Result<()> {
+        if self.entries == 0 {
+            return Err(io::Error::other(OverBudget("entries")));
+        }
+        if size > self.bytes {
+            return Err(io::Error::other(OverBudget("bytes")));
+        }
+        self.entries -= 1;
+        self.bytes -= size;
+        Ok(())
+    }
 }
 
 /// The compression of a layer, from its media type or its first bytes.
@@ -290,14 +342,15 @@ impl Root {
         open_in(self.fd.as_raw_fd(), rel, libc::O_PATH | libc::O_DIRECTORY)
     }
 
-    /// Apply one layer (a tar stream) on top of what the root holds.
-    pub fn apply(&self, tar_stream: impl Read) -> io::Result<Applied> {
+    /// Apply one layer (a tar stream) on top of what the root holds, within `budget`.
+    pub fn apply(&self, tar_stream: impl Read, budget: &mut Budget) -> io::Result<Applied> {
         let mut ar = tar::Archive::new(tar_stream);
         let mut done = Applied::default();
         // Paths this layer made: an opaque marker only hides what lower layers put there.
         let mut made: HashSet<PathBuf> = HashSet::new();
         for entry in ar.entries()? {
             let mut entry = entry?;
+            budget.take(entry.size())?;
             let raw = entry.path()?.into_owned();
             let Some(rel) = clean(&raw) else {
                 tracing::warn!(path = %raw.display(), "image layer: skipping a path with '..'");
@@ -366,7 +419,9 @@ impl Root {
                     }
                     // SAFETY: a fresh descriptor.
                     let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-                    io::copy(&mut entry, &mut f)?;
+                    // Never more than it declared (and was charged for).
+                    let want = entry.size();
+                    io::copy(&mut (&mut entry).take(want), &mut f)?;
                     if let Some((u, g)) = self.owner {
                         // SAFETY: fchown on our own descriptor.
                         unsafe { libc::fchown(f.as_raw_fd(), u, g) };
@@ -573,6 +628,7 @@ mod tests {
                 link(b, tar::EntryType::Link, "bin/hard", "bin/tool");
                 link(b, tar::EntryType::Symlink, "bin/soft", "tool");
             })[..],
+            &mut Budget::unlimited(),
         )
         .unwrap();
         root.apply(
@@ -581,6 +637,7 @@ mod tests {
                 file(b, "opq/.wh..wh..opq", b"", 0o644);
                 file(b, "opq/new", b"y", 0o644);
             })[..],
+            &mut Budget::unlimited(),
         )
         .unwrap();
         let r = t.path().join("r");
@@ -599,6 +656,43 @@ mod tests {
             std::fs::read_link(r.join("bin/soft")).unwrap(),
             Path::new("tool")
         );
+    }
+
+    #[test]
+    fn a_budget_caps_unpacked_bytes_and_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let root = Root::open(&t.path().join("r"), None).unwrap();
+        let big = layer(|b| file(b, "big", &vec![0u8; 4096], 0o644));
+        // Bytes: one byte short of the file is refused before anything is written.
+        let mut budget = Budget {
+            bytes: 4095,
+            entries: 10,
+        };
+        let e = root.apply(&big[..], &mut budget).unwrap_err();
+        assert!(is_over_budget(&e), "{e}");
+        assert!(!t.path().join("r/big").exists());
+        // Exactly enough is taken, and spent.
+        let mut budget = Budget {
+            bytes: 4096,
+            entries: 10,
+        };
+        root.apply(&big[..], &mut budget).unwrap();
+        assert_eq!((budget.bytes, budget.entries), (0, 9));
+        // Entries: what is skipped counts too.
+        let many = layer(|b| {
+            for i in 0..5 {
+                file(b, &format!("f{i}"), b"", 0o644);
+            }
+        });
+        let mut budget = Budget {
+            bytes: u64::MAX,
+            entries: 4,
+        };
+        let e = root.apply(&many[..], &mut budget).unwrap_err();
+        assert!(is_over_budget(&e), "{e}");
+        assert!(!t.path().join("r/f4").exists());
+        // Other errors are not mistaken for it.
+        assert!(!is_over_budget(&io::Error::other("x")));
     }
 
     #[test]
@@ -622,6 +716,7 @@ mod tests {
                     h.set_cksum();
                     b.append(&h, &[][..]).unwrap();
                 })[..],
+                &mut Budget::unlimited(),
             )
             .unwrap();
         assert!(a.skipped >= 3, "{a:?}");
@@ -630,6 +725,7 @@ mod tests {
                 file(b, "abs/through-abs", b"x", 0o644);
                 file(b, "rel/through-rel", b"x", 0o644);
             })[..],
+            &mut Budget::unlimited(),
         )
         .unwrap();
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
