@@ -1682,3 +1682,141 @@ fn credentials_are_not_sent_to_a_plain_http_token_realm_off_loopback() {
     let id = c.create(json!({"template": format!("{}/test/bb:v1", open.host())}));
     assert_eq!(out(&mut c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
 }
+
+/// An OCI layout whose `tag` is an image index of two platforms: this machine's (layer
+/// `/arch.txt` = "native") and another architecture's ("foreign"), both on the busybox base.
+fn multi_arch_layout(dir: &Path, tag: &str) {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |b: &[u8]| {
+        let h = sha256(b);
+        std::fs::write(blobs.join(&h), b).unwrap();
+        format!("sha256:{h}")
+    };
+    let base = base_layer();
+    let base_gz = compress("gzip", &base);
+    let base_d = put(&base_gz);
+    let other = if go_arch() == "amd64" {
+        "s390x"
+    } else {
+        "amd64"
+    };
+    let mut entries = Vec::new();
+    for (arch, marker) in [(other, "foreign"), (go_arch(), "native")] {
+        let top = tar(&[E::File(
+            "arch.txt".into(),
+            format!("{marker}\n").into_bytes(),
+            0o644,
+        )]);
+        let top_d = put(&top);
+        let cfg = serde_json::to_vec(&json!({
+            "architecture": arch, "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
+            "rootfs": {"type": "layers", "diff_ids": [
+                format!("sha256:{}", sha256(&base)), format!("sha256:{}", sha256(&top)),
+            ]},
+        }))
+        .unwrap();
+        let cd = put(&cfg);
+        let man = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cfg.len()},
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": base_d, "size": base_gz.len()},
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": top_d, "size": top.len()},
+            ],
+        }))
+        .unwrap();
+        let md = put(&man);
+        entries.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md,
+            "size": man.len(), "platform": {"os": "linux", "architecture": arch},
+        }));
+    }
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": entries,
+    }))
+    .unwrap();
+    let id = put(&index);
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": id, "size": index.len(),
+            "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_multi_platform_index_from_the_registry_gives_this_machines_image_by_tag_and_by_index_digest() {
+    let reg = Registry::start();
+    let images = tempfile::tempdir().unwrap();
+    let dir = images.path().join("multi");
+    multi_arch_layout(&dir, "v1");
+    // The whole index and both platforms' images go to the registry (skopeo --all).
+    let out_ = Command::new("skopeo")
+        .args([
+            "--insecure-policy",
+            "copy",
+            "-q",
+            "--all",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:v1", dir.display()))
+        .arg(format!("docker://{}/test/multi:v1", reg.host()))
+        .output()
+        .expect("skopeo");
+    assert!(
+        out_.status.success(),
+        "skopeo copy --all: {}",
+        String::from_utf8_lossy(&out_.stderr)
+    );
+    // The index as the registry serves it (skopeo may have written it anew).
+    let raw = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{}/test/multi:v1", reg.host()))
+        .output()
+        .expect("skopeo inspect");
+    assert!(
+        raw.status.success(),
+        "{}",
+        String::from_utf8_lossy(&raw.stderr)
+    );
+    let served: Value = serde_json::from_slice(&raw.stdout).unwrap();
+    assert_eq!(
+        served["manifests"].as_array().map(Vec::len),
+        Some(2),
+        "{served}"
+    );
+    let index = format!("sha256:{}", sha256(&raw.stdout));
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let sb = c.call(
+        "sandbox/create",
+        json!({"template": format!("{}/test/multi:v1", reg.host())}),
+    );
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(out(&mut c, &id, "cat /arch.txt"), "native\n");
+    let digest = sb["templateDigest"].as_str().unwrap().to_owned();
+    assert_ne!(
+        digest, index,
+        "pinned to the platform's manifest, not the index"
+    );
+    // By the index's digest: the same platform manifest.
+    let home2 = Home::new();
+    home2.start();
+    let mut c2 = home2.connect();
+    let sb2 = c2.call(
+        "sandbox/create",
+        json!({"template": format!("{}/test/multi@{index}", reg.host())}),
+    );
+    let id2 = sb2["id"].as_str().unwrap().to_owned();
+    assert_eq!(out(&mut c2, &id2, "cat /arch.txt"), "native\n");
+    assert_eq!(sb2["templateDigest"], digest.as_str());
+}
