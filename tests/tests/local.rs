@@ -1202,3 +1202,46 @@ fn a_sandbox_process_left_by_a_landlock_daemon_cannot_drive_its_successor() {
         "a left-over sandbox process was served: {result}"
     );
 }
+
+/// A cancellation sent right behind an `exec/run` (at once, or up to 1.1 ms later) never
+/// leaves its process running unowned: whether it lands before the init started it, while
+/// the init's answer is in flight, or after the broker took the process over, no `sleep`
+/// survives. (The narrowest of these windows, an answer delivered and not yet taken, is hit
+/// under load; the Python SDK's `test_keyboard_interrupt_cancels_at_the_broker` caught it.)
+#[test]
+fn a_cancel_racing_the_start_of_an_exec_run_leaves_no_process_behind() {
+    let (home, mut c, id) = setup();
+    for i in 0..120u64 {
+        c.send(
+            &json!({"jsonrpc": "2.0", "id": 1000 + i, "method": "exec/run",
+                "params": {"sandbox": id, "command": format!("sleep 300 # {i}")}})
+            .to_string(),
+        );
+        // A spread of moments: some cancels land before the spawn, some in its answer.
+        let until = std::time::Instant::now() + Duration::from_micros(i % 12 * 100);
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        c.send(
+            &json!({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 1000 + i}})
+                .to_string(),
+        );
+        let v = c.recv();
+        assert_eq!(v["id"], 1000 + i, "{v}");
+    }
+    let mut ctl = home.connect();
+    let mut left = Value::Null;
+    wait_until("no cancelled sleep left", Duration::from_secs(20), || {
+        let ps = ctl.call("process/list", json!({"sandbox": id}));
+        left = json!(ps["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("sleep 300")))
+            .cloned()
+            .collect::<Vec<_>>());
+        left.as_array().unwrap().is_empty()
+    });
+}

@@ -672,8 +672,14 @@ impl Container {
                 Err(_would_block) => continue,
             }
         }
-        match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
-            Ok(Ok(a)) => Ok(a),
+        // A spawn answered into the channel but never taken (the request was cancelled in
+        // between) is killed when the wait is dropped: no process stays behind unowned.
+        let mut rx = SpawnWait(Some(rx));
+        match tokio::time::timeout(ANSWER_TIMEOUT, &mut rx).await {
+            Ok(Ok(a)) => {
+                rx.0 = None;
+                Ok(a)
+            }
             Ok(Err(_)) => Err(Self::gone()),
             Err(_) => {
                 self.waiting.lock().expect("waiting").remove(&seq);
@@ -929,5 +935,36 @@ pub fn config(dirs: &super::SandboxDirs, id: &str, network: &str, nproc: Option<
         nproc,
         fsize: None,
         image: None,
+    }
+}
+
+/// The wait for an init's answer. Dropped with a `Spawned` answer delivered and not taken
+/// (the request's future was dropped after the init started the process, before it was
+/// polled again: a cancellation racing the answer), it kills that process's tree, as
+/// [`Container::on_event`] does for an answer nobody waits for any more.
+struct SpawnWait(Option<oneshot::Receiver<Answer>>);
+
+impl std::future::Future for SpawnWait {
+    type Output = Result<Answer, oneshot::error::RecvError>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.0.as_mut() {
+            Some(rx) => std::pin::Pin::new(rx).poll(cx),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl Drop for SpawnWait {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.0.take() {
+            if let Ok(Answer::Spawned { fds, .. }) = rx.try_recv() {
+                if let Some(host) = fds.first().and_then(host_pid_of) {
+                    super::procs::kill_tree(host, libc::SIGKILL);
+                }
+            }
+        }
     }
 }

@@ -350,6 +350,8 @@ async fn spawn_in(
     };
     drop(theirs);
     let (pid, view_pid) = (proc_.host_pid, proc_.pid);
+    // Running from here: an error below must not leave it behind unowned.
+    let mut started = TreeGuard(pid, true);
     let mut proc_ = proc_;
     type Ends = (
         Option<Writer>,
@@ -378,6 +380,7 @@ async fn spawn_in(
             )
         }
     };
+    started.1 = false;
     Ok(Spawned {
         child: ExecChild::Sandboxed(proc_),
         pid,
