@@ -91,6 +91,43 @@ fn compress(tool: &str, b: &[u8]) -> Vec<u8> {
     out.stdout
 }
 
+/// Store `b` as a blob of the OCI layout `dir`; returns its digest.
+fn put_blob(dir: &Path, b: &[u8]) -> String {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let h = sha256(b);
+    std::fs::write(blobs.join(&h), b).unwrap();
+    format!("sha256:{h}")
+}
+
+/// Store an image manifest of `config` (JSON) and `layers` (descriptors) in the layout `dir`;
+/// returns the manifest's digest and size.
+fn put_manifest(dir: &Path, config: &Value, layers: &[Value]) -> (String, usize) {
+    let cfg = serde_json::to_vec(config).unwrap();
+    let cd = put_blob(dir, &cfg);
+    let man = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cfg.len()},
+        "layers": layers,
+    }))
+    .unwrap();
+    (put_blob(dir, &man), man.len())
+}
+
+/// The layout marker and `index.json` of `dir`, naming the `media` blob `digest` `tag`.
+fn write_layout_index(dir: &Path, media: &str, digest: &str, size: usize, tag: &str) {
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": media, "digest": digest, "size": size,
+            "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
 /// An OCI layout directory holding one image of `layers` (tar, compression) under `tag`.
 fn oci_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, &str)], env: &[&str], workdir: &str) {
     oci_layout_as(dir, tag, layers, env, workdir, "")
@@ -105,13 +142,6 @@ fn oci_layout_as(
     workdir: &str,
     user: &str,
 ) {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    let put = |b: &[u8]| {
-        let h = sha256(b);
-        std::fs::write(blobs.join(&h), b).unwrap();
-        format!("sha256:{h}")
-    };
     let mut descs = Vec::new();
     let mut diff_ids = Vec::new();
     for (t, how) in layers {
@@ -127,33 +157,25 @@ fn oci_layout_as(
             ),
             _ => (t.clone(), "application/vnd.oci.image.layer.v1.tar"),
         };
-        let d = put(&bytes);
+        let d = put_blob(dir, &bytes);
         descs.push(json!({"mediaType": mt, "digest": d, "size": bytes.len()}));
     }
-    let cfg = serde_json::to_vec(&json!({
-        "architecture": go_arch(), "os": "linux",
-        "config": {"Env": env, "WorkingDir": workdir, "User": user, "Cmd": ["sh"]},
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    }))
-    .unwrap();
-    let cd = put(&cfg);
-    let man = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cfg.len()},
-        "layers": descs,
-    }))
-    .unwrap();
-    let md = put(&man);
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    std::fs::write(
-        dir.join("index.json"),
-        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": man.len(),
-            "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
-        .unwrap(),
-    )
-    .unwrap();
+    let (md, size) = put_manifest(
+        dir,
+        &json!({
+            "architecture": go_arch(), "os": "linux",
+            "config": {"Env": env, "WorkingDir": workdir, "User": user, "Cmd": ["sh"]},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }),
+        &descs,
+    );
+    write_layout_index(
+        dir,
+        "application/vnd.oci.image.manifest.v1+json",
+        &md,
+        size,
+        tag,
+    );
 }
 
 fn go_arch() -> &'static str {
@@ -1686,16 +1708,9 @@ fn credentials_are_not_sent_to_a_plain_http_token_realm_off_loopback() {
 /// An OCI layout whose `tag` is an image index of two platforms: this machine's (layer
 /// `/arch.txt` = "native") and another architecture's ("foreign"), both on the busybox base.
 fn multi_arch_layout(dir: &Path, tag: &str) {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    let put = |b: &[u8]| {
-        let h = sha256(b);
-        std::fs::write(blobs.join(&h), b).unwrap();
-        format!("sha256:{h}")
-    };
     let base = base_layer();
     let base_gz = compress("gzip", &base);
-    let base_d = put(&base_gz);
+    let base_d = put_blob(dir, &base_gz);
     let other = if go_arch() == "amd64" {
         "s390x"
     } else {
@@ -1708,30 +1723,24 @@ fn multi_arch_layout(dir: &Path, tag: &str) {
             format!("{marker}\n").into_bytes(),
             0o644,
         )]);
-        let top_d = put(&top);
-        let cfg = serde_json::to_vec(&json!({
-            "architecture": arch, "os": "linux",
-            "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
-            "rootfs": {"type": "layers", "diff_ids": [
-                format!("sha256:{}", sha256(&base)), format!("sha256:{}", sha256(&top)),
-            ]},
-        }))
-        .unwrap();
-        let cd = put(&cfg);
-        let man = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cfg.len()},
-            "layers": [
-                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": base_d, "size": base_gz.len()},
-                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": top_d, "size": top.len()},
+        let top_d = put_blob(dir, &top);
+        let (md, size) = put_manifest(
+            dir,
+            &json!({
+                "architecture": arch, "os": "linux",
+                "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
+                "rootfs": {"type": "layers", "diff_ids": [
+                    format!("sha256:{}", sha256(&base)), format!("sha256:{}", sha256(&top)),
+                ]},
+            }),
+            &[
+                json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": base_d, "size": base_gz.len()}),
+                json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": top_d, "size": top.len()}),
             ],
-        }))
-        .unwrap();
-        let md = put(&man);
+        );
         entries.push(json!({
             "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md,
-            "size": man.len(), "platform": {"os": "linux", "architecture": arch},
+            "size": size, "platform": {"os": "linux", "architecture": arch},
         }));
     }
     let index = serde_json::to_vec(&json!({
@@ -1740,16 +1749,14 @@ fn multi_arch_layout(dir: &Path, tag: &str) {
         "manifests": entries,
     }))
     .unwrap();
-    let id = put(&index);
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    std::fs::write(
-        dir.join("index.json"),
-        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [{
-            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": id, "size": index.len(),
-            "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
-        .unwrap(),
-    )
-    .unwrap();
+    let id = put_blob(dir, &index);
+    write_layout_index(
+        dir,
+        "application/vnd.oci.image.index.v1+json",
+        &id,
+        index.len(),
+        tag,
+    );
 }
 
 #[test]
