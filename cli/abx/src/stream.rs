@@ -118,6 +118,17 @@ pub fn piped_stdin() -> Option<Vec<u8>> {
     }
 }
 
+/// Cancel request `id` (`$/cancelRequest`) and wait up to 5 s for its answer, so the broker
+/// has stopped the work before the process exits.
+pub async fn cancel_and_wait(c: &mut Client, id: &abx_protocol::Id) {
+    let mut line =
+        abx_protocol::message::encode_notification("$/cancelRequest", Some(&json!({ "id": id })));
+    line.push(b'\n');
+    if c.send_raw(&line).await.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(id)).await;
+    }
+}
+
 /// `exec/run` that Ctrl-C, SIGTERM or SIGHUP cancel (`$/cancelRequest`: the broker kills the
 /// command's tree): `Ok(result)`, or `Err(128 + the signal)` once it has been cancelled.
 pub async fn run_cancellable(c: &mut Client, params: &Value) -> Result<Result<Value, u8>, Failure> {
@@ -134,12 +145,7 @@ pub async fn run_cancellable(c: &mut Client, params: &Value) -> Result<Result<Va
         _ = tokio::signal::ctrl_c() => libc::SIGINT,
         sig = ending.recv() => sig,
     };
-    let mut line =
-        abx_protocol::message::encode_notification("$/cancelRequest", Some(&json!({ "id": id })));
-    line.push(b'\n');
-    if c.send_raw(&line).await.is_ok() {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(&id)).await;
-    }
+    cancel_and_wait(c, &id).await;
     Ok(Err((128 + sig) as u8))
 }
 

@@ -10,7 +10,7 @@ use crate::output::{print_json, Failure};
 use crate::stream::Ending;
 use abx_protocol::api::{self, to_params};
 use abx_protocol::ErrorCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::io::Write;
 
 /// The language a file's extension says.
@@ -151,11 +151,6 @@ pub async fn code(
         _ = tokio::signal::ctrl_c() => libc::SIGINT,
         sig = ending.recv() => sig,
     };
-    let mut line =
-        abx_protocol::message::encode_notification("$/cancelRequest", Some(&json!({ "id": id })));
-    line.push(b'\n');
-    if c.send_raw(&line).await.is_ok() {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.reply_to(&id)).await;
-    }
+    crate::stream::cancel_and_wait(&mut c, &id).await;
     Ok((128 + sig) as u8)
 }
