@@ -1245,3 +1245,50 @@ fn a_cancel_racing_the_start_of_an_exec_run_leaves_no_process_behind() {
         left.as_array().unwrap().is_empty()
     });
 }
+
+/// The narrowest window of a cancel racing a start, held open: the init has started the
+/// process and answered, and the request has not taken the answer yet (a test hook makes it
+/// look 800 ms late, as a loaded machine may). Cancelled then, the process must not run on.
+#[test]
+fn a_cancel_while_a_started_process_answer_waits_kills_that_process() {
+    let mut home = Home::new();
+    let mark = home.path.join("spawn-answered");
+    home.env.push(("ABX_TEST_HOOKS".into(), "1".into()));
+    home.env
+        .push(("ABX_TEST_SPAWN_WAIT_MS".into(), "800".into()));
+    home.env
+        .push(("ABX_TEST_SPAWN_MARK".into(), mark.display().to_string()));
+    home.start();
+    let mut c = home.connect();
+    let id = c.create(json!({}));
+    let mut ctl = home.connect();
+    let sleepers = |ctl: &mut Client| {
+        ctl.call("process/list", json!({"sandbox": id}))["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| {
+                p["command"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("sleep 300"))
+            })
+            .count()
+    };
+    c.send(
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "exec/run",
+            "params": {"sandbox": id, "command": "sleep 300"}})
+        .to_string(),
+    );
+    // Started in the sandbox, and its answer is in the request's channel, not yet taken.
+    wait_until("the start answered", Duration::from_secs(20), || {
+        mark.exists()
+    });
+    assert!(sleepers(&mut ctl) > 0, "the sleep runs");
+    c.send(r#"{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":7}}"#);
+    let v = c.recv();
+    assert_eq!(v["id"], 7, "{v}");
+    assert_eq!(v["error"]["code"], -32800, "{v}");
+    wait_until("the cancelled sleep gone", Duration::from_secs(20), || {
+        sleepers(&mut ctl) == 0
+    });
+}

@@ -616,6 +616,11 @@ impl Container {
                     Some(w) => w.send(a).err(),
                     None => Some(a),
                 };
+                if undelivered.is_none() {
+                    if let Some((_, mark)) = spawn_hooks_for_tests() {
+                        let _ = std::fs::write(mark, pid.to_string());
+                    }
+                }
                 // Nobody waits for it any more (the request was cancelled or timed out while
                 // the init started it): the process must not stay behind unowned.
                 if let Some(Answer::Spawned { fds, .. }) = undelivered {
@@ -675,6 +680,12 @@ impl Container {
         // A spawn answered into the channel but never taken (the request was cancelled in
         // between) is killed when the wait is dropped: no process stays behind unowned.
         let mut rx = SpawnWait(Some(rx));
+        if matches!(req, Request::Spawn { .. }) {
+            if let Some((d, _)) = spawn_hooks_for_tests() {
+                // The answer arrives while this request is not looking (a busy machine).
+                tokio::time::sleep(*d).await;
+            }
+        }
         match tokio::time::timeout(ANSWER_TIMEOUT, &mut rx).await {
             Ok(Ok(a)) => {
                 rx.0 = None;
@@ -936,6 +947,24 @@ pub fn config(dirs: &super::SandboxDirs, id: &str, network: &str, nproc: Option<
         fsize: None,
         image: None,
     }
+}
+
+/// `ABX_TEST_HOOKS=1` with `ABX_TEST_SPAWN_WAIT_MS=N` and `ABX_TEST_SPAWN_MARK=path`: a
+/// spawn request waits N ms before it looks for its answer (the window a cancellation can
+/// race on a loaded machine), and the init's answer, once in its channel, writes `path`
+/// (tests only; read once).
+fn spawn_hooks_for_tests() -> Option<&'static (std::time::Duration, std::path::PathBuf)> {
+    static H: std::sync::OnceLock<Option<(std::time::Duration, std::path::PathBuf)>> =
+        std::sync::OnceLock::new();
+    H.get_or_init(|| {
+        if std::env::var("ABX_TEST_HOOKS").ok().as_deref() != Some("1") {
+            return None;
+        }
+        let ms: u64 = std::env::var("ABX_TEST_SPAWN_WAIT_MS").ok()?.parse().ok()?;
+        let mark = std::path::PathBuf::from(std::env::var_os("ABX_TEST_SPAWN_MARK")?);
+        Some((std::time::Duration::from_millis(ms), mark))
+    })
+    .as_ref()
 }
 
 /// The wait for an init's answer. Dropped with a `Spawned` answer delivered and not taken
