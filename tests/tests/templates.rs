@@ -410,6 +410,14 @@ fn out(c: &mut Client, id: &str, cmd: &str) -> String {
     o
 }
 
+/// `templates/import` of the layout or archive at `path` as `name` on `local`.
+fn import(c: &mut Client, path: impl AsRef<Path>, name: &str) -> Value {
+    c.call(
+        "templates/import",
+        json!({"provider": "local", "path": path.as_ref(), "name": name}),
+    )
+}
+
 #[test]
 fn image_template_from_a_loopback_registry_by_tag_and_by_digest_with_env_workdir_and_layers() {
     let mut f = fixture();
@@ -921,10 +929,7 @@ fn kit_passes_on_local_with_an_image_template() {
     let mut c = home.connect();
     let t = tempfile::tempdir().unwrap();
     full_busybox_image(&t.path().join("bb"));
-    c.call(
-        "templates/import",
-        json!({"provider": "local", "path": t.path().join("bb"), "name": "kit/busybox:1"}),
-    );
+    import(&mut c, t.path().join("bb"), "kit/busybox:1");
     c.stream
         .set_read_timeout(Some(Duration::from_secs(300)))
         .unwrap();
@@ -993,10 +998,7 @@ fn image_user_numeric_and_named_is_honoured() {
             user,
         );
         let tname = format!("user/{name}:1");
-        c.call(
-            "templates/import",
-            json!({"provider": "local", "path": dir, "name": tname}),
-        );
+        import(&mut c, &dir, &tname);
         let id = c.create(json!({"template": tname}));
         assert_eq!(out(&mut c, &id, "echo $(id -u) $(id -g)"), want, "{user}");
         // The image's files, /workspace and /tmp belong to that user: it can write them.
@@ -1021,10 +1023,7 @@ fn fallback_root_is_a_private_copy_where_overlayfs_is_refused() {
     let mut c = home.connect();
     let t = tempfile::tempdir().unwrap();
     build_image(&t.path().join("img"));
-    c.call(
-        "templates/import",
-        json!({"provider": "local", "path": t.path().join("img"), "name": "copy/bb:1"}),
-    );
+    import(&mut c, t.path().join("img"), "copy/bb:1");
     let a = c.create(json!({"template": "copy/bb:1"}));
     let b = c.create(json!({"template": "copy/bb:1"}));
     assert_eq!(
@@ -1064,10 +1063,7 @@ fn an_image_sandbox_and_its_own_layer_survive_a_daemon_restart() {
     let mut c = home.connect();
     let t = tempfile::tempdir().unwrap();
     build_image(&t.path().join("img"));
-    c.call(
-        "templates/import",
-        json!({"provider": "local", "path": t.path().join("img"), "name": "restart/bb:1"}),
-    );
+    import(&mut c, t.path().join("img"), "restart/bb:1");
     let id = c.create(json!({"template": "restart/bb:1", "timeout": 600}));
     out(&mut c, &id, "echo kept > /etc/kept && rm /srv/app/base.txt");
     drop(c);
@@ -1632,10 +1628,7 @@ fn template_max_bytes_refuses_a_decompression_bomb_by_import_and_by_pull_and_kee
     // An image under the cap goes in as before.
     let ok = t.path().join("ok");
     build_image(&ok);
-    c.call(
-        "templates/import",
-        json!({"provider": "local", "path": ok, "name": "small:1"}),
-    );
+    import(&mut c, &ok, "small:1");
     let id = c.create(json!({"template": "small:1"}));
     assert_eq!(out(&mut c, &id, "cat /usr/zstd.txt"), "zstd layer\n");
 }
