@@ -88,7 +88,14 @@ pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
     }
 
     let rt = crate::compose::runtime().map_err(|e| startup_error(e, &paths))?;
-    let result = rt.block_on(serve(paths.clone()));
+    // The accept loop runs on a worker, not on this thread: a connection's task then starts
+    // on the worker that accepted it instead of waking another thread (issue 20).
+    let result = rt.block_on(async {
+        let paths = paths.clone();
+        tokio::spawn(serve(paths))
+            .await
+            .unwrap_or_else(|e| Err(AbxError::internal(format!("the accept loop failed: {e}"))))
+    });
     rt.shutdown_timeout(Duration::from_millis(200));
     // Remove the socket while we still hold the lock, so we never remove a successor's.
     let _ = fs::remove_file(&paths.socket);

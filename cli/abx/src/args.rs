@@ -45,6 +45,57 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// A group of subcommands built only when the parser enters it (`Command::defer`): a
+/// short command builds only the tree it uses, not every group's arguments (clap's tree
+/// was most of `abx`'s start-up heap, issue 20). [`set_eager`] builds them all, for the
+/// completion scripts and `abx help ...`, whose copies of the tree are taken before any
+/// deferred group is built.
+#[derive(Debug)]
+pub struct Lazy<T>(pub T);
+
+thread_local! {
+    // Per thread, so the tests can build both trees side by side.
+    static EAGER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Build every group at once, from now on on this thread (see [`Lazy`]).
+pub fn set_eager(on: bool) {
+    EAGER.with(|e| e.set(on));
+}
+
+fn eager() -> bool {
+    EAGER.with(|e| e.get())
+}
+
+impl<T: clap::FromArgMatches> clap::FromArgMatches for Lazy<T> {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(m).map(Lazy)
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(m)
+    }
+}
+
+impl<T: Subcommand> Subcommand for Lazy<T> {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        if eager() {
+            T::augment_subcommands(cmd)
+        } else {
+            cmd.defer(T::augment_subcommands)
+        }
+    }
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        if eager() {
+            T::augment_subcommands_for_update(cmd)
+        } else {
+            cmd.defer(T::augment_subcommands_for_update)
+        }
+    }
+    fn has_subcommand(name: &str) -> bool {
+        T::has_subcommand(name)
+    }
+}
+
 /// A sandbox id argument.
 #[derive(Args, Debug, Clone)]
 pub struct SandboxArg {
@@ -168,7 +219,7 @@ pub enum Command {
     },
     /// Sandbox files, processes, system info, capabilities and named commands.
     #[command(subcommand)]
-    Sandbox(SandboxCmd),
+    Sandbox(Lazy<SandboxCmd>),
     /// Templates of the provider: only where the provider declares templates.
     /// `list`, `pull REF`, `build SANDBOX NAME`, `rm NAME|--prune`, `import PATH [NAME]`,
     /// `init ...`.
@@ -182,7 +233,7 @@ pub enum Command {
     },
     /// Providers: install, list, info, doctor, test, update, uninstall, configure, default.
     #[command(subcommand)]
-    Provider(ProviderCmd),
+    Provider(Lazy<ProviderCmd>),
     /// Print a shell completion script (bash, zsh, fish, ...).
     Completions {
         /// The shell.
@@ -260,17 +311,17 @@ impl SandboxOpts {
     }
 }
 
-/// `abx sandbox ...`.
+// `abx sandbox ...`. Not a doc comment: see [`Lazy`].
 #[derive(Subcommand, Debug)]
 pub enum SandboxCmd {
     /// List sandboxes (same as `abx list`).
     List,
     /// Files in a sandbox.
     #[command(subcommand)]
-    Files(FilesCmd),
+    Files(Lazy<FilesCmd>),
     /// Processes in a sandbox.
     #[command(subcommand)]
-    Process(ProcessCmd),
+    Process(Lazy<ProcessCmd>),
     /// System information.
     #[command(subcommand)]
     System(SystemCmd),
@@ -278,10 +329,10 @@ pub enum SandboxCmd {
     Capabilities(SandboxArg),
     /// Named commands of a sandbox's template.
     #[command(subcommand)]
-    Command(CommandCmd),
+    Command(Lazy<CommandCmd>),
 }
 
-/// `abx sandbox files ...`.
+// `abx sandbox files ...`. Not a doc comment: see [`Lazy`].
 #[derive(Subcommand, Debug)]
 pub enum FilesCmd {
     /// List a directory.
@@ -334,7 +385,7 @@ pub enum FilesCmd {
     },
 }
 
-/// `abx sandbox process ...`.
+// `abx sandbox process ...`. Not a doc comment: see [`Lazy`].
 #[derive(Subcommand, Debug)]
 pub enum ProcessCmd {
     /// List the processes of a sandbox.
@@ -358,7 +409,7 @@ pub enum SystemCmd {
     Info(SandboxArg),
 }
 
-/// `abx sandbox command ...`.
+// `abx sandbox command ...`. Not a doc comment: see [`Lazy`].
 #[derive(Subcommand, Debug)]
 pub enum CommandCmd {
     /// Run a named command of the sandbox's template.
@@ -373,7 +424,7 @@ pub enum CommandCmd {
     },
 }
 
-/// `abx provider ...`.
+// `abx provider ...`. Not a doc comment: see [`Lazy`].
 #[derive(Subcommand, Debug)]
 pub enum ProviderCmd {
     /// List the providers and their features.
@@ -530,6 +581,58 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// What a user reads is the same whether the groups are built as the parser enters
+    /// them or all at once: every command's help, `abx help ...`, version lines, and the
+    /// errors with their suggestions.
+    #[test]
+    fn deferred_groups_read_as_the_whole_tree_does() {
+        fn render(eager: bool, argv: &[&str]) -> String {
+            set_eager(eager);
+            let r = Cli::command().try_get_matches_from(argv);
+            set_eager(false);
+            match r {
+                Ok(m) => format!("ok {:?}", m.subcommand_name()),
+                Err(e) => format!("{:?} {}", e.kind(), e.render()),
+            }
+        }
+        let mut paths: Vec<Vec<String>> = vec![vec![]];
+        set_eager(true);
+        let whole = Cli::command();
+        set_eager(false);
+        let mut stack: Vec<(Vec<String>, &clap::Command)> = vec![(vec![], &whole)];
+        while let Some((path, cmd)) = stack.pop() {
+            for sub in cmd.get_subcommands() {
+                let mut p = path.clone();
+                p.push(sub.get_name().to_owned());
+                paths.push(p.clone());
+                stack.push((p, sub));
+            }
+        }
+        assert!(
+            paths.len() > 40,
+            "the walk saw the nested groups: {}",
+            paths.len()
+        );
+        for path in &paths {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            let mut cases: Vec<Vec<&str>> = vec![
+                [&["abx"], &path[..], &["--help"]].concat(),
+                [&["abx", "help"], &path[..]].concat(),
+                [&["abx"], &path[..], &["--version"]].concat(),
+                [&["abx"], &path[..]].concat(),
+                [&["abx"], &path[..], &["bogus"]].concat(),
+                [&["abx"], &path[..], &["--bogus"]].concat(),
+            ];
+            if let Some(last) = path.last() {
+                let typo = &last[..last.len() - 1];
+                cases.push([&["abx"], &path[..path.len() - 1], &[typo]].concat());
+            }
+            for argv in cases {
+                assert_eq!(render(false, &argv), render(true, &argv), "{argv:?}");
+            }
+        }
     }
 
     #[test]

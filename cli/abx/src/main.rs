@@ -26,10 +26,19 @@ enum Serve {
 }
 
 fn main() -> ExitCode {
-    // The command tree (every subcommand's arguments) is built whole to parse one line;
-    // it and the matches are left to the exit rather than freed piece by piece (a tenth
+    // The command tree is built to parse one line (the groups the line does not enter
+    // only as names: args::Lazy); it and the matches are left to the exit rather than freed piece by piece (a tenth
     // of a short command's own CPU time).
     let mut host = None;
+    // `abx help ...` and the completion scripts copy the whole tree before the parser
+    // enters any group: build every group at once for them (args::Lazy).
+    if std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "help" || a == "completions")
+    {
+        args::set_eager(true);
+    }
     let mut command = Serve::augment_subcommands(args::Cli::command());
     let parsed = command
         .try_get_matches_from_mut(std::env::args_os())

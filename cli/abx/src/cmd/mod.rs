@@ -10,7 +10,7 @@ mod sandbox;
 mod shell;
 
 use crate::args::{
-    BrokerAction, BrokerArgs, Cli, Command, CommandCmd, ProviderCmd, SandboxCmd, SystemCmd,
+    BrokerAction, BrokerArgs, Cli, Command, CommandCmd, Lazy, ProviderCmd, SandboxCmd, SystemCmd,
 };
 use crate::output::{print_json, Failure};
 use abx_client::client::Client;
@@ -102,7 +102,7 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
         }
         Command::Create(a) => sandbox::create(cx, a).await,
         Command::Info(a) => sandbox::info(cx, &a.sandbox).await,
-        Command::List | Command::Sandbox(SandboxCmd::List) => sandbox::list(cx).await,
+        Command::List | Command::Sandbox(Lazy(SandboxCmd::List)) => sandbox::list(cx).await,
         Command::Kill(a) => sandbox::kill(cx, &a.sandbox).await,
         Command::Pause(a) => sandbox::pause_resume(cx, &a.sandbox, true).await,
         Command::Resume(a) => sandbox::pause_resume(cx, &a.sandbox, false).await,
@@ -150,43 +150,48 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             remote,
             local,
         } => files::download(cx, &sandbox, &remote, &local).await,
-        Command::Sandbox(SandboxCmd::Files(f)) => files::files(cx, f).await,
-        Command::Sandbox(SandboxCmd::Process(p)) => process::process(cx, p).await,
-        Command::Sandbox(SandboxCmd::System(SystemCmd::Info(a))) => {
+        Command::Sandbox(Lazy(SandboxCmd::Files(Lazy(f)))) => files::files(cx, f).await,
+        Command::Sandbox(Lazy(SandboxCmd::Process(Lazy(p)))) => process::process(cx, p).await,
+        Command::Sandbox(Lazy(SandboxCmd::System(SystemCmd::Info(a)))) => {
             sandbox::system_info(cx, &a.sandbox).await
         }
-        Command::Sandbox(SandboxCmd::Capabilities(a)) => {
+        Command::Sandbox(Lazy(SandboxCmd::Capabilities(a))) => {
             sandbox::capabilities(cx, &a.sandbox).await
         }
-        Command::Sandbox(SandboxCmd::Command(CommandCmd::Run {
+        Command::Sandbox(Lazy(SandboxCmd::Command(Lazy(CommandCmd::Run {
             sandbox,
             name,
             args,
-        })) => sandbox::command_run(cx, &sandbox, &name, &args).await,
+        })))) => sandbox::command_run(cx, &sandbox, &name, &args).await,
         Command::Template { action, args } => provider::template(cx, &action, &args).await,
-        Command::Provider(ProviderCmd::List) => provider::list(cx).await,
-        Command::Provider(ProviderCmd::Info { id }) => provider::info(cx, &id).await,
-        Command::Provider(ProviderCmd::Install(a)) => provider::install(cx, &a).await,
-        Command::Provider(ProviderCmd::Uninstall { id }) => provider::uninstall(cx, &id).await,
-        Command::Provider(ProviderCmd::Update { id, check, git_ref }) => {
+        Command::Provider(Lazy(ProviderCmd::List)) => provider::list(cx).await,
+        Command::Provider(Lazy(ProviderCmd::Info { id })) => provider::info(cx, &id).await,
+        Command::Provider(Lazy(ProviderCmd::Install(a))) => provider::install(cx, &a).await,
+        Command::Provider(Lazy(ProviderCmd::Uninstall { id })) => {
+            provider::uninstall(cx, &id).await
+        }
+        Command::Provider(Lazy(ProviderCmd::Update { id, check, git_ref })) => {
             provider::update(cx, id.as_deref(), check, git_ref.as_deref()).await
         }
-        Command::Provider(ProviderCmd::Doctor { id }) => provider::doctor(cx, &id).await,
-        Command::Provider(ProviderCmd::Test {
+        Command::Provider(Lazy(ProviderCmd::Doctor { id })) => provider::doctor(cx, &id).await,
+        Command::Provider(Lazy(ProviderCmd::Test {
             id,
             filter,
             concurrency,
-        }) => provider::test(cx, &id, filter.as_deref(), concurrency).await,
-        Command::Provider(ProviderCmd::Configure { id, values, unset }) => {
+        })) => provider::test(cx, &id, filter.as_deref(), concurrency).await,
+        Command::Provider(Lazy(ProviderCmd::Configure { id, values, unset })) => {
             provider::configure(cx, &id, &values, &unset).await
         }
-        Command::Provider(ProviderCmd::Default { id }) => provider::set_default(cx, &id).await,
+        Command::Provider(Lazy(ProviderCmd::Default { id })) => {
+            provider::set_default(cx, &id).await
+        }
         Command::Completions { .. } => unreachable!("handled in run"),
     }
 }
 
 fn completions(cx: &Ctx, shell: clap_complete::Shell) -> Result<u8, Failure> {
     use clap::CommandFactory;
+    crate::args::set_eager(true);
     let mut cmd = Cli::command();
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut cmd, "abx", &mut buf);
