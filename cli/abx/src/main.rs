@@ -32,11 +32,7 @@ fn main() -> ExitCode {
     let mut host = None;
     // `abx help ...` and the completion scripts copy the whole tree before the parser
     // enters any group: build every group at once for them (args::Lazy).
-    if std::env::args_os()
-        .skip(1)
-        .take_while(|a| a != "--")
-        .any(|a| a == "help" || a == "completions")
-    {
+    if flags_and_words().any(|a| a == "help" || a == "completions") {
         args::set_eager(true);
     }
     let mut command = Serve::augment_subcommands(args::Cli::command());
@@ -77,6 +73,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command line's words before `--` (after it they belong to the sandbox's command).
+fn flags_and_words() -> impl Iterator<Item = std::ffi::OsString> {
+    std::env::args_os().skip(1).take_while(|a| a != "--")
+}
+
 /// Groups of `abx sandbox ...`, for the hint after an unknown top-level command.
 const SANDBOX_GROUPS: &[&str] = &["files", "process", "system", "capabilities", "command"];
 
@@ -107,10 +108,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
         }
         hint.push_str("See 'abx --help' for the command list (sandbox files, processes, system info and named commands: 'abx sandbox --help').");
     }
-    let json_mode = std::env::args()
-        .skip(1)
-        .take_while(|a| a != "--")
-        .any(|a| a == "-j" || a == "--json");
+    let json_mode = flags_and_words().any(|a| a == "-j" || a == "--json");
     if json_mode {
         let rendered = e.render().to_string();
         let message = rendered
