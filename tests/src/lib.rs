@@ -260,6 +260,12 @@ impl Client {
         }
     }
 
+    /// Bytes the broker sent that this client has not read yet: what sits in its socket's
+    /// receive queue (`FIONREAD`), not counting what the reader buffered already.
+    pub fn unread(&self) -> usize {
+        socket_queue(&self.stream, libc::FIONREAD)
+    }
+
     /// Write raw bytes.
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write");
@@ -485,6 +491,22 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A socket's queue length: `libc::FIONREAD` (bytes received and not read) or
+/// `libc::TIOCOUTQ` (bytes sent that the peer has not read yet).
+pub fn socket_queue(stream: &UnixStream, which: libc::Ioctl) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: both requests write one int through the pointer on a socket we own.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), which, &mut n) };
+    assert_eq!(rc, 0, "ioctl: {}", std::io::Error::last_os_error());
+    n as usize
+}
+
+/// Bytes a client that stopped reading must have in its socket before a test counts its
+/// queue as full: a unix socket holds about 200 KiB (`wmem_default` of the sender, less
+/// the buffers' overhead), so past this the broker's own queue for it is what grows.
+pub const SOCKET_FULL: usize = 96 * 1024;
 
 /// True while a process exists.
 pub fn alive(pid: u32) -> bool {

@@ -457,8 +457,11 @@ fn a_client_that_never_reads_a_plugin_stream_does_not_stall_the_plugin() {
         "exec/start",
         json!({"sandbox": full, "command": format!("yes {marker}")}),
     );
-    // The stalled client never reads again. Give the flood time to fill every queue.
-    std::thread::sleep(Duration::from_secs(3));
+    // The stalled client never reads again: once its socket is full, the flood fills the
+    // daemon's queue for it and the plugin's route.
+    wait_until("the stalled client's socket full", LONG, || {
+        stalled.unread() >= abx_tests::SOCKET_FULL
+    });
     let daemon = home.daemon_pid().unwrap();
     let mut other = home.connect();
     for i in 0..10 {

@@ -871,7 +871,10 @@ fn a_client_streaming_without_reading_does_not_slow_another() {
     let (home, mut c, id) = setup();
     let r = c.call("exec/start", json!({"sandbox": id, "command": "yes flood"}));
     let e = r["execId"].as_str().unwrap().to_owned();
-    std::thread::sleep(Duration::from_millis(500)); // c never reads: its queue fills
+    // c never reads: once its socket is full, its queue in the daemon is what fills.
+    wait_until("c's socket full of output", Duration::from_secs(60), || {
+        c.unread() >= abx_tests::SOCKET_FULL
+    });
     let mut other = home.connect();
     for _ in 0..20 {
         assert_eq!(other.sh(&id, "echo ok")["stdout"], "ok\n");

@@ -254,8 +254,14 @@ fn a_client_that_never_reads_does_not_stall_another() {
         }
         stalled
     });
-    // Let the stalled client fill its queue and its socket.
-    std::thread::sleep(Duration::from_millis(500));
+    // Until the daemon stops reading from the stalled client: its replies fill the client's
+    // socket, then the daemon's queue for it, and then its requests pile up unread on our
+    // side (`TIOCOUTQ`: sent and not yet read by the daemon).
+    abx_tests::wait_until(
+        "the daemon to stop reading the stalled client",
+        Duration::from_secs(60),
+        || abx_tests::socket_queue(&stalled_ctl, libc::TIOCOUTQ) >= abx_tests::SOCKET_FULL,
+    );
     let t0 = std::time::Instant::now();
     let mut other = home.connect();
     for i in 0..200 {

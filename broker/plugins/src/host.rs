@@ -171,6 +171,23 @@ struct Pending {
     reply: ReplyTx,
     conn: Option<Outbound>,
     replied: Option<CancellationToken>,
+    /// When the call fails E8008 if unanswered, and its time limit (for the message);
+    /// None for the handshake, which has its own.
+    deadline: Option<(Instant, Duration)>,
+}
+
+/// How often a running plugin's calls are checked against their deadlines, and how many
+/// checks in a row that find no call at all before the sweeper sleeps until the next call.
+/// One task per plugin does this instead of a timer per call: a call registers no timer,
+/// and a call's time limit is honoured to within one tick.
+const SWEEP_TICK: Duration = Duration::from_millis(100);
+const SWEEP_IDLE_TICKS: u32 = 50;
+
+/// The sweeper's side of a running plugin: `parked` while it waits for a call.
+#[derive(Default)]
+struct Sweep {
+    parked: std::sync::atomic::AtomicBool,
+    wake: tokio::sync::Notify,
 }
 
 struct Running {
@@ -187,6 +204,7 @@ struct Running {
     handshake: Handshake,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     kill: CancellationToken,
+    sweep: Arc<Sweep>,
 }
 
 #[derive(Default)]
@@ -411,20 +429,18 @@ impl Host {
         let r = self.running().await?;
         let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        r.pending.lock().expect("pending").insert(
-            id_num,
-            Pending {
-                method: method.to_owned(),
-                reply: tx,
-                conn,
-                replied,
-            },
-        );
-        {
-            // `broker/status` counts it from now on (one uncontended lock, no allocation).
-            let n = r.pending.lock().expect("pending").len();
-            self.status.lock().expect("status").in_flight = n;
-        }
+        let spec_timeout = self.spec.lock().expect("spec").call_timeout;
+        let limit = timeout.unwrap_or(spec_timeout);
+        let call = Pending {
+            method: method.to_owned(),
+            reply: tx,
+            conn,
+            replied,
+            deadline: Some((Instant::now() + limit, limit)),
+        };
+        let n = track(&r.pending, &r.sweep, id_num, call);
+        // `broker/status` counts it from now on (one uncontended lock, no allocation).
+        self.status.lock().expect("status").in_flight = n;
         // `encode` owns what it encodes: owned params are freed here, before the wait.
         let mut line = encode(&Id::Num(id_num));
         line.push(b'\n');
@@ -439,8 +455,6 @@ impl Host {
             pending: r.pending.clone(),
             id: id_num,
         };
-        let spec_timeout = self.spec.lock().expect("spec").call_timeout;
-        let limit = timeout.unwrap_or(spec_timeout);
         let cancelled = async {
             match &cancel {
                 Some(c) => c.cancelled().await,
@@ -448,17 +462,11 @@ impl Host {
             }
         };
         let outcome = tokio::select! {
+            // The reply, or E8008 from the sweeper (which told the plugin to cancel).
             res = rx => match res {
                 Ok(res) => res,
                 Err(_) => Err(self.crashed_error(&r, "it exited")),
             },
-            _ = tokio::time::sleep(limit) => {
-                r.pending.lock().expect("pending").remove(&id_num);
-                self.send_cancel(&r, id_num);
-                Err(AbxError::new(ErrorCode::PluginTimedOut, &[
-                    ("provider", &self.id()), ("method", method), ("timeout", &limit.as_secs().to_string()),
-                ]))
-            }
             _ = cancelled => {
                 r.pending.lock().expect("pending").remove(&id_num);
                 self.send_cancel(&r, id_num);
@@ -473,9 +481,7 @@ impl Host {
     }
 
     fn send_cancel(&self, r: &Running, id: i64) {
-        let mut line = message::encode_notification("$/cancelRequest", Some(&json!({"id": id})));
-        line.push(b'\n');
-        let _ = r.writer.send(line);
+        let _ = r.writer.send(cancel_line(id));
     }
 
     fn crashed_error(&self, r: &Running, what: &str) -> AbxError {
@@ -544,6 +550,7 @@ impl Host {
                 reply: tx,
                 conn: None,
                 replied: None,
+                deadline: None,
             },
         );
         let mut line = message::encode_request(&Id::Num(id_num), "shutdown", None::<&Value>);
@@ -612,10 +619,90 @@ impl Drop for CancelOnDrop {
             .remove(&self.id)
             .is_some()
         {
-            let mut line =
-                message::encode_notification("$/cancelRequest", Some(&json!({"id": self.id})));
-            line.push(b'\n');
-            let _ = self.writer.send(line);
+            let _ = self.writer.send(cancel_line(self.id));
+        }
+    }
+}
+
+/// The `$/cancelRequest` line for the host's request `id`.
+fn cancel_line(id: i64) -> Vec<u8> {
+    let mut line = message::encode_notification("$/cancelRequest", Some(&json!({"id": id})));
+    line.push(b'\n');
+    line
+}
+
+/// Record a call in flight (the count of calls in flight is returned); the sweeper fails
+/// it E8008 past its deadline, and is woken for it if it sleeps for want of calls.
+fn track(pending: &Mutex<HashMap<i64, Pending>>, sweep: &Sweep, id: i64, call: Pending) -> usize {
+    let n = {
+        let mut p = pending.lock().expect("pending");
+        p.insert(id, call);
+        p.len()
+    };
+    // After the insert: a sweeper that parked before it sees the call or this notify.
+    if sweep.parked.load(Ordering::SeqCst) {
+        sweep.wake.notify_one();
+    }
+    n
+}
+
+/// Fail a running plugin's calls that are past their deadline (E8008), telling the plugin
+/// to cancel each, until the plugin is gone. It ticks while there are calls and sleeps
+/// once it found none for `idle_ticks` ticks (`SWEEP_IDLE_TICKS`), until a call wakes it.
+async fn sweep(
+    provider: String,
+    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    sweep: Arc<Sweep>,
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    dead: CancellationToken,
+    (tick, idle_ticks): (Duration, u32),
+) {
+    let mut idle = 0;
+    loop {
+        if idle >= idle_ticks {
+            // Parked before the look, so a call made after it is seen by its notify.
+            sweep.parked.store(true, Ordering::SeqCst);
+            if pending.lock().expect("pending").is_empty() {
+                tokio::select! {
+                    _ = sweep.wake.notified() => {}
+                    _ = dead.cancelled() => return,
+                }
+            }
+            sweep.parked.store(false, Ordering::SeqCst);
+            idle = 0;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = dead.cancelled() => return,
+        }
+        let now = Instant::now();
+        let expired: Vec<(i64, Pending)> = {
+            let mut p = pending.lock().expect("pending");
+            if p.is_empty() {
+                idle += 1;
+                continue;
+            }
+            idle = 0;
+            let ids: Vec<i64> = p
+                .iter()
+                .filter(|(_, c)| c.deadline.is_some_and(|(at, _)| at <= now))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| p.remove(&id).map(|c| (id, c)))
+                .collect()
+        };
+        for (id, call) in expired {
+            let _ = writer.send(cancel_line(id));
+            let limit = call.deadline.map_or(0, |(_, l)| l.as_secs());
+            let _ = call.reply.send(Err(AbxError::new(
+                ErrorCode::PluginTimedOut,
+                &[
+                    ("provider", &provider),
+                    ("method", &call.method),
+                    ("timeout", &limit.to_string()),
+                ],
+            )));
         }
     }
 }
@@ -827,7 +914,16 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         },
         stderr_tail: stderr_tail.clone(),
         kill: kill.clone(),
+        sweep: Arc::default(),
     });
+    tokio::spawn(sweep(
+        spec.id.clone(),
+        pending.clone(),
+        running.sweep.clone(),
+        running.writer.clone(),
+        dead.clone(),
+        (SWEEP_TICK, SWEEP_IDLE_TICKS),
+    ));
     // stdout reader, and the child's end.
     {
         let id = spec.id.clone();
@@ -934,6 +1030,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             reply: tx,
             conn: None,
             replied: None,
+            deadline: None,
         },
     );
     let params = json!({
@@ -989,6 +1086,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         handshake,
         stderr_tail: r.stderr_tail.clone(),
         kill: r.kill.clone(),
+        sweep: r.sweep.clone(),
     }))
 }
 
@@ -1169,6 +1267,75 @@ fn still_running(raw: &RawValue) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    fn call(
+        method: &str,
+        limit: Duration,
+    ) -> (Pending, oneshot::Receiver<Result<Box<RawValue>, AbxError>>) {
+        let (tx, rx) = oneshot::channel();
+        let p = Pending {
+            method: method.into(),
+            reply: tx,
+            conn: None,
+            replied: None,
+            deadline: Some((Instant::now() + limit, limit)),
+        };
+        (p, rx)
+    }
+
+    /// A call past its deadline fails E8008 and the plugin hears `$/cancelRequest` for it,
+    /// even when the sweeper had gone to sleep for want of calls; a call within its time
+    /// stays; the sweeper ends with the plugin.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweeper_times_calls_out_after_sleeping_and_ends_with_the_plugin() {
+        let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+        let sw: Arc<Sweep> = Arc::default();
+        let (wtx, mut wrx) = mpsc::unbounded_channel();
+        let dead = CancellationToken::new();
+        let task = tokio::spawn(sweep(
+            "p".into(),
+            pending.clone(),
+            sw.clone(),
+            wtx,
+            dead.clone(),
+            (Duration::from_millis(5), 3),
+        ));
+        until("the idle sweeper parked", || {
+            sw.parked.load(Ordering::SeqCst)
+        })
+        .await;
+        let (slow, mut slow_rx) = call("sandbox/list", Duration::from_secs(600));
+        assert_eq!(track(&pending, &sw, 1, slow), 1);
+        let (hung, hung_rx) = call("exec/run", Duration::from_millis(30));
+        assert_eq!(track(&pending, &sw, 2, hung), 2);
+        let e = tokio::time::timeout(Duration::from_secs(10), hung_rx)
+            .await
+            .expect("the hung call timed out")
+            .expect("answered, not dropped")
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::PluginTimedOut, "{e:?}");
+        assert!(e.message.contains("exec/run"), "{}", e.message);
+        let line = wrx.recv().await.unwrap();
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["method"], "$/cancelRequest");
+        assert_eq!(v["params"]["id"], 2);
+        // The call within its time is still waiting for the plugin.
+        assert!(pending.lock().unwrap().contains_key(&1));
+        assert!(slow_rx.try_recv().is_err());
+        dead.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the sweeper ended with the plugin")
+            .unwrap();
+    }
 
     #[tokio::test]
     async fn stderr_lines_are_capped_and_logging_is_rate_limited() {

@@ -1236,9 +1236,17 @@ impl Out {
     pub fn finish(&mut self, started: Instant) {
         let mut t = String::from("\nbars (DESIGN §13)\n");
         let all_ratios = self.bars.iter().all(|b| b.ratio);
+        // As wide as the longest name, so a long one never runs into its mode.
+        let w = self
+            .bars
+            .iter()
+            .map(|b| b.name.len() + 2)
+            .max()
+            .unwrap_or(0)
+            .max(30);
         let _ = writeln!(
             t,
-            "  {:<30}{:<10}{:>9}{:>10}  verdict",
+            "  {:<w$}{:<10}{:>9}{:>10}  verdict",
             "figure",
             "mode",
             if all_ratios { "ratio" } else { "value" },
@@ -1247,7 +1255,7 @@ impl Out {
         for b in &self.bars {
             let _ = writeln!(
                 t,
-                "  {:<30}{:<10}{:>9}{:>10}  {}",
+                "  {:<w$}{:<10}{:>9}{:>10}  {}",
                 b.name,
                 b.mode,
                 b.value,
