@@ -176,18 +176,44 @@ struct Pending {
     deadline: Option<(Instant, Duration)>,
 }
 
-/// How often a running plugin's calls are checked against their deadlines, and how many
-/// checks in a row that find no call at all before the sweeper sleeps until the next call.
-/// One task per plugin does this instead of a timer per call: a call registers no timer,
-/// and a call's time limit is honoured to within one tick.
-const SWEEP_TICK: Duration = Duration::from_millis(100);
-const SWEEP_IDLE_TICKS: u32 = 50;
+/// How long the sweeper stays awake with no call in flight before it parks until the next
+/// call (at most the plugin's call timeout, so a call with that timeout made in the linger
+/// does not wake it): calls made back to back, each answered before the next is sent, then
+/// cost it no wakeup, instead of one each.
+const SWEEP_LINGER: Duration = Duration::from_secs(5);
 
-/// The sweeper's side of a running plugin: `parked` while it waits for a call.
-#[derive(Default)]
+/// The sweeper's side of a running plugin. One task per plugin fails calls past their
+/// deadline instead of a timer per call. It sleeps until the earliest deadline in flight
+/// (`target`), and a new call wakes it only when its own deadline comes sooner, which is
+/// rare since most calls share the plugin's time limit: a call registers no timer.
 struct Sweep {
-    parked: std::sync::atomic::AtomicBool,
+    /// Milliseconds after `epoch` the sweeper sleeps until; `u64::MAX` while parked.
+    /// Stored with the pending map locked, so a call inserted after a scan sees the
+    /// target that scan set.
+    target: std::sync::atomic::AtomicU64,
+    epoch: Instant,
     wake: tokio::sync::Notify,
+    /// Times the sweeper woke (a test holds the wakeups down to this).
+    rounds: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Sweep {
+    fn default() -> Self {
+        Sweep {
+            target: std::sync::atomic::AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            wake: tokio::sync::Notify::new(),
+            rounds: Default::default(),
+        }
+    }
+}
+
+impl Sweep {
+    /// `at` in milliseconds after the epoch, rounded up (a wake at it is not early).
+    fn ms(&self, at: Instant) -> u64 {
+        let d = at.saturating_duration_since(self.epoch);
+        u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX - 1)
+    }
 }
 
 struct Running {
@@ -632,65 +658,69 @@ fn cancel_line(id: i64) -> Vec<u8> {
 }
 
 /// Record a call in flight (the count of calls in flight is returned); the sweeper fails
-/// it E8008 past its deadline, and is woken for it if it sleeps for want of calls.
+/// it E8008 past its deadline, and is woken for it only if that comes before the deadline
+/// the sweeper sleeps toward.
 fn track(pending: &Mutex<HashMap<i64, Pending>>, sweep: &Sweep, id: i64, call: Pending) -> usize {
-    let n = {
+    let at = call.deadline.map(|(at, _)| sweep.ms(at));
+    let (n, target) = {
         let mut p = pending.lock().expect("pending");
         p.insert(id, call);
-        p.len()
+        // Read with the map locked: a scan that missed this call set its target before.
+        (p.len(), sweep.target.load(Ordering::Acquire))
     };
-    // After the insert: a sweeper that parked before it sees the call or this notify.
-    if sweep.parked.load(Ordering::SeqCst) {
+    if at.is_some_and(|at| at < target) {
         sweep.wake.notify_one();
     }
     n
 }
 
 /// Fail a running plugin's calls that are past their deadline (E8008), telling the plugin
-/// to cancel each, until the plugin is gone. It ticks while there are calls and sleeps
-/// once it found none for `idle_ticks` ticks (`SWEEP_IDLE_TICKS`), until a call wakes it.
+/// to cancel each, until the plugin is gone. Between scans it sleeps until the earliest
+/// deadline in flight, or `linger` when none is, then parks until a call wakes it.
 async fn sweep(
     provider: String,
     pending: Arc<Mutex<HashMap<i64, Pending>>>,
     sweep: Arc<Sweep>,
     writer: mpsc::UnboundedSender<Vec<u8>>,
     dead: CancellationToken,
-    (tick, idle_ticks): (Duration, u32),
+    linger: Duration,
 ) {
-    let mut idle = 0;
+    let mut idle_since: Option<Instant> = None;
     loop {
-        if idle >= idle_ticks {
-            // Parked before the look, so a call made after it is seen by its notify.
-            sweep.parked.store(true, Ordering::SeqCst);
-            if pending.lock().expect("pending").is_empty() {
-                tokio::select! {
-                    _ = sweep.wake.notified() => {}
-                    _ = dead.cancelled() => return,
+        sweep.rounds.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let (expired, next) = {
+            let mut p = pending.lock().expect("pending");
+            let mut ids = Vec::new();
+            let mut next: Option<Instant> = None;
+            for (id, c) in p.iter() {
+                match c.deadline {
+                    Some((at, _)) if at <= now => ids.push(*id),
+                    Some((at, _)) => next = Some(next.map_or(at, |n| n.min(at))),
+                    None => {}
                 }
             }
-            sweep.parked.store(false, Ordering::SeqCst);
-            idle = 0;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(tick) => {}
-            _ = dead.cancelled() => return,
-        }
-        let now = Instant::now();
-        let expired: Vec<(i64, Pending)> = {
-            let mut p = pending.lock().expect("pending");
-            if p.is_empty() {
-                idle += 1;
-                continue;
-            }
-            idle = 0;
-            let ids: Vec<i64> = p
-                .iter()
-                .filter(|(_, c)| c.deadline.is_some_and(|(at, _)| at <= now))
-                .map(|(id, _)| *id)
-                .collect();
-            ids.into_iter()
+            let expired: Vec<(i64, Pending)> = ids
+                .into_iter()
                 .filter_map(|id| p.remove(&id).map(|c| (id, c)))
-                .collect()
+                .collect();
+            // With no call in flight, stay awake for `linger` (calls back to back then cost
+            // no wakeup) before parking until a call wakes it.
+            let next = if next.is_some() || !p.is_empty() {
+                idle_since = None;
+                next
+            } else {
+                let since = *idle_since.get_or_insert(now);
+                if now < since + linger {
+                    Some(since + linger)
+                } else {
+                    idle_since = None;
+                    None
+                }
+            };
+            let target = next.map_or(u64::MAX, |at| sweep.ms(at));
+            sweep.target.store(target, Ordering::Release);
+            (expired, next)
         };
         for (id, call) in expired {
             let _ = writer.send(cancel_line(id));
@@ -703,6 +733,17 @@ async fn sweep(
                     ("timeout", &limit.to_string()),
                 ],
             )));
+        }
+        let until = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = until => {}
+            _ = sweep.wake.notified() => {}
+            _ = dead.cancelled() => return,
         }
     }
 }
@@ -922,7 +963,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         running.sweep.clone(),
         running.writer.clone(),
         dead.clone(),
-        (SWEEP_TICK, SWEEP_IDLE_TICKS),
+        SWEEP_LINGER.min(spec.call_timeout),
     ));
     // stdout reader, and the child's end.
     {
@@ -1292,8 +1333,8 @@ mod tests {
     }
 
     /// A call past its deadline fails E8008 and the plugin hears `$/cancelRequest` for it,
-    /// even when the sweeper had gone to sleep for want of calls; a call within its time
-    /// stays; the sweeper ends with the plugin.
+    /// even when the sweeper had parked for want of calls, or slept toward a later deadline;
+    /// a call within its time stays; the sweeper ends with the plugin.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_sweeper_times_calls_out_after_sleeping_and_ends_with_the_plugin() {
         let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
@@ -1306,14 +1347,19 @@ mod tests {
             sw.clone(),
             wtx,
             dead.clone(),
-            (Duration::from_millis(5), 3),
+            Duration::from_millis(20),
         ));
         until("the idle sweeper parked", || {
-            sw.parked.load(Ordering::SeqCst)
+            sw.target.load(Ordering::SeqCst) == u64::MAX
         })
         .await;
         let (slow, mut slow_rx) = call("sandbox/list", Duration::from_secs(600));
         assert_eq!(track(&pending, &sw, 1, slow), 1);
+        until("the sweeper sleeps toward the slow call's deadline", || {
+            sw.target.load(Ordering::SeqCst) != u64::MAX
+        })
+        .await;
+        // Sooner than the deadline the sweeper sleeps toward: it must be woken for it.
         let (hung, hung_rx) = call("exec/run", Duration::from_millis(30));
         assert_eq!(track(&pending, &sw, 2, hung), 2);
         let e = tokio::time::timeout(Duration::from_secs(10), hung_rx)
@@ -1335,6 +1381,54 @@ mod tests {
             .await
             .expect("the sweeper ended with the plugin")
             .unwrap();
+    }
+
+    /// Calls made back to back, each answered before the next, cost the sweeper no wakeup
+    /// each (it neither ticks nor wakes per call): it wakes for the first call after it
+    /// parked, and again only when its linger or a deadline is due.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_back_to_back_do_not_wake_the_sweeper_each() {
+        let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+        let sw: Arc<Sweep> = Arc::default();
+        let (wtx, _wrx) = mpsc::unbounded_channel();
+        let dead = CancellationToken::new();
+        tokio::spawn(sweep(
+            "p".into(),
+            pending.clone(),
+            sw.clone(),
+            wtx,
+            dead.clone(),
+            Duration::from_secs(30),
+        ));
+        until("the sweeper's first scan", || {
+            sw.rounds.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+        let (mut answered, mut in_flight) = (Vec::new(), Vec::new());
+        for id in 0..2000 {
+            let (c, rx) = call("sandbox/list", Duration::from_secs(30));
+            track(&pending, &sw, id, c);
+            // Answered: the reader takes it off the map and replies.
+            let c = pending.lock().unwrap().remove(&id).unwrap();
+            let _ = c.reply.send(Ok(RawValue::from_string("1".into()).unwrap()));
+            answered.push(rx);
+            if id % 100 == 0 {
+                // Now and then a call stays in flight, with the same time limit as the rest.
+                let (c, rx) = call("exec/run", Duration::from_secs(30));
+                track(&pending, &sw, 10_000 + id, c);
+                in_flight.push(rx);
+            }
+            tokio::task::yield_now().await;
+        }
+        // Time passes with calls in flight: a sweeper that ticked would wake in it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rounds = sw.rounds.load(Ordering::SeqCst);
+        assert!(
+            rounds <= 2,
+            "the sweeper woke {rounds} times for 2020 calls"
+        );
+        assert!(in_flight.iter_mut().all(|rx| rx.try_recv().is_err()));
+        dead.cancel();
     }
 
     #[tokio::test]
