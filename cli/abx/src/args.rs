@@ -96,7 +96,44 @@ impl<T: Subcommand> Subcommand for Lazy<T> {
     }
 }
 
-/// A sandbox id argument.
+/// A subcommand's arguments built only when the parser enters that subcommand
+/// (`Command::defer`), the way [`Lazy`] does for a group: `abx list` builds the names and
+/// abouts of the other top-level commands, not their arguments. The argument structs carry
+/// no doc comment (a plain comment instead), because a deferred build would set it as the
+/// subcommand's about over the variant's own.
+#[derive(Debug)]
+pub struct Deferred<T>(pub T);
+
+impl<T: clap::FromArgMatches> clap::FromArgMatches for Deferred<T> {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(m).map(Deferred)
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(m)
+    }
+}
+
+impl<T: Args> Args for Deferred<T> {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        if eager() {
+            T::augment_args(cmd)
+        } else {
+            cmd.defer(T::augment_args)
+        }
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        if eager() {
+            T::augment_args_for_update(cmd)
+        } else {
+            cmd.defer(T::augment_args_for_update)
+        }
+    }
+    fn group_id() -> Option<clap::Id> {
+        T::group_id()
+    }
+}
+
+// A sandbox id argument. Not a doc comment: see [`Deferred`].
 #[derive(Args, Debug, Clone)]
 pub struct SandboxArg {
     /// Sandbox id (`id` or `provider:id`).
@@ -108,152 +145,196 @@ pub struct SandboxArg {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create a sandbox and print its details.
-    Create(CreateArgs),
+    Create(Deferred<CreateArgs>),
     /// Show a sandbox.
-    Info(SandboxArg),
+    Info(Deferred<SandboxArg>),
     /// List sandboxes.
     List,
     /// Run a command in a sandbox; abx exits with its exit code.
-    Exec {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// Seconds before the command is killed.
-        #[arg(long, value_parser = parse_seconds_f64)]
-        timeout: Option<f64>,
-        /// Working directory in the sandbox.
-        #[arg(long)]
-        cwd: Option<String>,
-        /// The command (one shell string, or words).
-        #[arg(
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            required = true,
-            value_name = "CMD"
-        )]
-        command: Vec<String>,
-    },
+    Exec(Deferred<ExecArgs>),
     /// Run code in a sandbox's interpreter (a context keeps variables between runs):
     /// output streamed, results printed, exit 1 when the code raised an error.
-    Code {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// A file with the code, or `-` (the default) for stdin.
-        #[arg(value_name = "FILE")]
-        file: Option<String>,
-        /// The context to run in (default: the sandbox's default context of the language).
-        #[arg(long, value_name = "ID")]
-        context: Option<String>,
-        /// python (default; or from the file's extension: .py, .js, .sh), javascript, bash.
-        #[arg(long, short = 'l', value_name = "LANG")]
-        language: Option<String>,
-        /// Seconds before the code is interrupted (the context keeps its state).
-        #[arg(long, value_parser = parse_seconds_f64)]
-        timeout: Option<f64>,
-    },
+    Code(Deferred<CodeArgs>),
     /// Run a command in a throwaway sandbox: create, stream, kill.
-    Run {
-        /// Template of the sandbox.
-        #[arg(long)]
-        template: Option<String>,
-        /// Network and limits of the sandbox.
-        #[command(flatten)]
-        opts: SandboxOpts,
-        /// Seconds before the command is killed.
-        #[arg(long, value_parser = parse_seconds_f64)]
-        timeout: Option<f64>,
-        /// The command (one shell string, or words).
-        #[arg(
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            required = true,
-            value_name = "CMD"
-        )]
-        command: Vec<String>,
-    },
+    Run(Deferred<RunArgs>),
     /// An interactive shell (or CMD) in a sandbox on a pseudo-terminal.
-    Shell {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// What to run instead of the sandbox's shell.
-        #[arg(last = true, value_name = "CMD")]
-        command: Vec<String>,
-    },
+    Shell(Deferred<ShellArgs>),
     /// Copy a local file into a sandbox.
-    Upload {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// Local file.
-        local: std::path::PathBuf,
-        /// Path in the sandbox (relative: under /workspace).
-        remote: String,
-    },
+    Upload(Deferred<UploadArgs>),
     /// Copy a file out of a sandbox.
-    Download {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// Path in the sandbox.
-        remote: String,
-        /// Local file, or an existing directory to put it in.
-        local: std::path::PathBuf,
-    },
+    Download(Deferred<DownloadArgs>),
     /// Kill a sandbox (asks first on a terminal; --yes to skip). Idempotent.
-    Kill(SandboxArg),
+    Kill(Deferred<SandboxArg>),
     /// Pause every process of a sandbox.
-    Pause(SandboxArg),
+    Pause(Deferred<SandboxArg>),
     /// Resume a paused sandbox.
-    Resume(SandboxArg),
+    Resume(Deferred<SandboxArg>),
     /// Set the remaining lifetime of a sandbox (from now).
-    SetTimeout {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// Seconds (or 90s, 10m, 2h, 1d).
-        #[arg(value_parser = parse_seconds)]
-        seconds: u64,
-    },
+    SetTimeout(Deferred<SetTimeoutArgs>),
     /// Print the URL of a port of a sandbox.
-    Ports {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// Port number.
-        port: u16,
-    },
+    Ports(Deferred<PortsArgs>),
     /// Sandbox files, processes, system info, capabilities and named commands.
     #[command(subcommand)]
     Sandbox(Lazy<SandboxCmd>),
     /// Templates of the provider: only where the provider declares templates.
     /// `list`, `pull REF`, `build SANDBOX NAME`, `rm NAME|--prune`, `import PATH [NAME]`,
     /// `init ...`.
-    Template {
-        /// list, pull, build, rm, import or init.
-        #[arg(value_parser = ["list", "pull", "build", "rm", "import", "init"])]
-        action: String,
-        /// Arguments for the provider.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    Template(Deferred<TemplateArgs>),
     /// Providers: install, list, info, doctor, test, update, uninstall, configure, default.
     #[command(subcommand)]
     Provider(Lazy<ProviderCmd>),
     /// Print a shell completion script (bash, zsh, fish, ...).
-    Completions {
-        /// The shell.
-        shell: clap_complete::Shell,
-    },
+    Completions(Deferred<CompletionsArgs>),
     /// Manage the broker daemon, or serve one client on stdio (--stdio).
-    Broker(BrokerArgs),
+    Broker(Deferred<BrokerArgs>),
     /// Bridge stdin/stdout to the daemon (either framing).
     Rpc,
     /// Print sandbox changes of every provider as they happen (created, killed, paused,
     /// resumed, expired, timeout), one line each, until interrupted; -j: one JSON object
     /// per line.
-    Events {
-        /// Exit after this many changes.
-        #[arg(long, value_name = "N")]
-        count: Option<u64>,
-    },
+    Events(Deferred<EventsArgs>),
 }
 
-/// `abx create`.
+// `abx exec`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Seconds before the command is killed.
+    #[arg(long, value_parser = parse_seconds_f64)]
+    pub timeout: Option<f64>,
+    /// Working directory in the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// The command (one shell string, or words).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+// `abx code`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct CodeArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// A file with the code, or `-` (the default) for stdin.
+    #[arg(value_name = "FILE")]
+    pub file: Option<String>,
+    /// The context to run in (default: the sandbox's default context of the language).
+    #[arg(long, value_name = "ID")]
+    pub context: Option<String>,
+    /// python (default; or from the file's extension: .py, .js, .sh), javascript, bash.
+    #[arg(long, short = 'l', value_name = "LANG")]
+    pub language: Option<String>,
+    /// Seconds before the code is interrupted (the context keeps its state).
+    #[arg(long, value_parser = parse_seconds_f64)]
+    pub timeout: Option<f64>,
+}
+
+// `abx run`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Template of the sandbox.
+    #[arg(long)]
+    pub template: Option<String>,
+    /// Network and limits of the sandbox.
+    #[command(flatten)]
+    pub opts: SandboxOpts,
+    /// Seconds before the command is killed.
+    #[arg(long, value_parser = parse_seconds_f64)]
+    pub timeout: Option<f64>,
+    /// The command (one shell string, or words).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+// `abx shell`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct ShellArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// What to run instead of the sandbox's shell.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+// `abx upload`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct UploadArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Local file.
+    pub local: std::path::PathBuf,
+    /// Path in the sandbox (relative: under /workspace).
+    pub remote: String,
+}
+
+// `abx download`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct DownloadArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Path in the sandbox.
+    pub remote: String,
+    /// Local file, or an existing directory to put it in.
+    pub local: std::path::PathBuf,
+}
+
+// `abx set-timeout`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct SetTimeoutArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Seconds (or 90s, 10m, 2h, 1d).
+    #[arg(value_parser = parse_seconds)]
+    pub seconds: u64,
+}
+
+// `abx ports`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct PortsArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Port number.
+    pub port: u16,
+}
+
+// `abx template`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct TemplateArgs {
+    /// list, pull, build, rm, import or init.
+    #[arg(value_parser = ["list", "pull", "build", "rm", "import", "init"])]
+    pub action: String,
+    /// Arguments for the provider.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+// `abx completions`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
+}
+
+// `abx events`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// Exit after this many changes.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+// `abx create`. Not a doc comment: see [`Deferred`].
 #[derive(Args, Debug)]
 pub struct CreateArgs {
     /// Template (the provider's; `local` has `base`).
@@ -273,7 +354,8 @@ pub struct CreateArgs {
     pub opts: SandboxOpts,
 }
 
-/// Network and limits of a new sandbox (`local`; docs/local-sandboxes.md).
+// Network and limits of a new sandbox (`local`; docs/local-sandboxes.md). Not a doc
+// comment: see [`Deferred`] (flattened into `create` and `run`).
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct SandboxOpts {
     /// Network: none (loopback only), internet (outbound, no host loopback), host.
@@ -512,7 +594,7 @@ pub struct InstallArgs {
     pub dry_run: bool,
 }
 
-/// `abx broker ...`.
+// `abx broker ...`. Not a doc comment: see [`Deferred`].
 #[derive(clap::Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct BrokerArgs {
@@ -523,7 +605,7 @@ pub struct BrokerArgs {
     pub action: Option<BrokerAction>,
 }
 
-/// `abx broker start|stop|status|run`.
+// `abx broker start|stop|status|run`. Not a doc comment: see [`Deferred`].
 #[derive(Subcommand, Debug)]
 pub enum BrokerAction {
     /// Start the daemon in the background (no-op when running).
@@ -583,11 +665,12 @@ mod tests {
         Cli::command().debug_assert();
     }
 
-    /// What a user reads is the same whether the groups are built as the parser enters
-    /// them or all at once: every command's help, `abx help ...`, version lines, and the
-    /// errors with their suggestions.
+    /// What a user reads is the same whether the groups and each command's arguments are
+    /// built as the parser enters them or all at once: every command's help, `abx help ...`,
+    /// version lines, and the errors with their suggestions (missing arguments too). It fails
+    /// when a deferred argument struct or group keeps a doc comment.
     #[test]
-    fn deferred_groups_read_as_the_whole_tree_does() {
+    fn deferred_groups_and_arguments_read_as_the_whole_tree_does() {
         fn render(eager: bool, argv: &[&str]) -> String {
             set_eager(eager);
             let r = Cli::command().try_get_matches_from(argv);

@@ -10,7 +10,9 @@ mod sandbox;
 mod shell;
 
 use crate::args::{
-    BrokerAction, BrokerArgs, Cli, Command, CommandCmd, Lazy, ProviderCmd, SandboxCmd, SystemCmd,
+    BrokerAction, BrokerArgs, Cli, CodeArgs, Command, CommandCmd, CompletionsArgs, Deferred,
+    DownloadArgs, EventsArgs, ExecArgs, Lazy, PortsArgs, ProviderCmd, RunArgs, SandboxCmd,
+    SetTimeoutArgs, ShellArgs, SystemCmd, TemplateArgs, UploadArgs,
 };
 use crate::output::{print_json, Failure};
 use abx_client::client::Client;
@@ -68,13 +70,13 @@ pub fn run(cli: Cli, paths: Paths) -> Result<u8, Failure> {
         // Not async, or owning their own runtime.
         // The daemon is its own binary: hand this process over to it (same pid, so whoever
         // started `abx broker run` can signal and wait on the daemon).
-        Command::Broker(BrokerArgs { stdio: true, .. }) => {
+        Command::Broker(Deferred(BrokerArgs { stdio: true, .. })) => {
             Err(broker::exec_daemon(&cx, &["--stdio"]))
         }
-        Command::Broker(BrokerArgs {
+        Command::Broker(Deferred(BrokerArgs {
             action: Some(BrokerAction::Run { detached }),
             ..
-        }) => Err(broker::exec_daemon(
+        })) => Err(broker::exec_daemon(
             &cx,
             if detached {
                 &["run", "--detached"]
@@ -82,47 +84,49 @@ pub fn run(cli: Cli, paths: Paths) -> Result<u8, Failure> {
                 &["run"]
             },
         )),
-        Command::Completions { shell } => completions(&cx, shell),
+        Command::Completions(Deferred(CompletionsArgs { shell })) => completions(&cx, shell),
         command => runtime().block_on(dispatch(&cx, command)),
     }
 }
 
 async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
     match command {
-        Command::Broker(BrokerArgs { action, .. }) => match action {
+        Command::Broker(Deferred(BrokerArgs { action, .. })) => match action {
             None | Some(BrokerAction::Status) => broker::status(cx).await,
             Some(BrokerAction::Start) => broker::start(cx).await,
             Some(BrokerAction::Stop) => broker::stop(cx).await,
             Some(BrokerAction::Run { .. }) => unreachable!("handled in run"),
         },
-        Command::Events { count } => sandbox::events(cx, count).await,
+        Command::Events(Deferred(EventsArgs { count })) => sandbox::events(cx, count).await,
         Command::Rpc => {
             crate::rpc::run(&cx.paths).await?;
             Ok(0)
         }
-        Command::Create(a) => sandbox::create(cx, a).await,
-        Command::Info(a) => sandbox::info(cx, &a.sandbox).await,
+        Command::Create(Deferred(a)) => sandbox::create(cx, a).await,
+        Command::Info(Deferred(a)) => sandbox::info(cx, &a.sandbox).await,
         Command::List | Command::Sandbox(Lazy(SandboxCmd::List)) => sandbox::list(cx).await,
-        Command::Kill(a) => sandbox::kill(cx, &a.sandbox).await,
-        Command::Pause(a) => sandbox::pause_resume(cx, &a.sandbox, true).await,
-        Command::Resume(a) => sandbox::pause_resume(cx, &a.sandbox, false).await,
-        Command::SetTimeout { sandbox, seconds } => {
+        Command::Kill(Deferred(a)) => sandbox::kill(cx, &a.sandbox).await,
+        Command::Pause(Deferred(a)) => sandbox::pause_resume(cx, &a.sandbox, true).await,
+        Command::Resume(Deferred(a)) => sandbox::pause_resume(cx, &a.sandbox, false).await,
+        Command::SetTimeout(Deferred(SetTimeoutArgs { sandbox, seconds })) => {
             sandbox::set_timeout(cx, &sandbox, seconds).await
         }
-        Command::Ports { sandbox, port } => sandbox::ports(cx, &sandbox, port).await,
-        Command::Exec {
+        Command::Ports(Deferred(PortsArgs { sandbox, port })) => {
+            sandbox::ports(cx, &sandbox, port).await
+        }
+        Command::Exec(Deferred(ExecArgs {
             sandbox,
             timeout,
             cwd,
             command,
-        } => exec::exec(cx, &sandbox, &command, timeout, cwd.as_deref()).await,
-        Command::Code {
+        })) => exec::exec(cx, &sandbox, &command, timeout, cwd.as_deref()).await,
+        Command::Code(Deferred(CodeArgs {
             sandbox,
             file,
             context,
             language,
             timeout,
-        } => {
+        })) => {
             code::code(
                 cx,
                 &sandbox,
@@ -133,23 +137,25 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             )
             .await
         }
-        Command::Run {
+        Command::Run(Deferred(RunArgs {
             template,
             opts,
             timeout,
             command,
-        } => exec::run(cx, template.as_deref(), &opts, timeout, &command).await,
-        Command::Shell { sandbox, command } => shell::shell(cx, &sandbox, &command).await,
-        Command::Upload {
+        })) => exec::run(cx, template.as_deref(), &opts, timeout, &command).await,
+        Command::Shell(Deferred(ShellArgs { sandbox, command })) => {
+            shell::shell(cx, &sandbox, &command).await
+        }
+        Command::Upload(Deferred(UploadArgs {
             sandbox,
             local,
             remote,
-        } => files::upload(cx, &sandbox, &local, &remote).await,
-        Command::Download {
+        })) => files::upload(cx, &sandbox, &local, &remote).await,
+        Command::Download(Deferred(DownloadArgs {
             sandbox,
             remote,
             local,
-        } => files::download(cx, &sandbox, &remote, &local).await,
+        })) => files::download(cx, &sandbox, &remote, &local).await,
         Command::Sandbox(Lazy(SandboxCmd::Files(Lazy(f)))) => files::files(cx, f).await,
         Command::Sandbox(Lazy(SandboxCmd::Process(Lazy(p)))) => process::process(cx, p).await,
         Command::Sandbox(Lazy(SandboxCmd::System(SystemCmd::Info(a)))) => {
@@ -163,7 +169,9 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             name,
             args,
         })))) => sandbox::command_run(cx, &sandbox, &name, &args).await,
-        Command::Template { action, args } => provider::template(cx, &action, &args).await,
+        Command::Template(Deferred(TemplateArgs { action, args })) => {
+            provider::template(cx, &action, &args).await
+        }
         Command::Provider(Lazy(ProviderCmd::List)) => provider::list(cx).await,
         Command::Provider(Lazy(ProviderCmd::Info { id })) => provider::info(cx, &id).await,
         Command::Provider(Lazy(ProviderCmd::Install(a))) => provider::install(cx, &a).await,
@@ -185,7 +193,7 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
         Command::Provider(Lazy(ProviderCmd::Default { id })) => {
             provider::set_default(cx, &id).await
         }
-        Command::Completions { .. } => unreachable!("handled in run"),
+        Command::Completions(_) => unreachable!("handled in run"),
     }
 }
 
