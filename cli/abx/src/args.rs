@@ -42,12 +42,12 @@ pub struct Cli {
     #[arg(short = 'y', long, global = true)]
     pub yes: bool,
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Only<Command>,
 }
 
 /// A group of subcommands built only when the parser enters it (`Command::defer`): a
 /// short command builds only the tree it uses, not every group's arguments (clap's tree
-/// was most of `abx`'s start-up heap, issue 20). [`set_eager`] builds them all, for the
+/// was most of `abx`'s start-up heap, issue 20). [`whole_tree`] builds them all, for the
 /// completion scripts and `abx help ...`, whose copies of the tree are taken before any
 /// deferred group is built.
 #[derive(Debug)]
@@ -56,10 +56,70 @@ pub struct Lazy<T>(pub T);
 thread_local! {
     // Per thread, so the tests can build both trees side by side.
     static EAGER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static ONLY: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Build every group at once, from now on on this thread (see [`Lazy`]).
-pub fn set_eager(on: bool) {
+/// How much of the tree to build for a command line (its words after the program's name):
+/// every group at once for `abx help ...` and the completion scripts ([`set_eager`]);
+/// otherwise, when the first word names a top-level command, that command alone ([`Only`]).
+pub fn plan<I: IntoIterator<Item = std::ffi::OsString>>(words: I) {
+    let words: Vec<std::ffi::OsString> = words.into_iter().take_while(|a| a != "--").collect();
+    let eager = words.iter().any(|a| a == "help" || a == "completions");
+    set_eager(eager);
+    let first = words.first().and_then(|w| w.to_str());
+    let only = first.filter(|w| !eager && !w.starts_with('-'));
+    ONLY.with(|o| *o.borrow_mut() = only.map(str::to_owned));
+}
+
+/// The top-level commands, of which a command line that starts with one's name builds only
+/// that one ([`plan`]). clap copies the global flags into every subcommand of the root
+/// when it builds the root (five `Arg`s each, most of the heap of a short command's start,
+/// issue 20), so the other twenty are left out rather than deferred. Every other command
+/// line, and `abx help ...`, builds them all: a typo still gets its suggestion.
+#[derive(Debug)]
+pub struct Only<T>(pub T);
+
+impl<T: clap::FromArgMatches> clap::FromArgMatches for Only<T> {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(m).map(Only)
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(m)
+    }
+}
+
+impl<T: Subcommand> Subcommand for Only<T> {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        let only = ONLY.with(|o| o.borrow().clone());
+        if let Some(name) = only.filter(|_| !eager()) {
+            let all = T::augment_subcommands(clap::Command::new(""));
+            let one = all
+                .get_subcommands()
+                .find(|s| s.get_name() == name)
+                .cloned();
+            // The rest is left to the exit with the tree (see main).
+            std::mem::forget(all);
+            if let Some(one) = one {
+                return cmd.subcommand(one);
+            }
+        }
+        T::augment_subcommands(cmd)
+    }
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        T::augment_subcommands_for_update(cmd)
+    }
+    fn has_subcommand(name: &str) -> bool {
+        T::has_subcommand(name)
+    }
+}
+
+/// Build the whole tree, every group at once, from now on on this thread (see [`Lazy`],
+/// [`Only`]).
+pub fn whole_tree() {
+    plan(["help".into()]);
+}
+
+fn set_eager(on: bool) {
     EAGER.with(|e| e.set(on));
 }
 
@@ -672,18 +732,23 @@ mod tests {
     #[test]
     fn deferred_groups_and_arguments_read_as_the_whole_tree_does() {
         fn render(eager: bool, argv: &[&str]) -> String {
-            set_eager(eager);
+            if eager {
+                whole_tree();
+            } else {
+                // What `main` builds for this line.
+                plan(argv[1..].iter().map(std::ffi::OsString::from));
+            }
             let r = Cli::command().try_get_matches_from(argv);
-            set_eager(false);
+            plan([]);
             match r {
                 Ok(m) => format!("ok {:?}", m.subcommand_name()),
                 Err(e) => format!("{:?} {}", e.kind(), e.render()),
             }
         }
         let mut paths: Vec<Vec<String>> = vec![vec![]];
-        set_eager(true);
+        whole_tree();
         let whole = Cli::command();
-        set_eager(false);
+        plan([]);
         let mut stack: Vec<(Vec<String>, &clap::Command)> = vec![(vec![], &whole)];
         while let Some((path, cmd)) = stack.pop() {
             for sub in cmd.get_subcommands() {

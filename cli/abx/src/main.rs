@@ -26,15 +26,14 @@ enum Serve {
 }
 
 fn main() -> ExitCode {
-    // The command tree is built to parse one line (the groups the line does not enter
-    // only as names: args::Lazy); it and the matches are left to the exit rather than freed piece by piece (a tenth
-    // of a short command's own CPU time).
+    // The command tree is built to parse one line (args::plan); it and the matches are left
+    // to the exit rather than freed piece by piece (a tenth of a short command's own CPU
+    // time).
     let mut host = None;
-    // `abx help ...` and the completion scripts copy the whole tree before the parser
-    // enters any group: build every group at once for them (args::Lazy).
-    if flags_and_words().any(|a| a == "help" || a == "completions") {
-        args::set_eager(true);
-    }
+    // Only the command the line names, its groups as the parser enters them; the whole tree
+    // for `abx help ...` and the completion scripts, which copy it before the parser enters
+    // any group (args::plan).
+    args::plan(flags_and_words());
     let mut command = Serve::augment_subcommands(args::Cli::command());
     let parsed = command
         .try_get_matches_from_mut(std::env::args_os())

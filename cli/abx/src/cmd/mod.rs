@@ -66,7 +66,7 @@ pub fn run(cli: Cli, paths: Paths) -> Result<u8, Failure> {
         provider: cli.provider.filter(|p| !p.is_empty()),
         yes: cli.yes,
     };
-    match cli.command {
+    match cli.command.0 {
         // Not async, or owning their own runtime.
         // The daemon is its own binary: hand this process over to it (same pid, so whoever
         // started `abx broker run` can signal and wait on the daemon).
@@ -199,7 +199,7 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
 
 fn completions(cx: &Ctx, shell: clap_complete::Shell) -> Result<u8, Failure> {
     use clap::CommandFactory;
-    crate::args::set_eager(true);
+    crate::args::whole_tree();
     let mut cmd = Cli::command();
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut cmd, "abx", &mut buf);
