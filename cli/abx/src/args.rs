@@ -45,6 +45,21 @@ pub struct Cli {
     pub command: Only<Command>,
 }
 
+/// The wrappers below parse as what they wrap.
+macro_rules! parses_as_inner {
+    ($($w:ident),*) => {$(
+        impl<T: clap::FromArgMatches> clap::FromArgMatches for $w<T> {
+            fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+                T::from_arg_matches(m).map($w)
+            }
+            fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+                self.0.update_from_arg_matches(m)
+            }
+        }
+    )*};
+}
+parses_as_inner!(Lazy, Deferred, Only);
+
 /// A group of subcommands built only when the parser enters it (`Command::defer`): a
 /// short command builds only the tree it uses, not every group's arguments (clap's tree
 /// was most of `abx`'s start-up heap, issue 20). [`whole_tree`] builds them all, for the
@@ -78,15 +93,6 @@ pub fn plan<I: IntoIterator<Item = std::ffi::OsString>>(words: I) {
 /// line, and `abx help ...`, builds them all: a typo still gets its suggestion.
 #[derive(Debug)]
 pub struct Only<T>(pub T);
-
-impl<T: clap::FromArgMatches> clap::FromArgMatches for Only<T> {
-    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        T::from_arg_matches(m).map(Only)
-    }
-    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        self.0.update_from_arg_matches(m)
-    }
-}
 
 impl<T: Subcommand> Subcommand for Only<T> {
     fn augment_subcommands(cmd: clap::Command) -> clap::Command {
@@ -127,15 +133,6 @@ fn eager() -> bool {
     EAGER.with(|e| e.get())
 }
 
-impl<T: clap::FromArgMatches> clap::FromArgMatches for Lazy<T> {
-    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        T::from_arg_matches(m).map(Lazy)
-    }
-    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        self.0.update_from_arg_matches(m)
-    }
-}
-
 impl<T: Subcommand> Subcommand for Lazy<T> {
     fn augment_subcommands(cmd: clap::Command) -> clap::Command {
         if eager() {
@@ -163,15 +160,6 @@ impl<T: Subcommand> Subcommand for Lazy<T> {
 /// subcommand's about over the variant's own.
 #[derive(Debug)]
 pub struct Deferred<T>(pub T);
-
-impl<T: clap::FromArgMatches> clap::FromArgMatches for Deferred<T> {
-    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        T::from_arg_matches(m).map(Deferred)
-    }
-    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        self.0.update_from_arg_matches(m)
-    }
-}
 
 impl<T: Args> Args for Deferred<T> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
