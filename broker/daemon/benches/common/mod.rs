@@ -423,7 +423,13 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
 
 /// Context switches (voluntary and not) of every live thread of a process so far.
 pub fn ctx_switches(pid: u32) -> Option<u64> {
-    let mut total = 0u64;
+    ctx_switches_split(pid).map(|(v, n)| v + n)
+}
+
+/// Voluntary and involuntary (preempted) context switches of every live thread of a
+/// process so far.
+pub fn ctx_switches_split(pid: u32) -> Option<(u64, u64)> {
+    let (mut vol, mut invol) = (0u64, 0u64);
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .flatten()
@@ -432,15 +438,15 @@ pub fn ctx_switches(pid: u32) -> Option<u64> {
             continue;
         };
         for l in s.lines() {
-            if let Some(v) = l
-                .strip_prefix("voluntary_ctxt_switches:")
-                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-            {
-                total += v.trim().parse::<u64>().unwrap_or(0);
+            let parse = |v: &str| v.trim().parse::<u64>().unwrap_or(0);
+            if let Some(v) = l.strip_prefix("voluntary_ctxt_switches:") {
+                vol += parse(v);
+            } else if let Some(v) = l.strip_prefix("nonvoluntary_ctxt_switches:") {
+                invol += parse(v);
             }
         }
     }
-    Some(total)
+    Some((vol, invol))
 }
 
 /// CPU time of the calling thread, in nanoseconds.

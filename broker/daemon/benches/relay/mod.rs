@@ -20,7 +20,8 @@
 //! network or `rustc` the lspmux paths (or the whole section) are skipped, saying why.
 
 use crate::common::{
-    cpu_ns, mean_us, pct_us, pin_cmd, pin_if, round3, verdict, Mode, Out, Res, Spawned,
+    cpu_ns, ctx_switches_split, mean_us, pct_us, pin_cmd, pin_if, round3, verdict, Mode, Out, Res,
+    Spawned,
 };
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -282,6 +283,9 @@ struct PathX {
 struct Figures {
     ns: Vec<u64>,
     relay_cpu_ns: u64,
+    /// Times a relay process was preempted (involuntary context switches): a woken peer
+    /// landing on its CPU and running first.
+    relay_preempted: u64,
 }
 
 fn spawn_echo(echo: &Path, mode: &str, cpu: Option<usize>) -> Res<(Child, Conn)> {
@@ -597,6 +601,7 @@ fn measure(
         .map(|_| Figures {
             ns: Vec::with_capacity(per_round * rounds),
             relay_cpu_ns: 0,
+            relay_preempted: 0,
         })
         .collect();
     std::thread::scope(|s| {
@@ -610,10 +615,14 @@ fn measure(
                     let k = if round % 2 == 0 { j } else { n - 1 - j };
                     let p = &mut paths[k];
                     let cpu_of = |pids: &[u32]| pids.iter().filter_map(|&q| cpu_ns(q)).sum::<u64>();
-                    let mut before = 0;
+                    let preempted_of = |pids: &[u32]| {
+                        pids.iter().filter_map(|&q| ctx_switches_split(q)).map(|(_, n)| n).sum::<u64>()
+                    };
+                    let (mut before, mut preempted_before) = (0, 0);
                     for i in 0..warmup + per_round {
                         if i == warmup {
                             before = cpu_of(&p.relay);
+                            preempted_before = preempted_of(&p.relay);
                         }
                         id += 1;
                         body.clear();
@@ -640,6 +649,7 @@ fn measure(
                         }
                     }
                     figs[k].relay_cpu_ns += cpu_of(&p.relay).saturating_sub(before);
+                    figs[k].relay_preempted += preempted_of(&p.relay).saturating_sub(preempted_before);
                 }
             }
             Ok(())
@@ -663,20 +673,29 @@ fn report(out: &mut Out, mode: Mode, paths: &[PathX], figs: &[Figures], notes: &
     );
     let _ = writeln!(
         t,
-        "  {:<15}{:>9}{:>9}{:>9}{:>9}{:>12}{:>12}{:>15}",
-        "path", "p50 us", "p99 us", "mean us", "max us", "added p50", "added p99", "relay CPU/req"
+        "  {:<15}{:>9}{:>9}{:>9}{:>9}{:>12}{:>12}{:>15}{:>16}",
+        "path",
+        "p50 us",
+        "p99 us",
+        "mean us",
+        "max us",
+        "added p50",
+        "added p99",
+        "relay CPU/req",
+        "preempted/req"
     );
     let added = |k: usize, p: f64| -> Option<f64> {
         let b = paths[k].base?;
         Some(pct_us(&figs[k].ns, p) - pct_us(&figs[b].ns, p))
     };
     let cpu = |k: usize| figs[k].relay_cpu_ns as f64 / figs[k].ns.len().max(1) as f64 / 1000.0;
+    let preempted = |k: usize| figs[k].relay_preempted as f64 / figs[k].ns.len().max(1) as f64;
     for (k, p) in paths.iter().enumerate() {
         let f = &figs[k];
         let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} us"));
         let _ = writeln!(
             t,
-            "  {:<15}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>12}{:>12}{:>15}",
+            "  {:<15}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>12}{:>12}{:>15}{:>16}",
             p.name,
             pct_us(&f.ns, 0.5),
             pct_us(&f.ns, 0.99),
@@ -689,6 +708,11 @@ fn report(out: &mut Out, mode: Mode, paths: &[PathX], figs: &[Figures], notes: &
             } else {
                 format!("{:.1} us", cpu(k))
             },
+            if p.relay.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.3}", preempted(k))
+            },
         );
         out.record(json!({
             "kind": "latency", "figure": "relay_rtt", "mode": mode.name(), "path": p.name,
@@ -696,6 +720,7 @@ fn report(out: &mut Out, mode: Mode, paths: &[PathX], figs: &[Figures], notes: &
             "p99_us": round3(pct_us(&f.ns, 0.99)), "mean_us": round3(mean_us(&f.ns)),
             "added_p50_us": added(k, 0.5).map(round3), "added_p99_us": added(k, 0.99).map(round3),
             "relay_cpu_us_per_request": (!p.relay.is_empty()).then(|| round3(cpu(k))),
+            "relay_preempted_per_request": (!p.relay.is_empty()).then(|| round3(preempted(k))),
         }));
     }
     let find = |name: &str| paths.iter().position(|p| p.name == name);
