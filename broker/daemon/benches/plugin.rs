@@ -15,7 +15,7 @@
 //! processes) on one CPU, and compared only with its baseline measured the same way.
 //!
 //! A second section (issue 25, `benches/relay/mod.rs`) puts the broker's hop beside lspmux's
-//! in front of a Rust echo backend: added latency in us, relay CPU per request.
+//! in front of a Rust echo backend: added latency in us, relay CPU and preemptions per request.
 //!
 //! Usage: `cargo bench -p abx-broker --bench plugin [-- pinned|unpinned] [py|relay]`
 //!
