@@ -193,8 +193,10 @@ struct Sweep {
     target: std::sync::atomic::AtomicU64,
     epoch: Instant,
     wake: tokio::sync::Notify,
-    /// Times the sweeper woke (a test holds the wakeups down to this).
-    rounds: std::sync::atomic::AtomicU64,
+    /// Times the sweeper woke, and times it scanned the calls in flight (tests hold both
+    /// down with these).
+    wakes: std::sync::atomic::AtomicU64,
+    scans: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Sweep {
@@ -203,7 +205,8 @@ impl Default for Sweep {
             target: std::sync::atomic::AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             wake: tokio::sync::Notify::new(),
-            rounds: Default::default(),
+            wakes: Default::default(),
+            scans: Default::default(),
         }
     }
 }
@@ -659,17 +662,22 @@ fn cancel_line(id: i64) -> Vec<u8> {
 
 /// Record a call in flight (the count of calls in flight is returned); the sweeper fails
 /// it E8008 past its deadline, and is woken for it only if that comes before the deadline
-/// the sweeper sleeps toward.
+/// the sweeper sleeps toward. The call lowers that target itself, so the woken sweeper only
+/// sleeps again, toward the new target: a stream of calls with ever shorter time limits
+/// costs a wakeup each, never a scan of every call in flight.
 fn track(pending: &Mutex<HashMap<i64, Pending>>, sweep: &Sweep, id: i64, call: Pending) -> usize {
     let at = call.deadline.map(|(at, _)| sweep.ms(at));
-    let (n, target) = {
+    let n = {
         let mut p = pending.lock().expect("pending");
         p.insert(id, call);
-        // Read with the map locked: a scan that missed this call set its target before.
-        (p.len(), sweep.target.load(Ordering::Acquire))
+        p.len()
     };
-    if at.is_some_and(|at| at < target) {
-        sweep.wake.notify_one();
+    // After the insert: a scan that saw the map before it stored its target first (with
+    // the map locked), and a scan after it sees this call.
+    if let Some(at) = at {
+        if sweep.target.fetch_min(at, Ordering::AcqRel) > at {
+            sweep.wake.notify_one();
+        }
     }
     n
 }
@@ -687,7 +695,7 @@ async fn sweep(
 ) {
     let mut idle_since: Option<Instant> = None;
     loop {
-        sweep.rounds.fetch_add(1, Ordering::Relaxed);
+        sweep.scans.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let (expired, next) = {
             let mut p = pending.lock().expect("pending");
@@ -734,16 +742,29 @@ async fn sweep(
                 ],
             )));
         }
-        let until = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
+        // Until the target is due: a call that lowered it wakes the sweeper to sleep toward
+        // the new one, with no scan.
+        let mut next = next;
+        loop {
+            let until = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = until => {
+                    sweep.wakes.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                _ = sweep.wake.notified() => {}
+                _ = dead.cancelled() => return,
             }
-        };
-        tokio::select! {
-            _ = until => {}
-            _ = sweep.wake.notified() => {}
-            _ = dead.cancelled() => return,
+            sweep.wakes.fetch_add(1, Ordering::Relaxed);
+            let t = sweep.target.load(Ordering::Acquire);
+            if t != u64::MAX {
+                next = Some(sweep.epoch + Duration::from_millis(t));
+            }
         }
     }
 }
@@ -1401,7 +1422,7 @@ mod tests {
             Duration::from_secs(30),
         ));
         until("the sweeper's first scan", || {
-            sw.rounds.load(Ordering::SeqCst) >= 1
+            sw.scans.load(Ordering::SeqCst) >= 1
         })
         .await;
         let (mut answered, mut in_flight) = (Vec::new(), Vec::new());
@@ -1422,12 +1443,61 @@ mod tests {
         }
         // Time passes with calls in flight: a sweeper that ticked would wake in it.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let rounds = sw.rounds.load(Ordering::SeqCst);
-        assert!(
-            rounds <= 2,
-            "the sweeper woke {rounds} times for 2020 calls"
-        );
+        let wakes = sw.wakes.load(Ordering::SeqCst);
+        assert!(wakes <= 2, "the sweeper woke {wakes} times for 2020 calls");
         assert!(in_flight.iter_mut().all(|rx| rx.try_recv().is_err()));
+        dead.cancel();
+    }
+
+    /// Calls with ever shorter time limits, the most a client can make the sweeper do: a
+    /// wakeup each, but no scan of the calls in flight for any of them (the call lowers the
+    /// target itself), until the earliest deadline is due; then it fails that call E8008.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ever_shorter_limits_wake_the_sweeper_without_a_scan_each() {
+        let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+        let sw: Arc<Sweep> = Arc::default();
+        let (wtx, mut wrx) = mpsc::unbounded_channel();
+        let dead = CancellationToken::new();
+        tokio::spawn(sweep(
+            "p".into(),
+            pending.clone(),
+            sw.clone(),
+            wtx,
+            dead.clone(),
+            Duration::from_secs(600),
+        ));
+        until("the sweeper's first scan", || {
+            sw.scans.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+        let mut rxs = Vec::new();
+        for i in 0..500u64 {
+            let (c, rx) = call("exec/run", Duration::from_secs(500 - i));
+            track(&pending, &sw, i as i64, c);
+            rxs.push(rx);
+            tokio::task::yield_now().await;
+        }
+        until("the sweeper saw the wakeups", || {
+            sw.wakes.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+        let scans = sw.scans.load(Ordering::SeqCst);
+        assert!(
+            scans <= 2,
+            "{scans} scans for 500 calls none of which is due"
+        );
+        // A call shorter than all of them is still timed out on time.
+        let (c, rx) = call("exec/run", Duration::from_millis(20));
+        track(&pending, &sw, 9999, c);
+        let e = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .expect("the shortest call timed out")
+            .expect("answered, not dropped")
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::PluginTimedOut, "{e:?}");
+        let v: Value = serde_json::from_slice(&wrx.recv().await.unwrap()).unwrap();
+        assert_eq!(v["params"]["id"], 9999);
+        assert!(rxs.iter_mut().all(|rx| rx.try_recv().is_err()));
         dead.cancel();
     }
 
