@@ -1353,14 +1353,20 @@ mod tests {
         (p, rx)
     }
 
-    /// A call past its deadline fails E8008 and the plugin hears `$/cancelRequest` for it,
-    /// even when the sweeper had parked for want of calls, or slept toward a later deadline;
-    /// a call within its time stays; the sweeper ends with the plugin.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_sweeper_times_calls_out_after_sleeping_and_ends_with_the_plugin() {
+    /// A sweeper of its own over an empty map: the map, the sweeper's side, what it writes
+    /// to the plugin, the plugin's end and the task.
+    struct Swept {
+        pending: Arc<Mutex<HashMap<i64, Pending>>>,
+        sw: Arc<Sweep>,
+        wrx: mpsc::UnboundedReceiver<Vec<u8>>,
+        dead: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn swept(linger: Duration) -> Swept {
         let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
         let sw: Arc<Sweep> = Arc::default();
-        let (wtx, mut wrx) = mpsc::unbounded_channel();
+        let (wtx, wrx) = mpsc::unbounded_channel();
         let dead = CancellationToken::new();
         let task = tokio::spawn(sweep(
             "p".into(),
@@ -1368,8 +1374,29 @@ mod tests {
             sw.clone(),
             wtx,
             dead.clone(),
-            Duration::from_millis(20),
+            linger,
         ));
+        Swept {
+            pending,
+            sw,
+            wrx,
+            dead,
+            task,
+        }
+    }
+
+    /// A call past its deadline fails E8008 and the plugin hears `$/cancelRequest` for it,
+    /// even when the sweeper had parked for want of calls, or slept toward a later deadline;
+    /// a call within its time stays; the sweeper ends with the plugin.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweeper_times_calls_out_after_sleeping_and_ends_with_the_plugin() {
+        let Swept {
+            pending,
+            sw,
+            mut wrx,
+            dead,
+            task,
+        } = swept(Duration::from_millis(20));
         until("the idle sweeper parked", || {
             sw.target.load(Ordering::SeqCst) == u64::MAX
         })
@@ -1409,18 +1436,13 @@ mod tests {
     /// parked, and again only when its linger or a deadline is due.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_back_to_back_do_not_wake_the_sweeper_each() {
-        let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
-        let sw: Arc<Sweep> = Arc::default();
-        let (wtx, _wrx) = mpsc::unbounded_channel();
-        let dead = CancellationToken::new();
-        tokio::spawn(sweep(
-            "p".into(),
-            pending.clone(),
-            sw.clone(),
-            wtx,
-            dead.clone(),
-            Duration::from_secs(30),
-        ));
+        let Swept {
+            pending,
+            sw,
+            wrx: _,
+            dead,
+            task: _,
+        } = swept(Duration::from_secs(30));
         until("the sweeper's first scan", || {
             sw.scans.load(Ordering::SeqCst) >= 1
         })
@@ -1454,18 +1476,13 @@ mod tests {
     /// target itself), until the earliest deadline is due; then it fails that call E8008.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ever_shorter_limits_wake_the_sweeper_without_a_scan_each() {
-        let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
-        let sw: Arc<Sweep> = Arc::default();
-        let (wtx, mut wrx) = mpsc::unbounded_channel();
-        let dead = CancellationToken::new();
-        tokio::spawn(sweep(
-            "p".into(),
-            pending.clone(),
-            sw.clone(),
-            wtx,
-            dead.clone(),
-            Duration::from_secs(600),
-        ));
+        let Swept {
+            pending,
+            sw,
+            mut wrx,
+            dead,
+            task: _,
+        } = swept(Duration::from_secs(600));
         until("the sweeper's first scan", || {
             sw.scans.load(Ordering::SeqCst) >= 1
         })
