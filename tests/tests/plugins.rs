@@ -635,3 +635,29 @@ fn exec_kill_escalates_on_a_plugin() {
     );
     c.call("sandbox/kill", json!({"sandbox": full}));
 }
+
+/// A client's `timeout` for an `exec/run` on a plugin sets how long the daemon waits for the
+/// plugin (`timeout` + 30 s). Out-of-range values (too big for a `Duration`, too far for an
+/// `Instant`, negative) must not panic the request (E9001) or stop the plugin's timeouts:
+/// the daemon waits at most its own cap and lets the plugin judge the value.
+#[test]
+fn out_of_range_exec_timeouts_on_a_plugin_do_not_panic_the_daemon() {
+    let (_home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "py-local");
+    let (_sb, full) = plugin_sandbox(&mut c, "py-local");
+    for t in [1e300, 1.8e19, 9e18, 1e12, -1e9, -31.0] {
+        let r = c.request(
+            "exec/run",
+            json!({"sandbox": full, "command": "echo ok", "timeout": t}),
+        );
+        if let Some(e) = r.get("error") {
+            assert_ne!(abx_code(e), "E9001", "timeout {t}: {r}");
+        }
+    }
+    // The plugin's timeouts still work and the daemon still answers.
+    assert_eq!(
+        c.call("exec/run", json!({"sandbox": full, "command": "echo back"}))["stdout"],
+        "back\n"
+    );
+    assert_eq!(c.call("broker/ping", Value::Null), json!({}));
+}

@@ -182,6 +182,10 @@ struct Pending {
 /// cost it no wakeup, instead of one each.
 const SWEEP_LINGER: Duration = Duration::from_secs(5);
 
+/// The longest the daemon waits for a plugin's answer, whatever time limit a call asks for
+/// (`exec/run`'s `timeout` comes from the client): a year.
+pub const MAX_CALL_WAIT: Duration = Duration::from_secs(366 * 86_400);
+
 /// The sweeper's side of a running plugin. One task per plugin fails calls past their
 /// deadline instead of a timer per call. It sleeps until the earliest deadline in flight
 /// (`target`), and a new call wakes it only when its own deadline comes sooner, which is
@@ -459,7 +463,7 @@ impl Host {
         let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let spec_timeout = self.spec.lock().expect("spec").call_timeout;
-        let limit = timeout.unwrap_or(spec_timeout);
+        let limit = timeout.unwrap_or(spec_timeout).min(MAX_CALL_WAIT);
         let call = Pending {
             method: method.to_owned(),
             reply: tx,
@@ -762,8 +766,11 @@ async fn sweep(
             }
             sweep.wakes.fetch_add(1, Ordering::Relaxed);
             let t = sweep.target.load(Ordering::Acquire);
-            if t != u64::MAX {
-                next = Some(sweep.epoch + Duration::from_millis(t));
+            if let Some(at) = (t != u64::MAX)
+                .then(|| sweep.epoch.checked_add(Duration::from_millis(t)))
+                .flatten()
+            {
+                next = Some(at);
             }
         }
     }

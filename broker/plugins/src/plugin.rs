@@ -506,7 +506,12 @@ impl Provider for PluginProvider {
                 "files/download" if !has("files.transfer") => self.download(cx, &params).await?,
                 _ => {
                     let timeout = match (method, params.get("timeout").and_then(Value::as_f64)) {
-                        ("exec/run", Some(t)) => Some(Duration::from_secs_f64(t + 30.0)),
+                        // The plugin judges the value; the daemon's wait only needs to be a
+                        // Duration (a negative or huge one is the host's cap, not a panic).
+                        ("exec/run", Some(t)) => Some(
+                            Duration::try_from_secs_f64(t + 30.0)
+                                .unwrap_or(super::host::MAX_CALL_WAIT),
+                        ),
                         ("exec/run", None) => Some(Duration::from_secs(3600)),
                         _ => None,
                     };
