@@ -348,6 +348,18 @@ impl Host {
             if !r.dead.is_cancelled() {
                 return Ok(r);
             }
+        }
+        // Boxed: the start and its backoff are a large future that every call's future
+        // would otherwise carry (and copy) for the rare call that starts the plugin.
+        Box::pin(self.start_locked(st)).await
+    }
+
+    /// [`Host::running`]'s slow path: the child is not running (it died, or never started).
+    async fn start_locked(
+        &self,
+        mut st: tokio::sync::MutexGuard<'_, State>,
+    ) -> Result<Arc<Running>, AbxError> {
+        if st.running.is_some() {
             // It died on its own (stop() takes it out of the state first): a crash.
             st.running = None;
             st.crashes.push_back(Instant::now());
