@@ -228,7 +228,7 @@ struct Running {
     /// The child's stdin, shared with the writer task: a call whose line fits in one
     /// atomic pipe write and finds it idle writes it itself ([`Running::send`]).
     stdin: Arc<tokio::sync::Mutex<tokio::process::ChildStdin>>,
-    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    pending: Arc<Mutex<Calls>>,
     routes: Arc<Mutex<HashMap<String, Route>>>,
     next_id: AtomicI64,
     pid: u32,
@@ -649,9 +649,34 @@ fn last_lines(tail: &Mutex<VecDeque<String>>, n: usize) -> Vec<String> {
 /// POSIX's bound on atomic pipe writes (Linux: 4096).
 const PIPE_BUF: usize = 4096;
 
+/// The calls in flight to one plugin, by the broker's own id for each (a counter, never a
+/// client's or the plugin's choice). Hashed by one multiplication rather than SipHash: its
+/// code was a twentieth of a plugin call's (issue 25), and keys nobody else picks need no
+/// defence against collisions.
+type Calls = HashMap<i64, Pending, std::hash::BuildHasherDefault<CounterHasher>>;
+
+/// A hasher for counter keys (see [`Calls`]): the key times a 64-bit odd constant, so that
+/// consecutive keys differ in the top bits hashbrown probes with.
+#[derive(Default)]
+struct CounterHasher(u64);
+
+impl std::hash::Hasher for CounterHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_i64(&mut self, n: i64) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 struct CancelOnDrop {
     writer: mpsc::UnboundedSender<Vec<u8>>,
-    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    pending: Arc<Mutex<Calls>>,
     id: i64,
 }
 
@@ -681,7 +706,7 @@ fn cancel_line(id: i64) -> Vec<u8> {
 /// the sweeper sleeps toward. The call lowers that target itself, so the woken sweeper only
 /// sleeps again, toward the new target: a stream of calls with ever shorter time limits
 /// costs a wakeup each, never a scan of every call in flight.
-fn track(pending: &Mutex<HashMap<i64, Pending>>, sweep: &Sweep, id: i64, call: Pending) -> usize {
+fn track(pending: &Mutex<Calls>, sweep: &Sweep, id: i64, call: Pending) -> usize {
     let at = call.deadline.map(|(at, _)| sweep.ms(at));
     let n = {
         let mut p = pending.lock().expect("pending");
@@ -703,7 +728,7 @@ fn track(pending: &Mutex<HashMap<i64, Pending>>, sweep: &Sweep, id: i64, call: P
 /// deadline in flight, or `linger` when none is, then parks until a call wakes it.
 async fn sweep(
     provider: String,
-    pending: Arc<Mutex<HashMap<i64, Pending>>>,
+    pending: Arc<Mutex<Calls>>,
     sweep: Arc<Sweep>,
     writer: mpsc::UnboundedSender<Vec<u8>>,
     dead: CancellationToken,
@@ -922,7 +947,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
 
-    let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+    let pending: Arc<Mutex<Calls>> = Arc::default();
     let routes: Arc<Mutex<HashMap<String, Route>>> = Arc::default();
     let dead = CancellationToken::new();
     let kill = CancellationToken::new();
@@ -1206,7 +1231,7 @@ struct PluginIo<'a> {
 async fn read_loop(
     io: &PluginIo<'_>,
     stdout: tokio::process::ChildStdout,
-    pending: &Arc<Mutex<HashMap<i64, Pending>>>,
+    pending: &Arc<Mutex<Calls>>,
     routes: &Arc<Mutex<HashMap<String, Route>>>,
     kill: &CancellationToken,
     child: &mut tokio::process::Child,
@@ -1349,6 +1374,29 @@ fn still_running(raw: &RawValue) -> bool {
 mod tests {
     use super::*;
 
+    #[test]
+    fn counter_keys_spread_over_the_bits_hashbrown_probes_with() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let b = BuildHasherDefault::<CounterHasher>::default();
+        // hashbrown takes its 7-bit tag from the top of the hash and the bucket from the
+        // bottom: consecutive ids must differ in both.
+        let tops: std::collections::HashSet<u64> =
+            (0..128i64).map(|k| b.hash_one(k) >> 57).collect();
+        let lows: std::collections::HashSet<u64> =
+            (0..128i64).map(|k| b.hash_one(k) & 127).collect();
+        assert!(
+            tops.len() > 64 && lows.len() > 64,
+            "{} {}",
+            tops.len(),
+            lows.len()
+        );
+        let mut calls: HashMap<i64, (), BuildHasherDefault<CounterHasher>> = HashMap::default();
+        for k in 0..100_000 {
+            calls.insert(k, ());
+        }
+        assert!((0..100_000).all(|k| calls.remove(&k).is_some()) && calls.is_empty());
+    }
+
     async fn until(what: &str, f: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !f() {
@@ -1375,7 +1423,7 @@ mod tests {
     /// A sweeper of its own over an empty map: the map, the sweeper's side, what it writes
     /// to the plugin, the plugin's end and the task.
     struct Swept {
-        pending: Arc<Mutex<HashMap<i64, Pending>>>,
+        pending: Arc<Mutex<Calls>>,
         sw: Arc<Sweep>,
         wrx: mpsc::UnboundedReceiver<Vec<u8>>,
         dead: CancellationToken,
@@ -1383,7 +1431,7 @@ mod tests {
     }
 
     fn swept(linger: Duration) -> Swept {
-        let pending: Arc<Mutex<HashMap<i64, Pending>>> = Arc::default();
+        let pending: Arc<Mutex<Calls>> = Arc::default();
         let sw: Arc<Sweep> = Arc::default();
         let (wtx, wrx) = mpsc::unbounded_channel();
         let dead = CancellationToken::new();
