@@ -7,8 +7,8 @@ use std::fmt;
 /// A JSON-RPC request id.
 ///
 /// Deserialized by hand rather than as an untagged enum: serde buffers an untagged value
-/// into its `Content` first, which was a tenth of the code a plugin call ran (issue 25). What
-/// it accepts is the same: an integer that fits an `i64`, or a string.
+/// into its `Content` first, code every message paid for (issue 25). What it accepts is the
+/// same: an integer that fits an `i64`, or a string.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(untagged)]
 pub enum Id {

@@ -650,9 +650,9 @@ fn last_lines(tail: &Mutex<VecDeque<String>>, n: usize) -> Vec<String> {
 const PIPE_BUF: usize = 4096;
 
 /// The calls in flight to one plugin, by the broker's own id for each (a counter, never a
-/// client's or the plugin's choice). Hashed by one multiplication rather than SipHash: its
-/// code was a twentieth of a plugin call's (issue 25), and keys nobody else picks need no
-/// defence against collisions.
+/// client's or the plugin's choice). Hashed by one multiplication rather than SipHash, which
+/// every call paid for twice (issue 25): keys nobody else picks need no defence against
+/// collisions.
 type Calls = HashMap<i64, Pending, std::hash::BuildHasherDefault<CounterHasher>>;
 
 /// A hasher for counter keys (see [`Calls`]): the key times a 64-bit odd constant, so that
