@@ -678,7 +678,11 @@ async fn take_inbound(conn: &Conn, size: usize) -> Option<OwnedSemaphorePermit> 
 async fn serve_one(broker: &Arc<Broker>, conn: &Arc<Conn>, req: Request, token: CancellationToken) {
     let need = limits::reply_reserve(&req.method, req.params.as_deref());
     let work = limits::work_reserve(&req.method, req.params.as_deref());
+    // The reservation first: when there is room (almost always) the cancellation's waiter is
+    // never registered. A request cancelled meanwhile is still answered E1006 by
+    // `run_request`, which checks the token before it runs anything.
     let reservation = tokio::select! {
+        biased;
         r = conn.handle.reserve_with(need, work) => r,
         _ = token.cancelled() => None,
     };
