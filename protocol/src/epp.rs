@@ -153,10 +153,16 @@ fn sandbox_changed(mut params: Value) -> PluginLine {
     }
 }
 
+/// Whether a reply to `method` may open a stream (its notifications then go to the caller's
+/// connection, after the reply): `exec/start`, `exec/attach`, `files/watch`.
+pub fn opens_stream(method: &str) -> bool {
+    matches!(method, "exec/start" | "exec/attach" | "files/watch")
+}
+
 /// The stream a reply opens: the route key of an `exec/start` / `exec/attach` result
 /// (`execId`) or a `files/watch` result (`watch:<watchId>`); None for other methods.
 pub fn stream_key(method: &str, result: &RawValue) -> Option<String> {
-    if !matches!(method, "exec/start" | "exec/attach" | "files/watch") {
+    if !opens_stream(method) {
         return None;
     }
     let v: Value = serde_json::from_str(result.get()).ok()?;

@@ -494,11 +494,14 @@ impl Host {
             return Err(self.crashed_error(&r, "its stdin is closed"));
         }
         // If this call is dropped unanswered (the client cancelled, or went away), the plugin
-        // hears `$/cancelRequest` for it.
+        // hears `$/cancelRequest` for it; answered or not, the count of calls in flight is
+        // brought up to date (only that changes per call, the rest of the status when the
+        // process starts, stops or fails: no allocation on this path).
         let _guard = CancelOnDrop {
-            writer: r.writer.clone(),
-            pending: r.pending.clone(),
+            writer: &r.writer,
+            pending: &r.pending,
             id: id_num,
+            status: &self.status,
         };
         let cancelled = async {
             match &cancel {
@@ -506,27 +509,15 @@ impl Host {
                 None => std::future::pending().await,
             }
         };
-        let outcome = tokio::select! {
+        tokio::select! {
             // The reply, or E8008 from the sweeper (which told the plugin to cancel).
             res = rx => match res {
                 Ok(res) => res,
                 Err(_) => Err(self.crashed_error(&r, "it exited")),
             },
-            _ = cancelled => {
-                r.pending.lock().expect("pending").remove(&id_num);
-                self.send_cancel(&r, id_num);
-                Err(AbxError::new(ErrorCode::RequestCancelled, &[]))
-            }
-        };
-        // Only the count of calls in flight changes per call (the rest of the status when the
-        // process starts, stops or fails): no allocation on this path.
-        let in_flight = r.pending.lock().expect("pending").len();
-        self.status.lock().expect("status").in_flight = in_flight;
-        outcome
-    }
-
-    fn send_cancel(&self, r: &Running, id: i64) {
-        let _ = r.writer.send(cancel_line(id));
+            // (The guard tells the plugin.)
+            _ = cancelled => Err(AbxError::new(ErrorCode::RequestCancelled, &[])),
+        }
     }
 
     fn crashed_error(&self, r: &Running, what: &str) -> AbxError {
@@ -674,23 +665,23 @@ impl std::hash::Hasher for CounterHasher {
     }
 }
 
-struct CancelOnDrop {
-    writer: mpsc::UnboundedSender<Vec<u8>>,
-    pending: Arc<Mutex<Calls>>,
+struct CancelOnDrop<'a> {
+    writer: &'a mpsc::UnboundedSender<Vec<u8>>,
+    pending: &'a Mutex<Calls>,
     id: i64,
+    status: &'a Mutex<HostStatus>,
 }
 
-impl Drop for CancelOnDrop {
+impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if self
-            .pending
-            .lock()
-            .expect("pending")
-            .remove(&self.id)
-            .is_some()
-        {
+        let (unanswered, in_flight) = {
+            let mut pending = self.pending.lock().expect("pending");
+            (pending.remove(&self.id).is_some(), pending.len())
+        };
+        if unanswered {
             let _ = self.writer.send(cancel_line(self.id));
         }
+        self.status.lock().expect("status").in_flight = in_flight;
     }
 }
 

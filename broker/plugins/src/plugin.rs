@@ -14,7 +14,10 @@ use super::installed::{self, Installed};
 use super::permissions;
 use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use abx_home::Paths;
-use abx_protocol::{features, AbxError, ErrorCode};
+use abx_protocol::{epp, features, AbxError, ErrorCode};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -83,6 +86,16 @@ pub struct PluginProvider {
 }
 
 impl PluginProvider {
+    /// A `sandbox/*` reply, its sandboxes tagged with this provider.
+    fn tagged(&self, raw: Box<RawValue>) -> Reply {
+        tag_provider_raw(raw, &self.record.id).map_err(|e| {
+            AbxError::new(
+                ErrorCode::BadPluginReply,
+                &[("provider", &self.record.id), ("detail", &e.to_string())],
+            )
+        })
+    }
+
     /// After an `exec/kill` with a signal the command may ignore: while the exec's stream
     /// still runs (no `exec/exit` yet), follow with TERM, then KILL,
     /// [`abx_core::signals::KILL_GRACE`] apart (`escalate: false` opts out).
@@ -433,6 +446,75 @@ fn spec_for(
     })
 }
 
+/// Tag the sandboxes of a `sandbox/*` reply that is still text with their provider: each
+/// object of `sandboxes` (an array), else the reply itself when it has an `id`. Only the
+/// members that decide it are read, and a reply with no sandbox to tag (`{"sandboxes":[]}`,
+/// `{"killed":true}`) is passed on as it came, without a copy. The sandboxes tagged get
+/// `provider` set (a plugin's own `provider` member is replaced, as [`tag_provider`] does);
+/// their other members stay as the plugin wrote them.
+fn tag_provider_raw(raw: Box<RawValue>, id: &str) -> Result<Box<RawValue>, serde_json::Error> {
+    /// Whether a member is there at all (`"id": null` is there).
+    #[derive(Default)]
+    struct Seen(bool);
+    impl<'de> Deserialize<'de> for Seen {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            IgnoredAny::deserialize(d).map(|_| Seen(true))
+        }
+    }
+    #[derive(Deserialize)]
+    struct Shape<'a> {
+        #[serde(borrow, default)]
+        sandboxes: Option<&'a RawValue>,
+        #[serde(default)]
+        id: Seen,
+    }
+    type Members = BTreeMap<String, Box<RawValue>>;
+    let is_object = |r: &RawValue| r.get().trim_start().starts_with('{');
+    let tag_object = |r: &RawValue| -> Result<Box<RawValue>, serde_json::Error> {
+        let mut m: Members = serde_json::from_str(r.get())?;
+        m.insert("provider".into(), serde_json::value::to_raw_value(id)?);
+        serde_json::value::to_raw_value(&m)
+    };
+    if !is_object(&raw) {
+        return Ok(raw);
+    }
+    // A member named twice is refused by the derived reader: the map's reading (the last one
+    // counts) then decides, as it did before.
+    let Ok(shape) = serde_json::from_str::<Shape>(raw.get()) else {
+        let mut v: Value = serde_json::from_str(raw.get())?;
+        tag_provider(&mut v, id);
+        return serde_json::value::to_raw_value(&v);
+    };
+    if let Some(Ok(items)) = shape
+        .sandboxes
+        .map(|list| serde_json::from_str::<Vec<&RawValue>>(list.get()))
+    {
+        if !items.iter().any(|r| is_object(r)) {
+            return Ok(raw);
+        }
+        let tagged = items
+            .iter()
+            .map(|r| {
+                if is_object(r) {
+                    tag_object(r)
+                } else {
+                    Ok((*r).to_owned())
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut top: Members = serde_json::from_str(raw.get())?;
+        top.insert(
+            "sandboxes".into(),
+            serde_json::value::to_raw_value(&tagged)?,
+        );
+        return serde_json::value::to_raw_value(&top);
+    }
+    if shape.id.0 {
+        return tag_object(&raw);
+    }
+    Ok(raw)
+}
+
 fn tag_provider(v: &mut Value, id: &str) {
     let tag = |o: &mut Value| {
         if let Some(obj) = o.as_object_mut() {
@@ -532,12 +614,7 @@ impl Provider for PluginProvider {
                     if !method.starts_with("sandbox/") {
                         return Ok(raw);
                     }
-                    serde_json::from_str(raw.get()).map_err(|e| {
-                        AbxError::new(
-                            ErrorCode::BadPluginReply,
-                            &[("provider", &self.record.id), ("detail", &e.to_string())],
-                        )
-                    })?
+                    return self.tagged(raw);
                 }
             };
             tag_provider(&mut v, &self.record.id);
@@ -571,33 +648,97 @@ impl Provider for PluginProvider {
                 return self.call(cx, method, v).await;
             }
             self.verify().await?;
+            // Only a reply that opens a stream needs the connection and the reply's signal.
+            // The request's cancellation is its caller's: the core drops this call, and the
+            // host then tells the plugin (no second waiter on the token per call).
+            let stream = epp::opens_stream(method);
             let raw = self
                 .host
                 .call_owned(
                     method,
                     params,
-                    Some(cx.conn.clone()),
-                    Some(cx.replied.clone()),
-                    Some(cx.cancel.clone()),
+                    stream.then(|| cx.conn.clone()),
+                    stream.then(|| cx.replied.clone()),
+                    None,
                     None,
                 )
                 .await?;
             if !method.starts_with("sandbox/") {
                 return Ok(raw);
             }
-            // `sandbox/*` replies carry sandboxes, which the broker tags with their provider.
-            let mut v: Value = serde_json::from_str(raw.get()).map_err(|e| {
-                AbxError::new(
-                    ErrorCode::BadPluginReply,
-                    &[("provider", &self.record.id), ("detail", &e.to_string())],
-                )
-            })?;
-            tag_provider(&mut v, &self.record.id);
-            serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
+            self.tagged(raw)
         })
     }
 
     fn shutdown(&self) -> BoxFut<'_, ()> {
         Box::pin(async move { self.host.stop().await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the Value round trip made of a reply: the reference the raw tagging must match.
+    fn by_value(text: &str, id: &str) -> Value {
+        let mut v: Value = serde_json::from_str(text).unwrap();
+        tag_provider(&mut v, id);
+        v
+    }
+
+    fn raw(text: &str) -> Box<RawValue> {
+        RawValue::from_string(text.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn raw_tagging_matches_the_value_round_trip() {
+        let cases = [
+            // Lists: objects tagged, anything else kept; a plugin's own provider replaced.
+            r#"{"sandboxes":[{"id":"a","state":"running"},{"id":"b","provider":"spoof"}]}"#,
+            r#"{"sandboxes":[ {"id":"a"} , 3, "x", null, [1], {}], "next": "c"}"#,
+            r#"{"sandboxes":[{"id":"a","n":1e2,"deep":{"z":1,"a":[{"provider":"kept"}]}}]}"#,
+            r#"{"sandboxes":[{"id":"a","id":"b","provider":"x","provider":"y"}]}"#,
+            // One sandbox: tagged when it has an id, null included.
+            r#"{"id":"a","state":"running","provider":"spoof"}"#,
+            r#"{"id":null}"#,
+            r#"{"sandboxes":null,"id":"a"}"#,
+            r#"{"sandboxes":"nope","id":"a"}"#,
+            r#"{"sandboxes":{"id":"x"},"id":"a"}"#,
+            // A member named twice: the last one counts, as it did.
+            r#"{"id":"a","id":"b"}"#,
+            r#"{"sandboxes":[],"sandboxes":[{"id":"a"}]}"#,
+            r#"{"sandboxes":[{"id":"a"}],"sandboxes":[]}"#,
+        ];
+        for text in cases {
+            let got = tag_provider_raw(raw(text), "echo").unwrap();
+            let got: Value = serde_json::from_str(got.get()).unwrap();
+            assert_eq!(got, by_value(text, "echo"), "{text}");
+        }
+        // The spoofed provider is the broker's, never the plugin's.
+        let got = tag_provider_raw(raw(cases[0]), "echo").unwrap();
+        assert!(!got.get().contains("spoof"), "{}", got.get());
+    }
+
+    #[test]
+    fn a_reply_with_nothing_to_tag_is_passed_on_as_it_came() {
+        for text in [
+            r#"{"sandboxes":[]}"#,
+            r#"{ "sandboxes" : [ ] , "n" : 1.50 }"#,
+            r#"{"sandboxes":[1,"x",null]}"#,
+            r#"{"killed":true}"#,
+            r#"{}"#,
+            r#"[{"id":"a"}]"#,
+            r#""a string""#,
+            r#"null"#,
+            r#"{"sandboxes":null}"#,
+        ] {
+            let got = tag_provider_raw(raw(text), "echo").unwrap();
+            assert_eq!(got.get(), text);
+            assert_eq!(
+                serde_json::from_str::<Value>(got.get()).unwrap(),
+                by_value(text, "echo"),
+                "{text}"
+            );
+        }
     }
 }
