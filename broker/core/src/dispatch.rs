@@ -2,6 +2,7 @@
 
 use crate::broker::Broker;
 use crate::conn::Conn;
+use crate::members::{string_or_null, Members};
 use crate::provider::{CallCx, Provider};
 use abx_protocol::api::{
     methods, BrokerShutdownParams, InitializeParams, InitializeResult, NoParams, PeerInfo,
@@ -13,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -309,38 +311,35 @@ async fn resolve_sandbox(cx: &Cx, s: &str) -> Result<(Arc<dyn Provider>, String)
 /// Route a provider method: resolve, gate, rewrite, call, record.
 async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     let b = &cx.broker;
-    // The params' members stay raw: the broker reads the few it routes on and rewrites
-    // `sandbox` (and drops `provider`); everything else reaches the provider as it came.
+    // The params' members stay raw, borrowed from the request: the broker reads the few it
+    // routes on and rewrites `sandbox` (and drops `provider`); everything else reaches the
+    // provider as it came, and params it did not change are passed on without a copy.
     let mut obj = match &p {
-        Some(raw) => members(method, raw)?,
-        None => Members::new(),
+        Some(raw) => Members::parse(method, raw)?,
+        None => Members::default(),
     };
-    drop(p);
     check_bounds(method, &obj)?;
     let explicit = match obj
         .remove("provider")
-        .map(|r| member_value(method, &r))
-        .transpose()?
+        .map(|r| string_or_null(&r).map(|s| s.map(Cow::into_owned)))
     {
-        Some(Value::String(s)) => Some(s),
-        Some(Value::Null) | None => None,
-        Some(_) => {
+        Some(Ok(s)) => s,
+        None => None,
+        Some(Err(())) => {
             return Err(AbxError::invalid_params(
                 method,
                 "provider must be a string",
             ))
         }
     };
-    let str_member = |key: &str, what: &str| -> Result<Option<String>, AbxError> {
-        match obj.get(key) {
+    let str_member = |key: &str, what: &str| -> Result<Option<Cow<'_, str>>, AbxError> {
+        match obj.get(key).map(string_or_null) {
             None => Ok(None),
-            Some(r) => match serde_json::from_str::<Value>(r.get()) {
-                Ok(Value::String(s)) => Ok(Some(s)),
-                _ => Err(AbxError::invalid_params(
-                    method,
-                    format!("{what} must be a string"),
-                )),
-            },
+            Some(Ok(Some(s))) => Ok(Some(s)),
+            _ => Err(AbxError::invalid_params(
+                method,
+                format!("{what} must be a string"),
+            )),
         }
     };
     let sandbox = str_member("sandbox", "sandbox")?;
@@ -368,8 +367,10 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     } else if method == "sandbox/list" && explicit.is_none() {
         return list_all(cx).await;
     } else {
-        let id = explicit.clone().unwrap_or_else(|| b.registry.default_id());
-        (b.registry.get(&id)?, None)
+        match &explicit {
+            Some(id) => (b.registry.get(id)?, None),
+            None => (b.registry.get(&b.registry.default_id())?, None),
+        }
     };
     // Host paths the daemon reads or writes for the caller: the daemon's working directory
     // is nobody's, so they must be absolute (the caller's uid is the daemon's: the door
@@ -408,7 +409,7 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     }
     if let Some(id) = &local_id {
         obj.insert(
-            "sandbox".into(),
+            "sandbox",
             serde_json::value::to_raw_value(id).map_err(AbxError::internal)?,
         );
     }
@@ -419,17 +420,32 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         replied: cx.replied.clone(),
         hold: cx.hold.clone(),
     };
+    // The request's params are freed before the call either way: a 64 MiB `data` is held
+    // twice at most (the request's text and what the provider gets), and only while the
+    // params are written out again.
     let res = if provider.takes_raw() {
-        let params = serde_json::value::to_raw_value(&obj).map_err(AbxError::internal)?;
+        let written = match (&p, obj.changed()) {
+            (Some(_), false) => None,
+            _ => Some(obj.to_raw().map_err(AbxError::internal)?),
+        };
         drop(obj);
+        let params = match (written, p) {
+            (None, Some(raw)) => raw,
+            (written, p) => {
+                drop(p);
+                match written {
+                    Some(params) => params,
+                    None => reply(&serde_json::Map::new())?,
+                }
+            }
+        };
         provider.call_raw(&ccx, method, params).await
     } else {
-        // One member at a time, each raw member freed once parsed (a 64 MiB `data` is
-        // held twice at most, as when the whole params were parsed at once).
         let mut map = serde_json::Map::new();
-        for (k, v) in std::mem::take(&mut obj) {
-            map.insert(k, member_value(method, &v)?);
+        for (k, v) in obj.into_unique() {
+            map.insert(k.into_owned(), member_value(method, &v)?);
         }
+        drop(p);
         provider.call(&ccx, method, Value::Object(map)).await
     };
     match (&res, method) {
@@ -479,26 +495,12 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     res
 }
 
-/// A params object with its members still raw (sorted by name, as `serde_json`'s own map).
-type Members = std::collections::BTreeMap<String, Box<RawValue>>;
-
-/// The members of by-name params: an object, else E1004 (the JSON error, or "params must be
-/// an object").
-fn members(method: &str, raw: &RawValue) -> Result<Members, AbxError> {
-    serde_json::from_str::<Members>(raw.get()).map_err(|e| {
-        match serde_json::from_str::<Value>(raw.get()) {
-            Ok(_) => AbxError::invalid_params(method, "params must be an object"),
-            Err(_) => AbxError::invalid_params(method, e),
-        }
-    })
-}
-
 fn member_value(method: &str, raw: &RawValue) -> Result<Value, AbxError> {
     serde_json::from_str(raw.get()).map_err(|e| AbxError::invalid_params(method, e))
 }
 
 /// The upper bounds of the params that size a reply (the same for every provider).
-fn check_bounds(method: &str, params: &Members) -> Result<(), AbxError> {
+fn check_bounds(method: &str, params: &Members<'_>) -> Result<(), AbxError> {
     let num = |k: &str| -> Result<Option<u64>, AbxError> {
         let v = match params.get(k) {
             None => return Ok(None),

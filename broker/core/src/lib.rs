@@ -9,7 +9,8 @@
 //! - [`conn`]: one connection: reader, in-flight and inbound limits, cancellation, lanes,
 //!   lifecycle, writer.
 //! - [`outbound`]: the handle handlers and providers send through, the memory pool.
-//! - [`dispatch`]: the method table and routing of provider methods.
+//! - [`dispatch`]: the method table and routing of provider methods; `members`: the
+//!   routed params' members, raw and borrowed.
 //! - [`provider`]: the [`provider::Provider`] trait, the live registry, exec/watch handles.
 //! - [`events`]: `sandbox/subscribe` and `sandbox/changed`.
 //! - [`index`]: which provider owns which sandbox, on disk.
@@ -24,6 +25,7 @@ pub mod conn;
 pub mod dispatch;
 pub mod events;
 pub mod index;
+mod members;
 pub mod outbound;
 pub mod provider;
 pub mod signals;

@@ -251,11 +251,17 @@ impl Drop for Ack {
     }
 }
 
-/// A cheap, cloneable way to send to one connection (replies, stream notifications).
+/// A cheap, cloneable way to send to one connection (replies, stream notifications): a clone
+/// is one reference count (issue 25: the handle is cloned on every routed call).
 #[derive(Clone)]
 pub struct Outbound {
     /// Connection id (unique within this broker).
     pub id: u64,
+    shared: Arc<Shared>,
+}
+
+/// What every handle of one connection shares.
+struct Shared {
     tx: mpsc::UnboundedSender<Queued>,
     budget: Arc<Semaphore>,
     /// The connection's own allowance for small messages (outside the pool).
@@ -283,92 +289,167 @@ impl Outbound {
         let (tx, rx) = mpsc::unbounded_channel();
         let h = Outbound {
             id,
-            tx,
-            budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
-            own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
-            pool,
-            closed: CancellationToken::new(),
-            writer,
+            shared: Arc::new(Shared {
+                tx,
+                budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
+                own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
+                pool,
+                closed: CancellationToken::new(),
+                writer,
+            }),
         };
         (h, rx)
     }
 
-    /// Hand a message to the write task (or, small and with nothing ahead of it, write it
-    /// now). `Some` gives it back: the connection is gone.
-    fn push(&self, q: Queued) -> Option<Queued> {
-        let q = self.write_now(q)?;
-        let w = self.writer.as_deref();
+    /// Hand a message to the write task (or, small, untracked and with nothing ahead of it,
+    /// write it now, straight from `body`). `Err` gives the body back: the connection is gone
+    /// (and `report` is not called).
+    fn push(
+        &self,
+        body: Vec<u8>,
+        permit: Permits,
+        report: Option<Delivery>,
+    ) -> Result<(), Vec<u8>> {
+        let permit = match report {
+            Some(_) => permit,
+            None => match self.write_now(&body, permit) {
+                Ok(()) => return Ok(()),
+                Err(permit) => permit,
+            },
+        };
+        let body = Bytes::from(body);
+        let ack = report.map(|r| Ack {
+            body: body.clone(),
+            report: Some(r),
+        });
+        let q = Queued {
+            body,
+            framed: false,
+            _permit: permit,
+            ack,
+        };
+        let w = self.shared.writer.as_deref();
         if let Some(w) = w {
             w.queued.fetch_add(1, Ordering::AcqRel);
         }
-        let e = self.tx.send(q).err()?;
+        let Err(mpsc::error::SendError(mut q)) = self.shared.tx.send(q) else {
+            return Ok(());
+        };
         if let Some(w) = w {
             w.queued.fetch_sub(1, Ordering::AcqRel);
         }
-        Some(e.0)
+        if let Some(mut a) = q.ack.take() {
+            a.report = None;
+        }
+        Err(Vec::from(q.body))
     }
 
-    /// Write a small untracked message now if nothing is queued or being written: one
-    /// attempt that never waits. What the socket did not take is queued, framed, while the
-    /// writer is still held (so nothing can pass it). `Some`: not written, queue it.
-    fn write_now(&self, q: Queued) -> Option<Queued> {
-        let Some(w) = self.writer.as_deref() else {
-            return Some(q);
+    /// Write a small message now if nothing is queued or being written: one attempt that
+    /// never waits, from the body as it is (the framing beside it in one vectored write, no
+    /// framed copy, when the writer takes vectored writes). What the socket did not take is
+    /// queued, framed, while the writer is still held (so nothing can pass it). `Err`: not
+    /// written, queue it.
+    fn write_now(&self, body: &[u8], permit: Permits) -> Result<(), Permits> {
+        let Some(w) = self.shared.writer.as_deref() else {
+            return Err(permit);
         };
-        if q.ack.is_some() || q.framed || q.body.len() > SENDER_WRITES || self.tx.is_closed() {
-            return Some(q);
+        if body.len() > SENDER_WRITES || self.shared.tx.is_closed() {
+            return Err(permit);
         }
         if w.queued.load(Ordering::Acquire) != 0 {
-            return Some(q);
+            return Err(permit);
         }
         let Ok(mut io) = w.io.try_lock() else {
-            return Some(q);
+            return Err(permit);
         };
         // Checked again under the lock: the write task counts down only while holding it.
         if w.queued.load(Ordering::Acquire) != 0 {
-            return Some(q);
+            return Err(permit);
         }
-        let mut framed = BytesMut::with_capacity(q.body.len() + 32);
-        w.framing().write(&q.body, &mut framed);
+        let mut head = [0u8; 40];
+        let (head, tail): (&[u8], &[u8]) = match w.framing() {
+            Framing::Line => (&[], b"\n"),
+            Framing::Header => {
+                let mut at = &mut head[..];
+                let _ = std::io::Write::write_fmt(
+                    &mut at,
+                    format_args!("Content-Length: {}\r\n\r\n", body.len()),
+                );
+                let n = 40 - at.len();
+                (&head[..n], &[])
+            }
+        };
+        let parts = [head, body, tail];
+        let total = head.len() + body.len() + tail.len();
+        let vectored = io.is_write_vectored();
+        let mut copy = Vec::new();
+        if !vectored {
+            copy.reserve_exact(total);
+            parts.iter().for_each(|p| copy.extend_from_slice(p));
+        }
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut done = 0;
-        while done < framed.len() {
-            match io.as_mut().poll_write(&mut cx, &framed[done..]) {
+        while done < total {
+            let polled = if vectored {
+                let mut skip = done;
+                let mut slices = [std::io::IoSlice::new(&[]); 3];
+                let mut k = 0;
+                for p in parts {
+                    if skip >= p.len() {
+                        skip -= p.len();
+                        continue;
+                    }
+                    slices[k] = std::io::IoSlice::new(&p[skip..]);
+                    skip = 0;
+                    k += 1;
+                }
+                io.as_mut().poll_write_vectored(&mut cx, &slices[..k])
+            } else {
+                io.as_mut().poll_write(&mut cx, &copy[done..])
+            };
+            match polled {
                 Poll::Ready(Ok(n)) if n > 0 => done += n,
                 // Broken, or the socket is full before a byte went: the write task deals
                 // with it (a failed write closes the connection).
-                Poll::Ready(_) | Poll::Pending if done == 0 => return Some(q),
+                Poll::Ready(_) | Poll::Pending if done == 0 => return Err(permit),
                 Poll::Ready(_) | Poll::Pending => break,
             }
         }
         let flushed = matches!(io.as_mut().poll_flush(&mut cx), Poll::Ready(Ok(())));
-        if done == framed.len() && flushed {
-            return None;
+        if done == total && flushed {
+            return Ok(());
         }
         // The rest (possibly nothing, then only the flush) goes first in the write task's
         // queue: queued under the lock, ahead of anything sent after this.
+        let mut rest = BytesMut::with_capacity(total - done);
+        let mut skip = done;
+        for p in parts {
+            let from = skip.min(p.len());
+            skip -= from;
+            rest.extend_from_slice(&p[from..]);
+        }
         let rest = Queued {
-            body: framed.freeze().slice(done..),
+            body: rest.freeze(),
             framed: true,
-            _permit: q._permit,
+            _permit: permit,
             ack: None,
         };
         w.queued.fetch_add(1, Ordering::AcqRel);
-        if self.tx.send(rest).is_err() {
+        if self.shared.tx.send(rest).is_err() {
             w.queued.fetch_sub(1, Ordering::AcqRel);
         }
         drop(io);
-        None
+        Ok(())
     }
 
     /// Cancelled once the connection's writer is gone.
     pub(crate) fn closed_token(&self) -> &CancellationToken {
-        &self.closed
+        &self.shared.closed
     }
 
     /// The broker-wide pool this connection's messages count against.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        &self.shared.pool
     }
 
     /// Queue one already-encoded message body. Waits while the queue is over budget.
@@ -378,12 +459,12 @@ impl Outbound {
     }
 
     async fn conn_units(&self, n: usize) -> Option<OwnedSemaphorePermit> {
-        match self.budget.clone().try_acquire_many_owned(n as u32) {
+        match self.shared.budget.clone().try_acquire_many_owned(n as u32) {
             Ok(p) => Some(p),
             Err(tokio::sync::TryAcquireError::Closed) => None,
             Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
-                p = self.budget.clone().acquire_many_owned(n as u32) => p.ok(),
-                _ = self.closed.cancelled() => None,
+                p = self.shared.budget.clone().acquire_many_owned(n as u32) => p.ok(),
+                _ = self.shared.closed.cancelled() => None,
             },
         }
     }
@@ -395,11 +476,11 @@ impl Outbound {
         n: usize,
     ) -> Option<(Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>)> {
         if n <= SMALL_MESSAGE {
-            if let Ok(own) = self.own.clone().try_acquire_many_owned(n as u32) {
+            if let Ok(own) = self.shared.own.clone().try_acquire_many_owned(n as u32) {
                 return Some((Some(own), None));
             }
         }
-        self.pool.try_take(n).map(|p| (None, Some(p)))
+        self.shared.pool.try_take(n).map(|p| (None, Some(p)))
     }
 
     /// Take what a message of `bytes` costs: the connection's budget, then its allowance or
@@ -415,8 +496,8 @@ impl Outbound {
     /// [`Outbound::take`] with `work` more bytes of the shared part (memory the work holds
     /// beside the reply for a moment; given back when the reply is queued).
     async fn take_with(&self, bytes: usize, work: usize) -> Option<Permits> {
-        let (c, sh) = costs(bytes, &self.pool);
-        let sh = sh.saturating_add(work).min(self.pool.cap());
+        let (c, sh) = costs(bytes, &self.shared.pool);
+        let sh = sh.saturating_add(work).min(self.shared.pool.cap());
         loop {
             let conn = self.conn_units(c).await?;
             if let Some((own, pool)) = self.try_shared(sh) {
@@ -424,10 +505,10 @@ impl Outbound {
             }
             drop(conn);
             let pool = tokio::select! {
-                p = self.pool.take(sh) => p,
-                _ = self.closed.cancelled() => return None,
+                p = self.shared.pool.take(sh) => p,
+                _ = self.shared.closed.cancelled() => return None,
             };
-            if let Ok(conn) = self.budget.clone().try_acquire_many_owned(c as u32) {
+            if let Ok(conn) = self.shared.budget.clone().try_acquire_many_owned(c as u32) {
                 return Some(Permits {
                     conn,
                     own: None,
@@ -466,9 +547,9 @@ impl Outbound {
         if let Some(h) = hold {
             permits.add_pool(h);
         }
-        let (c, sh) = costs(body.len(), &self.pool);
+        let (c, sh) = costs(body.len(), &self.shared.pool);
         if permits.shared() < sh {
-            match self.pool.try_take(sh - permits.shared()) {
+            match self.shared.pool.try_take(sh - permits.shared()) {
                 Some(more) => permits.add_pool(more),
                 None => {
                     drop(permits);
@@ -486,13 +567,7 @@ impl Outbound {
             permits = Permits { conn, own, pool };
             permits.fit(c, sh);
         }
-        self.push(Queued {
-            body: Bytes::from(body),
-            framed: false,
-            _permit: permits,
-            ack: None,
-        })
-        .is_none()
+        self.push(body, permits, None).is_ok()
     }
 
     /// [`Outbound::send`] that hands the body back when the connection has closed (a
@@ -522,7 +597,7 @@ impl Outbound {
         report: Option<Delivery>,
         permits: Option<Permits>,
     ) -> Result<(), Vec<u8>> {
-        let (c, sh) = costs(body.len(), &self.pool);
+        let (c, sh) = costs(body.len(), &self.shared.pool);
         let fitted = permits.and_then(|mut p| p.fit(c, sh).then_some(p));
         let permits = match fitted {
             Some(p) => p,
@@ -531,26 +606,7 @@ impl Outbound {
                 None => return Err(body),
             },
         };
-        let body = Bytes::from(body);
-        let ack = report.map(|r| Ack {
-            body: body.clone(),
-            report: Some(r),
-        });
-        match self.push(Queued {
-            body,
-            framed: false,
-            _permit: permits,
-            ack,
-        }) {
-            None => Ok(()),
-            Some(mut m) => {
-                // Not queued: the caller keeps the body (its report is not called).
-                if let Some(mut a) = m.ack.take() {
-                    a.report = None;
-                }
-                Err(Vec::from(m.body))
-            }
-        }
+        self.push(body, permits, report)
     }
 
     /// Queue a notification.
@@ -561,12 +617,12 @@ impl Outbound {
 
     /// True once the connection has closed (the client went away or sent `exit`).
     pub fn is_closed(&self) -> bool {
-        self.closed.is_cancelled()
+        self.shared.closed.is_cancelled()
     }
 
     /// Resolves when the connection closes.
     pub async fn closed(&self) {
-        self.closed.cancelled().await
+        self.shared.closed.cancelled().await
     }
 }
 
@@ -599,7 +655,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         // Waiting for the pool, it holds none of its connection's budget.
-        assert_eq!(h.budget.available_permits(), OUTBOUND_BUDGET);
+        assert_eq!(h.shared.budget.available_permits(), OUTBOUND_BUDGET);
         drop(hog);
         assert!(waiter.await.unwrap());
         let m = rx.recv().await.expect("the large one");
