@@ -206,7 +206,14 @@ pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
             Err(e) => Err(parse_error(&e)),
         };
     }
-    let f: Fields = match serde_json::from_slice(raw) {
+    // Checked as UTF-8 once, the text's members are read without checking each again (as
+    // bytes, every raw member and string is checked on its own). Not UTF-8: read as bytes,
+    // for the same error at the same place.
+    let f: Result<Fields, _> = match std::str::from_utf8(raw) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(raw),
+    };
+    let f = match f {
         Ok(f) => f,
         Err(e) => return Err(parse_error(&e)),
     };
@@ -490,6 +497,47 @@ mod tests {
             single(r#"{"jsonrpc":"2.0","id":1,"method":7}"#),
             Err(inv) if inv.error.message.contains("method must be a string")
         ));
+    }
+
+    #[test]
+    fn utf8_text_and_bytes_read_alike_and_bad_utf8_keeps_its_error() {
+        // Valid UTF-8 is read as text (each member unchecked), the rest as bytes: both must
+        // give what reading as bytes gave, errors and their positions included.
+        let as_bytes = |raw: &[u8]| -> Result<String, String> {
+            let f: Fields =
+                serde_json::from_slice(raw).map_err(|e| parse_error(&e).error.message)?;
+            Ok(format!(
+                "{:?}",
+                [f.jsonrpc, f.id, f.method, f.params, f.result, f.error]
+                    .map(|r| r.map(RawValue::get))
+            ))
+        };
+        let cases: &[&[u8]] = &[
+            r#"{"jsonrpc":"2.0","id":1,"method":"files/write","params":{"data":"\u{e9}t\u{e9} \u00e9"}}"#.as_bytes(),
+            "{\"jsonrpc\":\"2.0\",\"id\":\"\u{e9}\",\"method\":\"m\",\"params\":{\"k\":\"\u{1F600}\"}}".as_bytes(),
+            br#"{"jsonrpc":"2.0","id":2,"result":{"sandboxes":[]}}"#,
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\",\"params\":{\"k\":\"\xff\"}}",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\xc3\"}",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":[\"\xed\xa0\x80\"]}",
+            br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"k":1,}}"#,
+        ];
+        for raw in cases {
+            let got = decode_one(raw);
+            match as_bytes(raw) {
+                Ok(_) => assert!(got.is_ok(), "{:?}: {got:?}", String::from_utf8_lossy(raw)),
+                Err(message) => {
+                    let inv = got.expect_err("bad input is refused");
+                    assert_eq!(inv.error.message, message);
+                }
+            }
+        }
+        // What the text was read into is what the bytes were.
+        let text = cases[1];
+        let Ok(Message::Request(r)) = decode_one(text) else {
+            panic!("a request")
+        };
+        assert_eq!(r.id, Id::Str("\u{e9}".into()));
+        assert_eq!(r.params.unwrap().get(), "{\"k\":\"\u{1F600}\"}");
     }
 
     #[test]
