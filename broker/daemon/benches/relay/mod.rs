@@ -372,8 +372,12 @@ impl Lspmux {
         )
         .map_err(|e| format!("lspmux config: {e}"))?;
         let mut cmd = Command::new(bin);
+        // The server logs an error with a backtrace when a client shim hangs up at the end of
+        // a mode: expected, so without the backtrace.
         cmd.arg("server")
             .env("XDG_CONFIG_HOME", &xdg)
+            .env("RUST_BACKTRACE", "0")
+            .env("RUST_LIB_BACKTRACE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
