@@ -684,4 +684,129 @@ mod tests {
         drop(rx.recv().await.expect("queued"));
         assert_eq!(pool.available(), pool.cap());
     }
+
+    /// A socket that takes at most `step` bytes a write and `room` bytes in all (then it is
+    /// full: `Pending`), so a sender's own write can end part way and its rest must be queued
+    /// framed; it counts its write calls.
+    struct Trickle {
+        out: Arc<Mutex<Vec<u8>>>,
+        step: usize,
+        room: usize,
+        vectored: bool,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Trickle {
+        fn take(&mut self, bufs: &[&[u8]]) -> Poll<std::io::Result<usize>> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let mut left = self.step.min(self.room);
+            if left == 0 {
+                return Poll::Pending;
+            }
+            let mut out = self.out.lock().unwrap();
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(left);
+                out.extend_from_slice(&b[..k]);
+                left -= k;
+                n += k;
+            }
+            self.room -= n;
+            Poll::Ready(Ok(n))
+        }
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.take(&[buf])
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let bufs: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
+            self.take(&bufs)
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.vectored
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What a sender writes itself is the framed message, byte for byte, in either framing,
+    /// whether the socket takes it at once (one vectored call), in pieces (the rest queued,
+    /// framed, for the write task), or only without vectored writes.
+    #[tokio::test]
+    async fn a_senders_own_write_is_the_framed_message_whole_or_in_part() {
+        let body = br#"{"jsonrpc":"2.0","id":7,"result":{"sandboxes":[]}}"#.to_vec();
+        for (framing, tag) in [(Framing::Line, 0u8), (Framing::Header, 2u8)] {
+            let mut want = BytesMut::new();
+            framing.write(&body, &mut want);
+            for vectored in [true, false] {
+                for (step, room) in [
+                    (1, usize::MAX),
+                    (3, usize::MAX),
+                    (4096, usize::MAX),
+                    (4096, want.len()),
+                    (4096, 0),
+                    (4096, 1),
+                    (4096, 20),
+                    (4096, body.len()),
+                    (7, want.len() - 1),
+                    (1, 5),
+                ] {
+                    let out = Arc::new(Mutex::new(Vec::new()));
+                    let calls = Arc::new(AtomicUsize::new(0));
+                    let io = Trickle {
+                        out: out.clone(),
+                        step,
+                        room,
+                        vectored,
+                        calls: calls.clone(),
+                    };
+                    let writer = Arc::new(Writer::new(Box::pin(io), Arc::new(AtomicU8::new(tag))));
+                    let pool = Pool::new(1 << 20);
+                    let (h, mut rx) = Outbound::new(1, pool.clone(), Some(writer));
+                    let res = h.reserve(1024).await.expect("reserved");
+                    assert!(h.send_reserved(body.clone(), res, None).await);
+                    let case = format!("{framing:?} vectored={vectored} step={step} room={room}");
+                    let mut got = out.lock().unwrap().clone();
+                    assert_eq!(got.len(), want.len().min(room), "{case}");
+                    if room == 0 {
+                        // Full before a byte went: queued whole, unframed, for the write task.
+                        let q = rx.try_recv().expect("queued");
+                        assert!(!q.framed, "{case}");
+                        assert_eq!(&q.body[..], &body[..], "{case}");
+                        got = want.to_vec();
+                    } else if got.len() < want.len() {
+                        // What the socket did not take is queued, framed, for the write task.
+                        let rest = rx.try_recv().expect("the rest is queued");
+                        assert!(rest.framed, "{case}");
+                        got.extend_from_slice(&rest.body);
+                    }
+                    assert_eq!(got, &want[..], "{case}");
+                    assert!(rx.try_recv().is_err(), "queued once: {case}");
+                    if vectored && step >= want.len() && room >= want.len() {
+                        assert_eq!(
+                            calls.load(Ordering::Relaxed),
+                            1,
+                            "one write for the message"
+                        );
+                    }
+                    drop(rx);
+                    assert_eq!(pool.available(), pool.cap(), "nothing is left counted");
+                }
+            }
+        }
+    }
 }
