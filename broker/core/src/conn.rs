@@ -58,6 +58,10 @@ use tracing::{debug, warn};
 pub const MAX_IN_FLIGHT: usize = 1024;
 /// Bodies above this are written straight from their buffer, not copied.
 pub(crate) const DIRECT_WRITE: usize = 64 * 1024;
+
+/// Frames of a pipelined burst served before its replies are let go, so a long burst is
+/// answered as it goes rather than all at its end.
+const MAX_CORKED_FRAMES: u32 = 64;
 /// Largest inbound budget (the semaphore counts in u32).
 const INBOUND_MAX: usize = 1 << 31;
 /// A read buffer grown past this by a large message is replaced once the message is out.
@@ -246,6 +250,7 @@ where
     let framing = Arc::new(AtomicU8::new(0));
     let writer = Arc::new(Writer::new(Box::pin(writer), framing.clone()));
     let (handle, rx) = Outbound::new(conn_id, broker.pool.clone(), Some(writer.clone()));
+    let cork = writer.clone();
     let writer_task = tokio::spawn(write_loop(writer, rx, handle.closed_token().clone()));
     let conn = Arc::new(Conn {
         handle,
@@ -267,21 +272,37 @@ where
     let closed = conn.handle.closed_token().clone().cancelled_owned();
     tokio::pin!(shutdown, closed);
     let mut frames_seen: u32 = 0;
+    let mut corked_frames = 0;
     let end = loop {
         frames_seen = frames_seen.wrapping_add(1);
         // A client that never pauses still notices a broker shutdown.
         if frames_seen.is_multiple_of(256) && broker.shutdown.is_cancelled() {
             break ConnEnd::BrokerShutdown;
         }
-        let next = tokio::select! {
-            biased;
-            f = frames.next() => f,
-            _ = &mut shutdown => break ConnEnd::BrokerShutdown,
-            _ = &mut closed => break ConnEnd::Broken,
+        // Serving a burst: take its next frame only if it is read already; otherwise let the
+        // write task send the burst's replies before waiting for more.
+        let ready = if cork.is_corked() && corked_frames < MAX_CORKED_FRAMES {
+            frames.next().now_or_never()
+        } else {
+            None
+        };
+        if ready.is_none() {
+            corked_frames = 0;
+            cork.uncork();
+        }
+        let next = match ready {
+            Some(f) => f,
+            None => tokio::select! {
+                biased;
+                f = frames.next() => f,
+                _ = &mut shutdown => break ConnEnd::BrokerShutdown,
+                _ = &mut closed => break ConnEnd::Broken,
+            },
         };
         match next {
             None => break ConnEnd::Eof,
             Some(Err(e)) => {
+                cork.uncork();
                 warn!(conn = conn_id, error = %e, "closing connection: framing lost");
                 if let Some(f) = frames.decoder().framing() {
                     framing.store(framing_tag(f), Ordering::Relaxed);
@@ -293,6 +314,8 @@ where
                 break ConnEnd::Broken;
             }
             Some(Ok(Frame::TooLarge { size })) => {
+                // Its answer may wait for room the write task frees.
+                cork.uncork();
                 if let Some(f) = frames.decoder().framing() {
                     framing.store(framing_tag(f), Ordering::Relaxed);
                 }
@@ -312,7 +335,23 @@ where
                     }
                 }
                 let size = bytes.len();
-                if handle_frame(&broker, &conn, bytes).await {
+                // More requests already read (a pipelining client): what this one answers
+                // waits for the write task, which sends the burst's replies in one write.
+                if !frames.read_buffer().is_empty() {
+                    cork.cork();
+                    corked_frames += 1;
+                }
+                let handled = handle_frame(&broker, &conn, bytes);
+                tokio::pin!(handled);
+                let exit = match futures::poll!(handled.as_mut()) {
+                    std::task::Poll::Ready(exit) => exit,
+                    std::task::Poll::Pending => {
+                        // It waits (for room, for its lane): nothing held may wait on it.
+                        cork.uncork();
+                        handled.await
+                    }
+                };
+                if exit {
                     break ConnEnd::Exit;
                 }
                 if size >= DIRECT_WRITE {
@@ -329,6 +368,7 @@ where
             }
         }
     };
+    cork.uncork();
     debug!(conn = conn_id, ?end, "connection reader done");
     match end {
         ConnEnd::Eof if hung_up.as_ref().is_some_and(|gone| gone()) => {
@@ -389,6 +429,8 @@ async fn write_loop(
                 Err(_) => break,
             },
         };
+        // The reader is serving a burst: its replies go out together once it is done.
+        writer.uncorked().await;
         // Held while this batch is written: a sender writes itself only when it gets the
         // writer with nothing queued (outbound::Writer), so nothing passes what is queued.
         let mut w = writer.io.lock().await;

@@ -187,6 +187,10 @@ fn trim_opt(p: &mut Option<OwnedSemaphorePermit>, keep: usize) {
 /// Messages up to this size may be written by their sender ([`Writer`]).
 const SENDER_WRITES: usize = 16 * 1024;
 
+/// Framed messages up to this size are copied onto the sender's stack and written in one
+/// plain write.
+const SMALL_WRITE: usize = 1024;
+
 /// A connection's writer, shared by its write task and by senders of small messages that
 /// find nothing queued and the writer free.
 pub(crate) struct Writer {
@@ -196,6 +200,13 @@ pub(crate) struct Writer {
     pub(crate) queued: AtomicUsize,
     /// The connection's framing (0 until known: lines).
     pub(crate) framing: Arc<AtomicU8>,
+    /// Set by the connection's reader while it serves a burst of requests already read
+    /// (a pipelining client) without waiting: senders then queue instead of writing
+    /// themselves, and the write task holds what is queued until the reader has served the
+    /// burst ([`Writer::uncork`]), then sends it in one write instead of one system call (and
+    /// on a multi-threaded runtime one cross-thread wakeup) per reply.
+    corked: AtomicBool,
+    uncorked: tokio::sync::Notify,
 }
 
 impl Writer {
@@ -204,6 +215,36 @@ impl Writer {
             io: tokio::sync::Mutex::new(io),
             queued: AtomicUsize::new(0),
             framing,
+            corked: AtomicBool::new(false),
+            uncorked: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Hold what is queued for this connection until [`Writer::uncork`]. Only the
+    /// connection's reader corks, and only while it runs without waiting: it uncorks before
+    /// anything it awaits (more bytes, a budget the write task frees), so the write task never
+    /// waits on a reader that waits on it.
+    pub(crate) fn cork(&self) {
+        self.corked.store(true, Ordering::Release);
+    }
+
+    /// Whether the reader holds the cork.
+    pub(crate) fn is_corked(&self) -> bool {
+        self.corked.load(Ordering::Acquire)
+    }
+
+    /// Let the write task send what the burst queued.
+    pub(crate) fn uncork(&self) {
+        if self.corked.swap(false, Ordering::AcqRel) {
+            self.uncorked.notify_one();
+        }
+    }
+
+    /// Wait (in the write task) until the reader has uncorked. A stale wakeup from an
+    /// earlier burst only makes it look again.
+    pub(crate) async fn uncorked(&self) {
+        while self.is_corked() {
+            self.uncorked.notified().await;
         }
     }
 
@@ -353,7 +394,7 @@ impl Outbound {
         let Some(w) = self.shared.writer.as_deref() else {
             return Err(permit);
         };
-        if body.len() > SENDER_WRITES || self.shared.tx.is_closed() {
+        if body.len() > SENDER_WRITES || self.shared.tx.is_closed() || w.is_corked() {
             return Err(permit);
         }
         if w.queued.load(Ordering::Acquire) != 0 {
@@ -381,12 +422,26 @@ impl Outbound {
         };
         let parts = [head, body, tail];
         let total = head.len() + body.len() + tail.len();
-        let vectored = io.is_write_vectored();
+        // A small message is copied whole onto the stack and sent in one plain write (a
+        // vectored write of its pieces costs the kernel more than the copy); a larger one
+        // goes vectored from the body as it is, when the writer takes that.
+        let mut small = [0u8; SMALL_WRITE];
         let mut copy = Vec::new();
-        if !vectored {
-            copy.reserve_exact(total);
-            parts.iter().for_each(|p| copy.extend_from_slice(p));
-        }
+        let vectored = total > SMALL_WRITE && io.is_write_vectored();
+        let flat: &[u8] = if total <= SMALL_WRITE {
+            let mut at = 0;
+            for p in parts {
+                small[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            &small[..total]
+        } else {
+            if !vectored {
+                copy.reserve_exact(total);
+                parts.iter().for_each(|p| copy.extend_from_slice(p));
+            }
+            &copy
+        };
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut done = 0;
         while done < total {
@@ -405,7 +460,7 @@ impl Outbound {
                 }
                 io.as_mut().poll_write_vectored(&mut cx, &slices[..k])
             } else {
-                io.as_mut().poll_write(&mut cx, &copy[done..])
+                io.as_mut().poll_write(&mut cx, &flat[done..])
             };
             match polled {
                 Poll::Ready(Ok(n)) if n > 0 => done += n,
@@ -748,8 +803,18 @@ mod tests {
     /// framed, for the write task), or only without vectored writes.
     #[tokio::test]
     async fn a_senders_own_write_is_the_framed_message_whole_or_in_part() {
-        let body = br#"{"jsonrpc":"2.0","id":7,"result":{"sandboxes":[]}}"#.to_vec();
-        for (framing, tag) in [(Framing::Line, 0u8), (Framing::Header, 2u8)] {
+        let small = br#"{"jsonrpc":"2.0","id":7,"result":{"sandboxes":[]}}"#.to_vec();
+        let large = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"result":{{"text":"{}"}}}}"#,
+            "x".repeat(3 * SMALL_WRITE)
+        )
+        .into_bytes();
+        for (body, (framing, tag)) in [small, large].into_iter().flat_map(|b| {
+            [
+                (b.clone(), (Framing::Line, 0u8)),
+                (b, (Framing::Header, 2u8)),
+            ]
+        }) {
             let mut want = BytesMut::new();
             framing.write(&body, &mut want);
             for vectored in [true, false] {
@@ -757,11 +822,12 @@ mod tests {
                     (1, usize::MAX),
                     (3, usize::MAX),
                     (4096, usize::MAX),
-                    (4096, want.len()),
-                    (4096, 0),
-                    (4096, 1),
-                    (4096, 20),
-                    (4096, body.len()),
+                    (1 << 20, usize::MAX),
+                    (1 << 20, want.len()),
+                    (1 << 20, 0),
+                    (1 << 20, 1),
+                    (1 << 20, 20),
+                    (1 << 20, body.len()),
                     (7, want.len() - 1),
                     (1, 5),
                 ] {
@@ -777,9 +843,12 @@ mod tests {
                     let writer = Arc::new(Writer::new(Box::pin(io), Arc::new(AtomicU8::new(tag))));
                     let pool = Pool::new(1 << 20);
                     let (h, mut rx) = Outbound::new(1, pool.clone(), Some(writer));
-                    let res = h.reserve(1024).await.expect("reserved");
+                    let res = h.reserve(body.len()).await.expect("reserved");
                     assert!(h.send_reserved(body.clone(), res, None).await);
-                    let case = format!("{framing:?} vectored={vectored} step={step} room={room}");
+                    let case = format!(
+                        "{framing:?} {} bytes vectored={vectored} step={step} room={room}",
+                        body.len()
+                    );
                     let mut got = out.lock().unwrap().clone();
                     assert_eq!(got.len(), want.len().min(room), "{case}");
                     if room == 0 {
@@ -796,11 +865,14 @@ mod tests {
                     }
                     assert_eq!(got, &want[..], "{case}");
                     assert!(rx.try_recv().is_err(), "queued once: {case}");
-                    if vectored && step >= want.len() && room >= want.len() {
+                    if (vectored || want.len() <= SMALL_WRITE)
+                        && step >= want.len()
+                        && room >= want.len()
+                    {
                         assert_eq!(
                             calls.load(Ordering::Relaxed),
                             1,
-                            "one write for the message"
+                            "one write for the message: {case}"
                         );
                     }
                     drop(rx);

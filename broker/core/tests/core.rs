@@ -815,6 +815,162 @@ async fn interleave_through(pipe: usize) {
     assert!(next_note.values().all(|n| *n == 15));
 }
 
+/// A client that pipelines (a burst of requests in one write) gets the burst's replies in a
+/// few writes, not one system call per reply: while more of its bytes are already read, the
+/// reader leaves what it answers to the write task, which sends what has queued in one
+/// write. Without that, 200 pings answered inline cost 200 writes and the daemon's pipelined
+/// throughput fell to a quarter (docs/performance.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_burst_is_answered_in_a_few_writes() {
+    struct Counting<W> {
+        inner: W,
+        writes: Arc<std::sync::atomic::AtomicUsize>,
+    }
+    impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counting<W> {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.writes.fetch_add(1, Ordering::Relaxed);
+            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    const BURST: usize = 100;
+    let t = TestProvider::full();
+    let (b, _dir) = broker(&t);
+    let (client, server) = tokio::io::duplex(PIPE);
+    let (sr, sw) = tokio::io::split(server);
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sw = Counting {
+        inner: sw,
+        writes: writes.clone(),
+    };
+    let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, sw));
+    let (cr, mut cw) = tokio::io::split(client);
+    let mut burst = Vec::new();
+    for i in 0..BURST {
+        burst.extend(message::encode_request::<Value>(
+            &Id::Num(i as i64),
+            "broker/ping",
+            None,
+        ));
+        burst.push(b'\n');
+    }
+    assert!(burst.len() < 8 * 1024, "one read takes the whole burst");
+    cw.write_all(&burst).await.unwrap();
+    let mut lines = tokio::io::BufReader::new(cr).lines();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < BURST {
+        let line = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .expect("a reply in time")
+            .unwrap()
+            .expect("a line");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert!(v["result"].is_object(), "{v}");
+        assert!(seen.insert(v["id"].as_i64().unwrap()), "{v} answered twice");
+    }
+    let n = writes.load(Ordering::Relaxed);
+    assert!(
+        n <= BURST / 10,
+        "{BURST} pipelined pings were answered in {n} writes"
+    );
+    cw.shutdown().await.unwrap();
+    drop(lines);
+    let _ = served.await;
+}
+
+/// A burst whose last request is cut short (the rest of it not sent yet) is answered up to
+/// the cut: the reader lets the burst's replies go before it waits for more bytes, so a
+/// client that waits for them before finishing its request is not stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_cut_short_is_answered_up_to_the_cut() {
+    let t = TestProvider::full();
+    let (b, _dir) = broker(&t);
+    let mut c = Client::connect(&b);
+    let mut burst = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let (id, body) = c.request("broker/ping", json!({}));
+        burst.extend(body);
+        burst.push(b'\n');
+        ids.push(id);
+    }
+    let (last, body) = c.request("broker/ping", json!({}));
+    let cut = body.len() / 2;
+    burst.extend(&body[..cut]);
+    c.write_raw(&burst).await;
+    for id in &ids {
+        c.reply(id).await.ok();
+    }
+    let mut rest = body[cut..].to_vec();
+    rest.push(b'\n');
+    c.write_raw(&rest).await;
+    c.reply(&last).await.ok();
+}
+
+/// A client that pipelines more pings than the broker's memory holds replies for, reading
+/// nothing until it has written them all, still gets every reply: when a reply must wait for
+/// room mid-burst, the reader lets the burst's replies go first (it never waits on the write
+/// task while holding it back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_the_budget_is_answered_whole() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    const N: usize = 30_000;
+    let t = TestProvider::full();
+    let (b, _dir) = broker_with(vec![t.clone() as Arc<dyn Provider>], MIB, None);
+    let (client, server) = tokio::io::duplex(PIPE);
+    let (sr, sw) = tokio::io::split(server);
+    let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, sw));
+    let (cr, mut cw) = tokio::io::split(client);
+    let writing = tokio::spawn(async move {
+        let mut burst = Vec::new();
+        for i in 0..N {
+            burst.extend(message::encode_request::<Value>(
+                &Id::Num(i as i64),
+                "broker/ping",
+                None,
+            ));
+            burst.push(b'\n');
+        }
+        cw.write_all(&burst).await.unwrap();
+        cw
+    });
+    // Only once the broker has stopped reading (its budget full) does the client read.
+    wait_until("the broker's memory to fill", || {
+        b.pool.available() < MIB / 8
+    })
+    .await;
+    let mut lines = tokio::io::BufReader::new(cr).lines();
+    for i in 0..N {
+        let line = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .expect("every reply in time")
+            .unwrap()
+            .expect("a line");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["id"], i, "{v}");
+    }
+    let mut cw = writing.await.unwrap();
+    cw.shutdown().await.unwrap();
+    drop(lines);
+    let _ = served.await;
+}
+
 // ---- the method table, routing and gating ---------------------------------------------
 
 /// The composition root's `Methods` are reached after the core's own (its `broker/ping`

@@ -434,6 +434,12 @@ impl Client {
         self.w.flush().await.expect("flush");
     }
 
+    /// Write bytes as they are (no framing added).
+    pub async fn write_raw(&mut self, bytes: &[u8]) {
+        self.w.write_all(bytes).await.expect("write to the broker");
+        self.w.flush().await.expect("flush");
+    }
+
     /// A request body with a fresh numeric id.
     pub fn request(&mut self, method: &str, params: Value) -> (Id, Vec<u8>) {
         let id = Id::Num(self.next);
