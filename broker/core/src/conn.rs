@@ -288,7 +288,7 @@ where
         };
         if ready.is_none() {
             corked_frames = 0;
-            cork.uncork();
+            conn.handle.uncork();
         }
         let next = match ready {
             Some(f) => f,
@@ -302,7 +302,7 @@ where
         match next {
             None => break ConnEnd::Eof,
             Some(Err(e)) => {
-                cork.uncork();
+                conn.handle.uncork();
                 warn!(conn = conn_id, error = %e, "closing connection: framing lost");
                 if let Some(f) = frames.decoder().framing() {
                     framing.store(framing_tag(f), Ordering::Relaxed);
@@ -315,7 +315,7 @@ where
             }
             Some(Ok(Frame::TooLarge { size })) => {
                 // Its answer may wait for room the write task frees.
-                cork.uncork();
+                conn.handle.uncork();
                 if let Some(f) = frames.decoder().framing() {
                     framing.store(framing_tag(f), Ordering::Relaxed);
                 }
@@ -347,7 +347,7 @@ where
                     std::task::Poll::Ready(exit) => exit,
                     std::task::Poll::Pending => {
                         // It waits (for room, for its lane): nothing held may wait on it.
-                        cork.uncork();
+                        conn.handle.uncork();
                         handled.await
                     }
                 };
@@ -368,7 +368,7 @@ where
             }
         }
     };
-    cork.uncork();
+    conn.handle.uncork();
     debug!(conn = conn_id, ?end, "connection reader done");
     match end {
         ConnEnd::Eof if hung_up.as_ref().is_some_and(|gone| gone()) => {
@@ -429,8 +429,6 @@ async fn write_loop(
                 Err(_) => break,
             },
         };
-        // The reader is serving a burst: its replies go out together once it is done.
-        writer.uncorked().await;
         // Held while this batch is written: a sender writes itself only when it gets the
         // writer with nothing queued (outbound::Writer), so nothing passes what is queued.
         let mut w = writer.io.lock().await;

@@ -759,26 +759,41 @@ async fn stream_notifications_follow_their_reply_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_written_by_their_senders_and_queued_messages_never_interleave() {
     for pipe in [23, 300, PIPE] {
-        interleave_through(pipe).await;
+        for pipelined in [false, true] {
+            interleave_through(pipe, pipelined).await;
+        }
     }
 }
 
-async fn interleave_through(pipe: usize) {
+/// `pipelined`: the 60 requests in one write (the reader serves them as a burst, gathering
+/// its replies, while the streams' notifications are queued beside them).
+async fn interleave_through(pipe: usize, pipelined: bool) {
     let t = TestProvider::full();
     let (b, _dir) = broker(&t);
     let mut c = Client::connect_pipe(&b, pipe);
     let mut asked = std::collections::HashMap::new();
+    let mut burst = Vec::new();
     for i in 0..60 {
-        let id = if i % 3 == 0 {
-            c.send(
+        let (id, body) = if i % 3 == 0 {
+            c.request(
                 "exec/start",
                 json!({"sandbox": "t:s1", "execId": format!("x{i}"), "stream": 15}),
             )
-            .await
+        } else if i % 3 == 1 {
+            c.request("sandbox/list", json!({"provider": "t"}))
         } else {
-            c.send("sandbox/list", json!({"provider": "t"})).await
+            c.request("broker/ping", json!({}))
         };
+        if pipelined {
+            burst.extend(body);
+            burst.push(b'\n');
+        } else {
+            c.write(body).await;
+        }
         asked.insert(id, i);
+    }
+    if pipelined {
+        c.write_raw(&burst).await;
     }
     let (mut replies, mut notes) = (0, 0);
     let mut next_note: std::collections::HashMap<String, u64> = Default::default();
@@ -793,8 +808,10 @@ async fn interleave_through(pipe: usize) {
                 if i % 3 == 0 {
                     assert_eq!(v["execId"], format!("x{i}"));
                     assert!(next_note.insert(format!("x{i}"), 0).is_none());
-                } else {
+                } else if i % 3 == 1 {
                     assert!(v["sandboxes"].is_array(), "{v}");
+                } else {
+                    assert_eq!(v, json!({}));
                 }
                 replies += 1;
             }
