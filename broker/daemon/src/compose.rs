@@ -34,9 +34,11 @@ pub fn all_methods() -> Vec<&'static str> {
 
 /// The daemon's tokio runtime: one worker per CPU the daemon may run on, at most two
 /// (`ABX_WORKER_THREADS` overrides). With one, a current-thread runtime: every wakeup stays on
-/// its thread. Measured (docs/performance.md, "Plugin hop"): confined to one CPU, two
-/// workers only add hand-offs (the hop to a plugin cost 1.08x lspmux's at p50 with two, 0.90x
-/// with one); on two CPUs, two workers keep the unpinned p99 down (0.83x against 1.73x).
+/// its thread. Measured (docs/performance.md, "Plugin hop", ninth round): confined to one
+/// CPU, two workers only add hand-offs. On two CPUs it is a trade: one worker makes a single
+/// client's hop to a plugin about 9% faster (0.91x lspmux's added p50 against 0.995x, in
+/// alternated runs), two keep many clients' pipelined throughput (0.86x of the json-echo
+/// baseline against 0.57x). Two stay the default there.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let n = std::env::var("ABX_WORKER_THREADS")
         .ok()
