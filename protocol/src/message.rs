@@ -324,18 +324,24 @@ pub fn encode_response(id: Option<&Id>, outcome: Result<&RawValue, &RpcError>) -
     // A result's envelope is written by hand, in the bytes serde would write, into a buffer
     // of the right size: every reply takes this path, and the serializer's escaping of the
     // fixed keys and its buffer's growth were a tenth of a `broker/ping`.
-    const HEAD: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
-    const MID: &[u8] = br#","result":"#;
-    let mut out = Vec::with_capacity(HEAD.len() + 24 + MID.len() + result.len() + 1);
-    out.extend_from_slice(HEAD);
-    match id {
-        Some(id) => serde_json::to_writer(&mut out, id).expect("an id always serializes"),
-        None => out.extend_from_slice(b"null"),
-    }
-    out.extend_from_slice(MID);
+    let mut out = Vec::with_capacity(RESULT_HEAD + result.len() + 1);
+    result_head(id, &mut out);
     out.extend_from_slice(result.as_bytes());
     out.push(b'}');
     out
+}
+
+/// Room for a result envelope's head with a numeric id.
+const RESULT_HEAD: usize = 48;
+
+/// `{"jsonrpc":"2.0","id":<id>,"result":`, as serde writes it.
+fn result_head(id: Option<&Id>, out: &mut Vec<u8>) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    match id {
+        Some(id) => serde_json::to_writer(&mut *out, id).expect("an id always serializes"),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(br#","result":"#);
 }
 
 /// [`encode_response`] of a result, reusing the result's buffer: the envelope is written
@@ -346,9 +352,8 @@ pub fn encode_response_owned(id: &Id, result: Box<RawValue>) -> Vec<u8> {
         return encode_response(Some(id), Ok(&result));
     }
     let raw: Box<str> = result.into();
-    let mut head = br#"{"jsonrpc":"2.0","id":"#.to_vec();
-    serde_json::to_writer(&mut head, id).expect("an id always serializes");
-    head.extend_from_slice(br#","result":"#);
+    let mut head = Vec::with_capacity(RESULT_HEAD);
+    result_head(Some(id), &mut head);
     let mut body = String::from(raw).into_bytes();
     body.reserve_exact(head.len() + 1);
     body.splice(0..0, head);

@@ -279,8 +279,8 @@ where
         if frames_seen.is_multiple_of(256) && broker.shutdown.is_cancelled() {
             break ConnEnd::BrokerShutdown;
         }
-        // Serving a burst: take its next frame only if it is read already; otherwise let the
-        // write task send the burst's replies before waiting for more.
+        // Serving a burst: take its next frame only if it is read already; otherwise send
+        // the burst's replies (Outbound::uncork) before waiting for more.
         let ready = if cork.is_corked() && corked_frames < MAX_CORKED_FRAMES {
             frames.next().now_or_never()
         } else {
@@ -336,7 +336,7 @@ where
                 }
                 let size = bytes.len();
                 // More requests already read (a pipelining client): what this one answers
-                // waits for the write task, which sends the burst's replies in one write.
+                // gathers with the burst's other replies, sent in one write at its end.
                 if !frames.read_buffer().is_empty() {
                     cork.cork();
                     corked_frames += 1;

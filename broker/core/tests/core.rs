@@ -832,6 +832,30 @@ async fn interleave_through(pipe: usize, pipelined: bool) {
     assert!(next_note.values().all(|n| *n == 15));
 }
 
+/// `n` `broker/ping` requests (ids 0 to n-1), one line each, for one write.
+fn ping_burst(n: usize) -> Vec<u8> {
+    let mut burst = Vec::new();
+    for i in 0..n {
+        burst.extend(message::encode_request::<Value>(
+            &Id::Num(i as i64),
+            "broker/ping",
+            None,
+        ));
+        burst.push(b'\n');
+    }
+    burst
+}
+
+/// The next line the broker wrote, as JSON.
+async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Lines<R>) -> Value {
+    let line = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a reply in time")
+        .expect("read from the broker")
+        .expect("a line");
+    serde_json::from_str(&line).expect("JSON")
+}
+
 /// A client that pipelines (a burst of requests in one write) gets the burst's replies in a
 /// few writes, not one system call per reply: while more of its bytes are already read, the
 /// reader leaves what it answers to the write task, which sends what has queued in one
@@ -878,26 +902,13 @@ async fn a_pipelined_burst_is_answered_in_a_few_writes() {
     };
     let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, sw));
     let (cr, mut cw) = tokio::io::split(client);
-    let mut burst = Vec::new();
-    for i in 0..BURST {
-        burst.extend(message::encode_request::<Value>(
-            &Id::Num(i as i64),
-            "broker/ping",
-            None,
-        ));
-        burst.push(b'\n');
-    }
+    let burst = ping_burst(BURST);
     assert!(burst.len() < 8 * 1024, "one read takes the whole burst");
     cw.write_all(&burst).await.unwrap();
     let mut lines = tokio::io::BufReader::new(cr).lines();
     let mut seen = std::collections::HashSet::new();
     while seen.len() < BURST {
-        let line = tokio::time::timeout(PATIENCE, lines.next_line())
-            .await
-            .expect("a reply in time")
-            .unwrap()
-            .expect("a line");
-        let v: Value = serde_json::from_str(&line).unwrap();
+        let v = next_line(&mut lines).await;
         assert!(v["result"].is_object(), "{v}");
         assert!(seen.insert(v["id"].as_i64().unwrap()), "{v} answered twice");
     }
@@ -955,16 +966,7 @@ async fn a_burst_larger_than_the_budget_is_answered_whole() {
     let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, sw));
     let (cr, mut cw) = tokio::io::split(client);
     let writing = tokio::spawn(async move {
-        let mut burst = Vec::new();
-        for i in 0..N {
-            burst.extend(message::encode_request::<Value>(
-                &Id::Num(i as i64),
-                "broker/ping",
-                None,
-            ));
-            burst.push(b'\n');
-        }
-        cw.write_all(&burst).await.unwrap();
+        cw.write_all(&ping_burst(N)).await.unwrap();
         cw
     });
     // Only once the broker has stopped reading (its budget full) does the client read.
@@ -974,12 +976,7 @@ async fn a_burst_larger_than_the_budget_is_answered_whole() {
     .await;
     let mut lines = tokio::io::BufReader::new(cr).lines();
     for i in 0..N {
-        let line = tokio::time::timeout(PATIENCE, lines.next_line())
-            .await
-            .expect("every reply in time")
-            .unwrap()
-            .expect("a line");
-        let v: Value = serde_json::from_str(&line).unwrap();
+        let v = next_line(&mut lines).await;
         assert_eq!(v["id"], i, "{v}");
     }
     let mut cw = writing.await.unwrap();
