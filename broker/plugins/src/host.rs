@@ -21,6 +21,7 @@
 //!   handshake: an integrity failure there is E8011 (not a crash), a setup failure E8002.
 //!   `pid` is the launcher's: killing it ends the plugin's PID namespace.
 
+use super::pace::{self, Pace, Spinner};
 use super::stream::{self, Route};
 use abx_core::outbound::Outbound;
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
@@ -31,7 +32,7 @@ use futures::StreamExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -238,7 +239,14 @@ struct Running {
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     kill: CancellationToken,
     sweep: Arc<Sweep>,
+    /// How soon the plugin answers, and a duplicate of its stdout to poll while a fast
+    /// plugin's reply is on its way (pace.rs).
+    pace: Arc<Pace>,
+    watch: Option<Arc<std::os::fd::OwnedFd>>,
 }
+
+/// The one thread of the daemon that may be polling for a plugin's reply.
+static SPINNER: Spinner = Spinner::new();
 
 #[derive(Default)]
 struct State {
@@ -489,9 +497,20 @@ impl Host {
         // `encode` owns what it encodes: owned params are freed here, before the wait.
         let mut line = encode(&Id::Num(id_num));
         line.push(b'\n');
+        let sent = Instant::now();
         if !r.send(line) {
             r.pending.lock().expect("pending").remove(&id_num);
             return Err(self.crashed_error(&r, "its stdin is closed"));
+        }
+        // The only call in flight to a plugin that answers within microseconds: its reply
+        // is polled for before this task waits, so no sleeping CPU has to wake for it.
+        if n == 1 {
+            if let Some(fd) = &r.watch {
+                let budget = r.pace.budget(pace::cpus());
+                if !budget.is_zero() {
+                    SPINNER.poll(fd.as_fd(), sent, budget);
+                }
+            }
         }
         // If this call is dropped unanswered (the client cancelled, or went away), the plugin
         // hears `$/cancelRequest` for it; answered or not, the count of calls in flight is
@@ -512,7 +531,10 @@ impl Host {
         tokio::select! {
             // The reply, or E8008 from the sweeper (which told the plugin to cancel).
             res = rx => match res {
-                Ok(res) => res,
+                Ok(res) => {
+                    r.pace.record(sent.elapsed());
+                    res
+                }
                 Err(_) => Err(self.crashed_error(&r, "it exited")),
             },
             // (The guard tells the plugin.)
@@ -936,6 +958,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
     super::launch::register(pid as i32, &spec.id);
     let stdin = child.stdin.take().expect("piped");
     let stdout = child.stdout.take().expect("piped");
+    let watch = stdout.as_fd().try_clone_to_owned().ok().map(Arc::new);
     let stderr = child.stderr.take().expect("piped");
 
     let pending: Arc<Mutex<Calls>> = Arc::default();
@@ -1012,6 +1035,8 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         stderr_tail: stderr_tail.clone(),
         kill: kill.clone(),
         sweep: Arc::default(),
+        pace: Arc::default(),
+        watch,
     });
     tokio::spawn(sweep(
         spec.id.clone(),
@@ -1184,6 +1209,8 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
         stderr_tail: r.stderr_tail.clone(),
         kill: r.kill.clone(),
         sweep: r.sweep.clone(),
+        pace: r.pace.clone(),
+        watch: r.watch.clone(),
     }))
 }
 

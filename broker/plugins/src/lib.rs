@@ -8,6 +8,7 @@
 //! - [`installed`]: the installed providers' records and their stored configuration.
 //! - [`host`]: one child process per provider, shared by every client: handshake, id
 //!   rewriting, stream routing, cancellation, timeouts, restarts.
+//! - [`pace`]: how soon each plugin answers; a fast one's reply is polled for, not slept on.
 //! - [`launch`]: the launcher each plugin process starts as: its own user, PID and mount
 //!   namespaces (broker state hidden), run from a private copy hashed as it is made.
 //! - [`stream`]: a stream's route to its client, kept (bounded) while no client receives
@@ -23,6 +24,7 @@ pub mod host;
 pub mod install;
 pub mod installed;
 pub mod launch;
+pub mod pace;
 pub mod permissions;
 pub mod plugin;
 pub mod stream;
