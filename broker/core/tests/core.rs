@@ -856,10 +856,46 @@ async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Li
     serde_json::from_str(&line).expect("JSON")
 }
 
+type Duplex = tokio::io::DuplexStream;
+type ClientLines = tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<Duplex>>>;
+
+/// A connection served over an in-memory pipe whose broker side writes through `wrap`: the
+/// serving task, and the client's replies as lines and its write half.
+fn serve_piped<W>(
+    b: &Arc<abx_core::broker::Broker>,
+    wrap: impl FnOnce(tokio::io::WriteHalf<Duplex>) -> W,
+) -> (
+    tokio::task::JoinHandle<abx_core::conn::ConnEnd>,
+    ClientLines,
+    tokio::io::WriteHalf<Duplex>,
+)
+where
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio::io::AsyncBufReadExt;
+    let (client, server) = tokio::io::duplex(PIPE);
+    let (sr, sw) = tokio::io::split(server);
+    let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, wrap(sw)));
+    let (cr, cw) = tokio::io::split(client);
+    (served, tokio::io::BufReader::new(cr).lines(), cw)
+}
+
+/// The client of [`serve_piped`] closes its side; the connection ends.
+async fn hang_up(
+    served: tokio::task::JoinHandle<abx_core::conn::ConnEnd>,
+    lines: ClientLines,
+    mut cw: tokio::io::WriteHalf<Duplex>,
+) {
+    use tokio::io::AsyncWriteExt;
+    cw.shutdown().await.unwrap();
+    drop(lines);
+    let _ = served.await;
+}
+
 /// A client that pipelines (a burst of requests in one write) gets the burst's replies in a
 /// few writes, not one system call per reply: while more of its bytes are already read, the
-/// reader leaves what it answers to the write task, which sends what has queued in one
-/// write. Without that, 200 pings answered inline cost 200 writes and the daemon's pipelined
+/// reader gathers what it answers in the connection's writer and writes it all at the
+/// burst's end. Without that, 100 pings cost 101 writes and the daemon's pipelined
 /// throughput fell to a quarter (docs/performance.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_burst_is_answered_in_a_few_writes() {
@@ -889,23 +925,18 @@ async fn a_pipelined_burst_is_answered_in_a_few_writes() {
             std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
         }
     }
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     const BURST: usize = 100;
     let t = TestProvider::full();
     let (b, _dir) = broker(&t);
-    let (client, server) = tokio::io::duplex(PIPE);
-    let (sr, sw) = tokio::io::split(server);
     let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let sw = Counting {
+    let (served, mut lines, mut cw) = serve_piped(&b, |sw| Counting {
         inner: sw,
         writes: writes.clone(),
-    };
-    let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, sw));
-    let (cr, mut cw) = tokio::io::split(client);
+    });
     let burst = ping_burst(BURST);
     assert!(burst.len() < 8 * 1024, "one read takes the whole burst");
     cw.write_all(&burst).await.unwrap();
-    let mut lines = tokio::io::BufReader::new(cr).lines();
     let mut seen = std::collections::HashSet::new();
     while seen.len() < BURST {
         let v = next_line(&mut lines).await;
@@ -917,9 +948,7 @@ async fn a_pipelined_burst_is_answered_in_a_few_writes() {
         n <= BURST / 10,
         "{BURST} pipelined pings were answered in {n} writes"
     );
-    cw.shutdown().await.unwrap();
-    drop(lines);
-    let _ = served.await;
+    hang_up(served, lines, cw).await;
 }
 
 /// A burst whose last request is cut short (the rest of it not sent yet) is answered up to
@@ -957,14 +986,11 @@ async fn a_burst_cut_short_is_answered_up_to_the_cut() {
 /// task while holding it back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_larger_than_the_budget_is_answered_whole() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     const N: usize = 30_000;
     let t = TestProvider::full();
     let (b, _dir) = broker_with(vec![t.clone() as Arc<dyn Provider>], MIB, None);
-    let (client, server) = tokio::io::duplex(PIPE);
-    let (sr, sw) = tokio::io::split(server);
-    let served = tokio::spawn(abx_core::conn::serve(b.clone(), sr, sw));
-    let (cr, mut cw) = tokio::io::split(client);
+    let (served, mut lines, mut cw) = serve_piped(&b, |sw| sw);
     let writing = tokio::spawn(async move {
         cw.write_all(&ping_burst(N)).await.unwrap();
         cw
@@ -974,15 +1000,11 @@ async fn a_burst_larger_than_the_budget_is_answered_whole() {
         b.pool.available() < MIB / 8
     })
     .await;
-    let mut lines = tokio::io::BufReader::new(cr).lines();
     for i in 0..N {
         let v = next_line(&mut lines).await;
         assert_eq!(v["id"], i, "{v}");
     }
-    let mut cw = writing.await.unwrap();
-    cw.shutdown().await.unwrap();
-    drop(lines);
-    let _ = served.await;
+    hang_up(served, lines, writing.await.unwrap()).await;
 }
 
 // ---- the method table, routing and gating ---------------------------------------------
