@@ -11,6 +11,10 @@
 //! | `decode` | `message::decode`, the request decoder every client frame goes through |
 //! | `manifest` | `manifest::parse` of an `abx-provider.toml` |
 //! | `epp_reply` | what the plugin host does with a plugin's stdout: `abx_protocol::epp` (the host's own line classification and handshake checks) over the host's codec |
+//! | `epp_notification` | the plugin host's handling of one notification line, large ones included (a `@` in the input becomes an array of up to 400,000 zeros): `epp::classify` and `epp::classify_owned` (in place) agree, nothing is built as a tree, a forwarded body keeps its params, a `sandboxInfo` is tagged as a map would be |
+//! | `code_frame` | what the daemon does with a code driver's stdout (`broker/local/src/code/frame.rs`, compiled here as [`code_frame_impl`]): the splitter, the frame envelope, the `code/output` body, the tree-cost estimate |
+//! | `layer` | an image layer or archive tar stream through the daemon's reader and unpacker (`broker/local/src/templates/`, compiled here in [`images`]), applied into a temp root |
+//! | `image_json` | the JSON of images (OCI index and manifest, image config, `docker save` manifest) through the daemon's typed, capped parsers ([`images`]) |
 //!
 //! The first input byte of the codec targets picks the size limit and how the stream is cut
 //! into reads, so one corpus entry covers every split of its bytes the fuzzer cares to try.
@@ -24,7 +28,15 @@ use serde_json::Value;
 use std::collections::HashMap;
 use tokio_util::codec::{Decoder, Encoder};
 
+pub mod images;
 pub mod smoke;
+
+pub use images::{image_json, layer};
+
+/// The daemon's own code for a code driver's frames (`broker/local/src/code/frame.rs`: std,
+/// serde, serde_json and abx-protocol only), compiled into this crate as it is.
+#[path = "../../broker/local/src/code/frame.rs"]
+pub mod code_frame_impl;
 
 /// A target: takes any bytes, panics on a failed property.
 pub type Target = fn(&[u8]);
@@ -36,6 +48,10 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("decode", decode),
     ("manifest", manifest),
     ("epp_reply", epp_reply),
+    ("epp_notification", epp_notification),
+    ("code_frame", code_frame),
+    ("layer", layer),
+    ("image_json", image_json),
 ];
 
 /// The codec's longest header block (private in `codec.rs`; a buffer may hold this much).
@@ -467,8 +483,356 @@ pub fn epp_reply(data: &[u8]) {
                 assert!(!sandbox.is_empty() && !sandbox.contains(':'));
                 assert!(epp::SANDBOX_CHANGES.contains(&change.as_str()));
             }
-            PluginLine::Ignore { .. } => {}
+            PluginLine::Ignore { .. } | PluginLine::Dropped { .. } => {}
             PluginLine::Fatal(_) => return,
         }
+    }
+}
+
+/// One line of a plugin's stdout as the host handles a notification (`read_loop` in
+/// `broker/plugins/src/host.rs`: `epp::classify` of a short line, `epp::classify_owned` of a
+/// long one). The first byte picks how the rest becomes a line: as it is, or as the params of
+/// a notification whose method it picks; every `@` in the input is replaced by a JSON array of
+/// zeros whose length it picks too (up to 400,000: lines of megabytes from small seeds).
+/// Checks: no panic; the borrowed and the in-place readings agree; a stream notification is
+/// passed on as a valid notification of the same method with its params as they came, or
+/// dropped when larger than a stream takes; a log message is redacted and cut to its bound; a
+/// `sandboxInfo` is an object, and tagged with the provider reads as the map with `provider`
+/// set; the tree-cost estimate of what it carries is not below its text.
+pub fn epp_notification(data: &[u8]) {
+    let Some((&sel, input)) = data.split_first() else {
+        return;
+    };
+    let zeros: usize = match sel >> 5 {
+        7 => 400_000,
+        5 | 6 => 20_000,
+        3 | 4 => 1000,
+        1 | 2 => 3,
+        _ => 0,
+    };
+    let array = if zeros == 0 {
+        b"[]".to_vec()
+    } else {
+        let mut a = b"[".to_vec();
+        a.extend(std::iter::repeat_n(&b"0,"[..], zeros - 1).flatten());
+        a.extend_from_slice(b"0]");
+        a
+    };
+    let mut body = Vec::with_capacity(input.len());
+    for &b in input {
+        if b == b'@' {
+            body.extend_from_slice(&array);
+        } else {
+            body.push(b);
+        }
+    }
+    let methods = [
+        None,
+        Some("exec/output"),
+        Some("exec/exit"),
+        Some("files/changed"),
+        Some("log"),
+        Some("sandbox/changed"),
+        Some("x/unknown"),
+        Some("files/progress"),
+    ];
+    let line = match methods[usize::from(sel & 7)] {
+        None => body,
+        Some(m) => {
+            let mut l = format!(r#"{{"jsonrpc":"2.0","method":"{m}","params":"#).into_bytes();
+            l.extend_from_slice(&body);
+            l.push(b'}');
+            l
+        }
+    };
+    let secrets = vec!["s3cret".to_owned()];
+    let borrowed = epp::classify(&line, "fuzz", &secrets);
+    let owned = epp::classify_owned(line.clone(), "fuzz", &secrets);
+    let params = match message::decode(&line) {
+        Incoming::Single(Ok(Message::Notification(n))) => n.params,
+        _ => None,
+    };
+    match (&borrowed, &owned) {
+        (
+            PluginLine::Stream { key, end, body },
+            PluginLine::Stream {
+                key: k2,
+                end: e2,
+                body: b2,
+            },
+        ) => {
+            assert_eq!((key, end, body), (k2, e2, b2), "in place and borrowed differ");
+            match message::decode_one(body) {
+                Ok(Message::Notification(n)) => {
+                    assert_eq!(
+                        n.params.as_deref().map_or("null", |p| p.get()),
+                        params.as_deref().map_or("null", |p| p.get()),
+                        "a forwarded notification changed its params"
+                    );
+                    assert!(body.len() <= epp::STREAM_NOTIFICATION_MAX + 64 + n.method.len());
+                }
+                other => panic!("a forwarded body is not a notification: {other:?}"),
+            }
+        }
+        (PluginLine::Dropped { bytes, .. }, PluginLine::Dropped { bytes: b2, .. }) => {
+            assert_eq!(bytes, b2);
+            assert!(*bytes > epp::STREAM_NOTIFICATION_MAX);
+        }
+        (
+            PluginLine::Log { level, message },
+            PluginLine::Log {
+                level: l2,
+                message: m2,
+            },
+        ) => {
+            assert_eq!((level, message), (l2, m2));
+            assert!(!message.contains("s3cret"), "a secret reached a log");
+            assert!(level.len() <= 64);
+            assert!(message.len() <= epp::LOG_MESSAGE_MAX + 32, "{}", message.len());
+        }
+        (
+            PluginLine::SandboxChanged {
+                sandbox,
+                change,
+                info,
+            },
+            PluginLine::SandboxChanged {
+                sandbox: s2,
+                change: c2,
+                info: i2,
+            },
+        ) => {
+            assert_eq!((sandbox, change), (s2, c2));
+            assert_eq!(
+                info.as_deref().map(|i| i.get()),
+                i2.as_deref().map(|i| i.get()),
+                "in place and borrowed differ"
+            );
+            assert!(!sandbox.is_empty() && sandbox.len() <= epp::SANDBOX_ID_MAX);
+            if let Some(info) = info {
+                let text = info.get();
+                assert!(text.starts_with('{'));
+                let mut tagged = Vec::new();
+                message::write_object_with(&mut tagged, text, "provider", "\"fuzz\"")
+                    .expect("an object is tagged");
+                // As a map would read it (only when the tree is small).
+                if message::value_cost(text).is_ok_and(|c| c < 1 << 20) {
+                    let mut want: Value = serde_json::from_str(text).expect("JSON");
+                    want["provider"] = Value::from("fuzz");
+                    let got: Value = serde_json::from_slice(&tagged).expect("tagged is JSON");
+                    assert_eq!(got, want, "tagging changed the info");
+                }
+            }
+        }
+        (PluginLine::Ignore { method }, PluginLine::Ignore { method: m2 }) => {
+            assert_eq!(method, m2)
+        }
+        (PluginLine::Fatal(_), PluginLine::Fatal(_))
+        | (PluginLine::Request { .. }, PluginLine::Request { .. })
+        | (PluginLine::Reply { .. }, PluginLine::Reply { .. }) => {}
+        (a, b) => panic!("in place and borrowed differ: {a:?} / {b:?}"),
+    }
+    // What a notification carries costs at least its text as a tree.
+    if let Some(p) = params {
+        if let Ok(cost) = message::value_cost(p.get()) {
+            let strings: usize = p.get().matches('"').count() / 2;
+            assert!(cost + 2 * strings + 64 >= p.get().len() / 4, "cost {cost} of {}", p.get().len());
+        }
+    }
+}
+
+/// Count the values of a JSON tree (for the `code_frame` cost check).
+fn nodes(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(nodes).sum::<usize>(),
+        Value::Object(o) => 1 + o.values().map(nodes).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+/// A code driver's stdout as the daemon reads it (`broker/local/src/code/frame.rs`): split
+/// into raw bytes and frames behind a marker, in reads cut as the selector byte says, with a
+/// frame size limit it picks too; every frame read as the daemon reads it and passed on as
+/// its `code/output` body. Checks: the splitter never holds more than one frame within its
+/// limit; no frame over the limit is passed on; the pieces account for every input byte in
+/// order; the stream cut into reads gives the same pieces as whole; a text is decoded as
+/// serde_json decodes it (lone surrogates as U+FFFD); a result's body is a valid
+/// notification carrying the bundle as it came, within the size counted for it; the tree
+/// cost estimate is above the bytes and the values of the tree.
+pub fn code_frame(data: &[u8]) {
+    use code_frame_impl as cf;
+    let Some((&sel, input)) = data.split_first() else {
+        return;
+    };
+    let (max, cuts) = shape(sel);
+    let mark: &[u8] = if sel & 0x80 == 0 { b"\x1fNN" } else { b"\x1f" };
+    let run = |cuts: &[usize]| {
+        let mut sp = cf::Splitter::new(mark, max);
+        let mut pieces = Vec::new();
+        let mut pos = 0;
+        let mut cut = 0;
+        while pos < input.len() {
+            let n = cuts[cut % cuts.len()].max(1).min(input.len() - pos);
+            cut += 1;
+            pieces.extend(sp.push(&input[pos..pos + n], false));
+            pos += n;
+            assert!(
+                sp.buf.len() <= max + mark.len(),
+                "the splitter holds {} bytes (limit {max})",
+                sp.buf.len()
+            );
+        }
+        pieces.extend(sp.take(true));
+        assert!(sp.buf.is_empty(), "bytes left at the end");
+        pieces
+    };
+    // Adjacent raw pieces merged (a raw run may come in several reads).
+    let merged = |pieces: Vec<cf::Piece>| {
+        let mut out: Vec<cf::Piece> = Vec::new();
+        for p in pieces {
+            match (out.last_mut(), p) {
+                (Some(cf::Piece::Raw(a)), cf::Piece::Raw(b)) => a.extend_from_slice(&b),
+                (_, p) => out.push(p),
+            }
+        }
+        out
+    };
+    let whole = merged(run(&[usize::MAX]));
+    let cut = merged(run(&cuts));
+    assert_eq!(
+        whole, cut,
+        "cutting the stream into reads changed the pieces"
+    );
+    // Every input byte accounted for, in order.
+    let mut pos = 0;
+    for p in &whole {
+        match p {
+            cf::Piece::Raw(b) => {
+                assert!(!b.is_empty());
+                assert_eq!(&input[pos..pos + b.len()], &b[..]);
+                pos += b.len();
+            }
+            cf::Piece::Frame(f) => {
+                assert!(
+                    f.len() <= max,
+                    "a frame of {} over the limit {max}",
+                    f.len()
+                );
+                assert_eq!(&input[pos..pos + mark.len()], mark);
+                pos += mark.len();
+                assert_eq!(&input[pos..pos + f.len()], &f[..]);
+                pos += f.len();
+                assert_eq!(input[pos], b'\n');
+                pos += 1;
+            }
+            cf::Piece::Dropped(d) => {
+                assert_eq!(&input[pos..pos + mark.len()], mark);
+                pos += mark.len() + d.bytes;
+                if d.closed {
+                    assert_eq!(input[pos], b'\n');
+                    pos += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(pos, input.len(), "pieces account for every byte");
+    for p in whole {
+        if let cf::Piece::Frame(mut f) = p {
+            // As the daemon does: lone surrogates mended first (the length stays).
+            let len = f.len();
+            cf::mend(&mut f);
+            assert_eq!(f.len(), len);
+            code_frame_event(&f);
+        }
+    }
+}
+
+/// One frame as the daemon reads and passes it on.
+fn code_frame_event(f: &[u8]) {
+    use code_frame_impl as cf;
+    let Some(ev) = cf::parse(f) else {
+        return;
+    };
+    fn out<'a>(
+        kind: &'a str,
+        text: Option<&'a str>,
+        result: Option<&'a serde_json::value::RawValue>,
+    ) -> code_frame_impl::Output<'a> {
+        code_frame_impl::Output {
+            sandbox: "sb",
+            context: "ctx",
+            run_id: Some("run"),
+            kind,
+            text,
+            result,
+            error: None,
+        }
+    }
+    let checked = |o: &cf::Output<'_>| -> Value {
+        let body = cf::output_body(o);
+        assert!(
+            body.len() <= o.size(),
+            "a body of {} over the {} counted",
+            body.len(),
+            o.size()
+        );
+        match message::decode_one(&body) {
+            Ok(Message::Notification(n)) => {
+                assert_eq!(n.method, "code/output");
+                // Params with a number past f64 (a bundle's, as it came) make no tree here.
+                serde_json::from_str(n.params.expect("params").get()).unwrap_or(Value::Null)
+            }
+            other => panic!("not a notification: {other:?}"),
+        }
+    };
+    match ev {
+        cf::Event::Text { text, .. } => {
+            // serde_json's own decoding, where it has one (not for lone surrogates).
+            if let Ok(v) = serde_json::from_slice::<Value>(f) {
+                if let Some(d) = v.get("d").and_then(Value::as_str) {
+                    assert_eq!(d, text, "decoded differently");
+                }
+            }
+            let p = checked(&out("stdout", Some(&text), None));
+            assert_eq!(p["text"], Value::String(text.into_owned()));
+        }
+        cf::Event::Result(bundle) => {
+            let json = bundle.get();
+            assert!(json.starts_with('{'), "a bundle is an object: {json}");
+            let cost = cf::tree_cost(json);
+            assert!(cost >= json.len());
+            let p = checked(&out("result", None, Some(bundle)));
+            // A tree where serde_json makes one (not of numbers past f64, which JSON allows
+            // and the daemon then passes on as they came, keeping only a marker in a reply).
+            if let Ok(tree) = serde_json::from_str::<Value>(json) {
+                assert!(cost >= 32 * nodes(&tree), "cost {cost} under the tree");
+                if let (Some(plain), Some(s)) =
+                    (cf::plain_text(bundle), tree["text/plain"].as_str())
+                {
+                    assert_eq!(plain, s);
+                }
+                assert!(same_json(&p["result"], &tree), "the bundle changed");
+            }
+        }
+        cf::Event::Error {
+            name,
+            value,
+            traceback,
+        } => {
+            let o = cf::Output {
+                error: Some(cf::OutError {
+                    name: &name,
+                    value: &value,
+                    traceback: &traceback,
+                }),
+                ..out("error", None, None)
+            };
+            let p = checked(&o);
+            assert_eq!(
+                p["error"]["traceback"],
+                Value::String(traceback.into_owned())
+            );
+        }
+        cf::Event::Done(_) | cf::Event::Ready | cf::Event::Other => {}
     }
 }

@@ -59,3 +59,23 @@ fn manifest() {
 fn epp_reply() {
     smoke("epp_reply");
 }
+
+#[test]
+fn epp_notification() {
+    smoke("epp_notification");
+}
+
+#[test]
+fn code_frame() {
+    smoke("code_frame");
+}
+
+#[test]
+fn layer() {
+    smoke("layer");
+}
+
+#[test]
+fn image_json() {
+    smoke("image_json");
+}

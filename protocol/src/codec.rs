@@ -1,4 +1,4 @@
-//! The two framings of the wire (DESIGN §3) as one tokio-util codec.
+//! The two framings of the wire (docs/design.md#wire) as one tokio-util codec.
 //!
 //! The framing is detected from the first non-blank byte of a connection: `{` or `[` means
 //! newline-delimited JSON, `C`/`c` means LSP `Content-Length:` headers; anything else is
@@ -9,12 +9,18 @@
 //! [`Frame::TooLarge`] at once and then discards the rest of that message (to the next
 //! newline, or the declared Content-Length), so the connection stays usable. A header block
 //! that cannot be parsed loses the framing: that is an `Err`, and the caller closes.
+//!
+//! The decoder never grows the buffer itself (a declared `Content-Length` allocates
+//! nothing): whoever reads into it decides how much it may hold. [`FrameCodec::partial`]
+//! tells that reader what the message in progress needs (its declared size, or unknown
+//! until a line ends), so it can count those bytes in a budget before it reads them
+//! (`abx_core::conn`: issue 42).
 
 use bytes::{Buf, BytesMut};
 use std::io;
 use tokio_util::codec::{Decoder, Encoder};
 
-/// 64 MiB, the default limit of one message (DESIGN §3).
+/// 64 MiB, the default limit of one message (docs/design.md#wire).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 
 /// Longest header block accepted in Content-Length framing.
@@ -54,6 +60,21 @@ impl Framing {
             }
         }
     }
+}
+
+/// What the decoder knows of the message it is in the middle of (see
+/// [`FrameCodec::partial`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Partial {
+    /// Between messages, or throwing a too-large one away: the buffer needs to hold nothing
+    /// beyond what a read brings.
+    Nothing,
+    /// A line whose end has not come, or a header block (at most 8 KiB): its size is not
+    /// known until it ends.
+    Unknown,
+    /// A `Content-Length` body of this many bytes (within the limit), of which the buffer
+    /// holds the start.
+    Body(usize),
 }
 
 /// What the decoder yields.
@@ -131,6 +152,17 @@ impl FrameCodec {
     /// The message size limit.
     pub fn max(&self) -> usize {
         self.max
+    }
+
+    /// What the message in progress needs the buffer to hold (after [`Decoder::decode`]
+    /// returned `None`): nothing more, an unknown amount (a line, a header block), or a body
+    /// of a known size.
+    pub fn partial(&self) -> Partial {
+        match self.state {
+            State::Detect | State::LineDiscard | State::BodyDiscard { .. } => Partial::Nothing,
+            State::Line { .. } | State::Headers => Partial::Unknown,
+            State::Body { len } => Partial::Body(len),
+        }
     }
 
     fn parse_headers(&self, block: &[u8]) -> io::Result<usize> {
@@ -259,8 +291,9 @@ impl Decoder for FrameCodec {
                     }
                 }
                 State::Body { len } => {
+                    // Not reserved here: the reader grows the buffer, once it has counted
+                    // what the body will hold (a declared length alone allocates nothing).
                     if buf.len() < len {
-                        buf.reserve(len - buf.len());
                         return Ok(None);
                     }
                     let body = buf.split_to(len);
@@ -421,6 +454,33 @@ mod tests {
         let mut buf = BytesMut::from(&b"Content-Length: 10\r\n\r\n{\"a\""[..]);
         assert_eq!(c.decode(&mut buf).unwrap(), None);
         assert!(c.decode_eof(&mut buf).is_err());
+    }
+
+    /// What the message in progress needs is known before it is read: a body's declared
+    /// size (nothing allocated for it), or unknown until a line ends.
+    #[test]
+    fn the_message_in_progress_says_what_it_needs() {
+        let mut c = FrameCodec::new(1 << 20);
+        let mut buf = BytesMut::from(&b"Content-Length: 900000\r\n\r\n{\"a\""[..]);
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        assert_eq!(c.partial(), Partial::Body(900_000));
+        assert!(
+            buf.capacity() < 900_000,
+            "a declared length allocates nothing"
+        );
+        let mut c = FrameCodec::new(1 << 20);
+        let mut buf = BytesMut::from(&b"{\"a\":"[..]);
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        assert_eq!(c.partial(), Partial::Unknown);
+        let mut c = FrameCodec::new(4);
+        let mut buf = BytesMut::from(&b"Content-Length: 9\r\n\r\n{"[..]);
+        assert!(matches!(
+            c.decode(&mut buf).unwrap(),
+            Some(Frame::TooLarge { .. })
+        ));
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        assert_eq!(c.partial(), Partial::Nothing);
+        assert_eq!(FrameCodec::new(4).partial(), Partial::Nothing);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Every error the broker can return: one enum of E-codes (DESIGN §14).
+//! Every error the broker can return: one enum of E-codes (docs/design.md#errors).
 //!
 //! Each code has a number (`E2009`), the JSON-RPC `error.code` it travels as (the standard
 //! code for wire errors, the E-number for broker errors), a message template with `{name}`
@@ -103,7 +103,7 @@ error_codes! {
         "The broker serves only the user who owns it.";
     /// A daemon already owns the socket.
     BrokerAlreadyRunning = 1012, rpc 1012, exit 1,
-        "An abx broker is already running (pid {pid}).",
+        "An abx broker is already running (pid {pid}, socket {socket}).",
         "Use it, or stop it first with 'abx broker stop'.";
     /// The request was valid but the broker is busy with too much at once.
     Busy = 1013, rpc 1013, exit 1,

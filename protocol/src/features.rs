@@ -1,4 +1,5 @@
-//! Feature names (DESIGN §5), the feature each method needs, and their grouped display.
+//! Feature names (docs/design.md#features), the feature each method needs (from
+//! [`crate::catalogue`]), and their grouped display.
 
 /// Every feature a provider may declare.
 pub const ALL: &[&str] = &[
@@ -27,85 +28,26 @@ pub fn is_known(f: &str) -> bool {
     ALL.contains(&f)
 }
 
-/// The feature a provider method needs (`None` for methods the broker serves itself).
-/// `has_pty` is whether the params ask for a pty (`exec/start` with `pty`).
+/// The features that gate no method of their own: how a method is served (`files.transfer`:
+/// a provider's native upload and download) or options of other methods (`ports.domain`,
+/// `storage.mount`, `network.vpc`), docs/design.md#features.
+pub const NOT_GATING: &[&str] = &[
+    "files.transfer",
+    "ports.domain",
+    "storage.mount",
+    "network.vpc",
+];
+
+/// The feature a provider method needs (`None` for methods the broker serves itself), from
+/// the catalogue ([`crate::catalogue`]). `has_pty` is whether the params ask for a pty
+/// (`exec/start` with `pty`).
 pub fn for_method(method: &str, has_pty: bool) -> Option<&'static str> {
-    Some(match method {
-        "sandbox/create"
-        | "sandbox/info"
-        | "sandbox/list"
-        | "sandbox/kill"
-        | "sandbox/capabilities"
-        | "sandbox/systemInfo" => "sandbox.lifecycle",
-        "sandbox/setTimeout" => "sandbox.timeout",
-        "sandbox/pause" | "sandbox/resume" => "sandbox.pause",
-        "sandbox/connect" => "sessions",
-        "exec/run" => "exec.run",
-        "exec/start" if has_pty => "pty",
-        "exec/start" | "exec/write" | "exec/kill" | "exec/attach" => "exec.stream",
-        "exec/resize" => "pty",
-        "process/list" | "process/kill" => "process.manage",
-        "files/read" | "files/write" | "files/list" | "files/stat" | "files/mkdir"
-        | "files/remove" | "files/rename" | "files/upload" | "files/download" => "files.rw",
-        "files/watch" | "files/unwatch" => "files.watch",
-        "ports/url" => "ports.url",
-        "code/run"
-        | "code/createContext"
-        | "code/listContexts"
-        | "code/restartContext"
-        | "code/removeContext" => "code.interpret",
-        "commands/run" | "templates/list" | "templates/init" | "templates/pull"
-        | "templates/remove" | "templates/import" => "templates.read",
-        "templates/build" => "templates.build",
-        _ => return None,
-    })
+    crate::catalogue::method(method)?.feature_for(has_pty)
 }
 
-/// The provider methods of the broker API (routed to a provider after gating).
-pub const PROVIDER_METHODS: &[&str] = &[
-    "sandbox/create",
-    "sandbox/info",
-    "sandbox/connect",
-    "sandbox/list",
-    "sandbox/kill",
-    "sandbox/setTimeout",
-    "sandbox/pause",
-    "sandbox/resume",
-    "sandbox/capabilities",
-    "sandbox/systemInfo",
-    "exec/run",
-    "exec/start",
-    "exec/write",
-    "exec/resize",
-    "exec/kill",
-    "exec/attach",
-    "process/list",
-    "process/kill",
-    "files/read",
-    "files/write",
-    "files/list",
-    "files/stat",
-    "files/mkdir",
-    "files/remove",
-    "files/rename",
-    "files/upload",
-    "files/download",
-    "files/watch",
-    "files/unwatch",
-    "ports/url",
-    "code/run",
-    "code/createContext",
-    "code/listContexts",
-    "code/restartContext",
-    "code/removeContext",
-    "commands/run",
-    "templates/list",
-    "templates/init",
-    "templates/build",
-    "templates/pull",
-    "templates/remove",
-    "templates/import",
-];
+/// The provider methods of the broker API (routed to a provider after gating), in the
+/// catalogue's order ([`crate::catalogue::ROUTED`]).
+pub const PROVIDER_METHODS: &[&str] = crate::catalogue::ROUTED;
 
 /// Group dotted features for display: `sandbox(lifecycle,timeout) exec(run) pty`.
 pub fn grouped(features: &[String]) -> String {

@@ -7,15 +7,19 @@
 //! - [`error`]: one enum of every E-code, each with its message template, default
 //!   suggestion and CLI exit code, and the wire error object built from it.
 //! - [`limits`]: the bounds on what one client can make the daemon hold.
-//! - [`api`]: method names and the param/result types of every method, shared by the
-//!   broker (which deserializes into them), the CLI, the MCP tools and `openrpc`.
-//! - `openrpc` (feature `schema`): `docs/openrpc.json`, generated from [`api`].
+//! - [`api`]: the param/result types of every method, shared by the broker (which
+//!   deserializes into them), the CLI, the MCP tools and `openrpc`.
+//! - [`catalogue`]: the one list of methods (name, who serves it, feature, params and result
+//!   types, errors, notifications); every other method list is derived from it.
+//! - `openrpc` (feature `schema`): `docs/openrpc.json`, generated from [`catalogue`] and
+//!   [`api`].
 //!
 //! **Architecture invariant:** nothing here does I/O. The broker and the CLI wrap these
 //! types in their own tokio plumbing.
 
 pub mod api;
 pub mod b64;
+pub mod catalogue;
 pub mod codec;
 pub mod epp;
 pub mod error;

@@ -1,4 +1,4 @@
-//! `abx-provider.toml`: the manifest at the root of every provider plugin (DESIGN §6).
+//! `abx-provider.toml`: the manifest at the root of every provider plugin (docs/design.md#providers).
 //!
 //! ```toml
 //! schema = 1

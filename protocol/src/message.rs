@@ -161,6 +161,28 @@ pub fn decode_limited(frame: &[u8], max_batch: usize) -> Result<Incoming, usize>
     }
 }
 
+/// The number of elements of a batch (a JSON array), counted without decoding any.
+pub fn batch_len(frame: &[u8]) -> Result<usize, serde_json::Error> {
+    struct Count;
+    impl<'de> serde::de::Visitor<'de> for Count {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON-RPC batch (an array)")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+            let mut n = 0;
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(n)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(frame);
+    let n = serde::Deserializer::deserialize_seq(&mut de, Count)?;
+    de.end()?;
+    Ok(n)
+}
+
 /// A batch's elements, up to `max`; past it only counted (`Err(count)`).
 struct Capped {
     max: usize,
@@ -199,6 +221,104 @@ fn parse_error(e: &serde_json::Error) -> Invalid {
 
 /// Decode a single message (not a batch).
 pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
+    parse_one(raw).map(|p| p.into_message(|params| params.to_owned()))
+}
+
+/// Params at least this long are cut out of an owned frame in place ([`decode_owned`]), not
+/// copied.
+pub const IN_PLACE: usize = 64 * 1024;
+
+/// [`decode_limited`] of a frame the caller owns: a single message whose params (or result)
+/// are [`IN_PLACE`] bytes or more gets them cut out of the frame's own buffer (the bytes
+/// before and after them dropped, the buffer kept), so a large message is held once, never
+/// twice: what was counted for the frame covers its params. A batch (and smaller params) is
+/// decoded as [`decode_limited`] does, copying.
+pub fn decode_owned(frame: Vec<u8>, max_batch: usize) -> Result<Incoming, usize> {
+    if first_byte(&frame) == Some(b'[') {
+        return decode_limited(&frame, max_batch);
+    }
+    let base = frame.as_ptr() as usize;
+    let mut at = None;
+    let msg = parse_one(&frame).map(|p| {
+        p.into_message(|params| {
+            let text = params.get();
+            if text.len() < IN_PLACE {
+                return params.to_owned();
+            }
+            at = Some((text.as_ptr() as usize - base, text.len()));
+            // A placeholder, replaced below once the frame is no longer borrowed.
+            RawValue::from_string("null".to_owned()).expect("valid JSON")
+        })
+    });
+    let mut msg = match msg {
+        Ok(m) => m,
+        Err(e) => return Ok(Incoming::Single(Err(e))),
+    };
+    let Some((start, len)) = at else {
+        return Ok(Incoming::Single(Ok(msg)));
+    };
+    let params = raw_in_place(frame, start, len);
+    let Some(params) = params else {
+        let id = match &msg {
+            Message::Request(r) => Some(r.id.clone()),
+            Message::Response(r) => r.id.clone(),
+            Message::Notification(_) => None,
+        };
+        return Ok(Incoming::Single(Err(invalid(id, "not JSON"))));
+    };
+    match &mut msg {
+        Message::Request(Request { params: p, .. })
+        | Message::Notification(Notification { params: p, .. }) => *p = Some(params),
+        Message::Response(Response { outcome, .. }) => *outcome = Ok(params),
+    }
+    Ok(Incoming::Single(Ok(msg)))
+}
+
+/// The JSON value `buf[start..start + len]` (text `serde_json` checked: UTF-8, one value) as
+/// a `RawValue` made of `buf` itself: what is before and after it dropped, the buffer shrunk in
+/// place, no byte copied into a second buffer. `None` when that text is not a JSON value.
+pub fn raw_in_place(buf: Vec<u8>, start: usize, len: usize) -> Option<Box<RawValue>> {
+    let end = start.checked_add(len).filter(|e| *e <= buf.len())?;
+    let mut text = buf;
+    text.truncate(end);
+    text.drain(..start);
+    let text = String::from_utf8(text).ok()?;
+    RawValue::from_string(text).ok()
+}
+
+/// One message as read from its frame, its params still borrowed.
+enum Parsed<'a> {
+    Call {
+        id: Option<Id>,
+        method: String,
+        params: Option<&'a RawValue>,
+    },
+    Response {
+        id: Option<Id>,
+        outcome: Result<&'a RawValue, RpcError>,
+    },
+}
+
+impl<'a> Parsed<'a> {
+    /// The message, its params (or result) made owned by `own`.
+    fn into_message(self, own: impl FnOnce(&'a RawValue) -> Box<RawValue>) -> Message {
+        match self {
+            Parsed::Call { id, method, params } => {
+                let params = params.map(own);
+                match id {
+                    Some(id) => Message::Request(Request { id, method, params }),
+                    None => Message::Notification(Notification { method, params }),
+                }
+            }
+            Parsed::Response { id, outcome } => Message::Response(Response {
+                id,
+                outcome: outcome.map(own),
+            }),
+        }
+    }
+}
+
+fn parse_one(raw: &[u8]) -> Result<Parsed<'_>, Invalid> {
     if first_byte(raw) != Some(b'{') {
         // Valid JSON that is not an object is an invalid request; anything else a parse error.
         return match serde_json::from_slice::<serde::de::IgnoredAny>(raw) {
@@ -254,9 +374,7 @@ pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
         let params = match f.params {
             None => None,
             Some(p) if p.get() == "null" => None,
-            Some(p) if matches!(first_byte(p.get().as_bytes()), Some(b'{' | b'[')) => {
-                Some(p.to_owned())
-            }
+            Some(p) if matches!(first_byte(p.get().as_bytes()), Some(b'{' | b'[')) => Some(p),
             Some(_) => return Err(invalid(id, "params must be an object or an array")),
         };
         if null_id {
@@ -265,26 +383,327 @@ pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
                 "a request id must be an integer or a string, not null",
             ));
         }
-        return Ok(match id {
-            Some(id) => Message::Request(Request { id, method, params }),
-            None => Message::Notification(Notification { method, params }),
-        });
+        return Ok(Parsed::Call { id, method, params });
     }
     match (f.result, f.error) {
-        (Some(r), None) => Ok(Message::Response(Response {
-            id,
-            outcome: Ok(r.to_owned()),
-        })),
+        (Some(r), None) => Ok(Parsed::Response { id, outcome: Ok(r) }),
         (None, Some(e)) => match serde_json::from_str::<RpcError>(e.get()) {
-            Ok(err) => Ok(Message::Response(Response {
+            Ok(err) => Ok(Parsed::Response {
                 id,
                 outcome: Err(err),
-            })),
+            }),
             Err(_) => Err(invalid(id, "error must be {code, message, data?}")),
         },
         (Some(_), Some(_)) => Err(invalid(id, "a response has result or error, not both")),
         (None, None) => Err(invalid(id, "missing \"method\"")),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a `serde_json::Value` of untrusted text would cost, before it is built
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes of one `serde_json::Value` (its slot in an array, a map or a box).
+const VALUE_SLOT: usize = std::mem::size_of::<serde_json::Value>();
+/// What the allocator adds to each allocation (its header, and rounding).
+const ALLOC: usize = 32;
+/// What one member of a map costs beside its key's and its value's heap: its key's `String`
+/// and its value's slot in a B-tree node, with the nodes' slack (about half full).
+const MAP_ENTRY: usize = 2 * (std::mem::size_of::<String>() + VALUE_SLOT) + 16;
+
+/// The heap a `serde_json::Value` parsed from `text` would take (an upper estimate: arrays
+/// with their growth's slack, maps' nodes half full, every allocation's header), counted by
+/// a streaming pass that allocates nothing and stops at the first error. A Value tree takes
+/// 10 to 40 times its text (a `0,` is a 32-byte slot, and up to 64 with the array's growth):
+/// whoever builds one from untrusted text counts it first (issue 42).
+pub fn value_cost(text: &str) -> Result<usize, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let cost = serde::de::DeserializeSeed::deserialize(CostSeed, &mut de)?;
+    de.end()?;
+    Ok(cost)
+}
+
+/// The cost of one value (its own heap, not its slot).
+struct CostSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for CostSeed {
+    type Value = usize;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
+        d.deserialize_any(CostVisitor)
+    }
+}
+
+struct CostVisitor;
+
+fn string_cost(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        len + ALLOC
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for CostVisitor {
+    type Value = usize;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_unit<E>(self) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_str<E>(self, s: &str) -> Result<usize, E> {
+        Ok(string_cost(s.len()))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+        let (mut n, mut heap) = (0usize, 0usize);
+        while let Some(c) = seq.next_element_seed(CostSeed)? {
+            n += 1;
+            heap = heap.saturating_add(c);
+        }
+        // A vector grown by doubling holds up to twice its elements.
+        let slots = if n == 0 {
+            0
+        } else {
+            2 * n * VALUE_SLOT + ALLOC
+        };
+        Ok(heap.saturating_add(slots))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+        let mut total = 0usize;
+        while let Some(key) = map.next_key::<KeyLen>()? {
+            let v = map.next_value_seed(CostSeed)?;
+            total = total
+                .saturating_add(MAP_ENTRY + string_cost(key.0))
+                .saturating_add(v);
+        }
+        Ok(total)
+    }
+}
+
+/// A JSON string, borrowed from the text when it has no escapes.
+pub struct BorrowedStr<'a>(pub std::borrow::Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for BorrowedStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = BorrowedStr<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(std::borrow::Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(std::borrow::Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A map key's length (its text is not kept).
+struct KeyLen(usize);
+
+impl<'de> Deserialize<'de> for KeyLen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = KeyLen;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E>(self, s: &str) -> Result<KeyLen, E> {
+                Ok(KeyLen(s.len()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A JSON string value (its raw text, quotes included, as `serde_json` checked it) made a
+/// `String` inside the buffer that holds it: `buf[start..start + len]` is the string's raw
+/// text; its escapes are decoded in place (every escape is longer than what it stands for),
+/// and what is before and after is dropped. No byte is copied into a second buffer, so a
+/// 60 MB `data` member becomes the `Value` a provider gets without being held twice. `None`
+/// when the text is not such a string (or escapes a lone surrogate, which `serde_json`
+/// refuses too).
+pub fn string_in_place(mut buf: Vec<u8>, start: usize, len: usize) -> Option<String> {
+    let end = start.checked_add(len)?;
+    if len < 2 || end > buf.len() || buf[start] != b'"' || buf[end - 1] != b'"' {
+        return None;
+    }
+    let (from, to) = (start + 1, end - 1);
+    let mut w = from;
+    let mut r = from;
+    while r < to {
+        let b = buf[r];
+        if b != b'\\' {
+            if b == b'"' || b < 0x20 {
+                return None;
+            }
+            buf[w] = b;
+            w += 1;
+            r += 1;
+            continue;
+        }
+        let esc = *buf.get(r + 1).filter(|_| r + 1 < to)?;
+        r += 2;
+        let c = match esc {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let hi = hex4(buf.get(r..r + 4).filter(|_| r + 4 <= to)?)?;
+                r += 4;
+                let code = match hi {
+                    0xD800..=0xDBFF => {
+                        if buf.get(r..r + 2) != Some(b"\\u") || r + 6 > to {
+                            return None;
+                        }
+                        let lo = hex4(&buf[r + 2..r + 6])?;
+                        if !(0xDC00..=0xDFFF).contains(&lo) {
+                            return None;
+                        }
+                        r += 6;
+                        0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                    }
+                    0xDC00..=0xDFFF => return None,
+                    c => c,
+                };
+                char::from_u32(code)?
+            }
+            _ => return None,
+        };
+        let mut utf8 = [0u8; 4];
+        let enc = c.encode_utf8(&mut utf8).as_bytes();
+        // An escape is at least two bytes for one, six for up to three, twelve for four:
+        // what is written never passes what was read.
+        buf[w..w + enc.len()].copy_from_slice(enc);
+        w += enc.len();
+    }
+    buf.truncate(w);
+    buf.drain(..from);
+    String::from_utf8(buf).ok()
+}
+
+/// `text` parsed into a `Value` when that tree would take at most `max` bytes
+/// ([`value_cost`]); `None` when it would take more, or is not JSON. For control replies
+/// (a handshake, an `exec/start` result) read from a plugin: a bounded streaming pass first,
+/// the tree only when it is small.
+pub fn bounded_value(text: &str, max: usize) -> Option<serde_json::Value> {
+    match value_cost(text) {
+        Ok(cost) if cost <= max => serde_json::from_str(text).ok(),
+        _ => None,
+    }
+}
+
+/// What a JSON string value says (`raw`: its text, quotes included), at most `max` bytes of
+/// it, cut on a character boundary, and whether it was cut. Only the first `max` bytes of the
+/// text are read (a 60 MB `message` costs what `max` does; escapes make what it says
+/// shorter). `None` when `raw` is not a string.
+pub fn string_prefix(raw: &str, max: usize) -> Option<(String, bool)> {
+    if !raw.starts_with('"') {
+        return None;
+    }
+    // The text of `max` bytes is never shorter than what it says.
+    if raw.len() <= max + 2 {
+        return serde_json::from_str::<String>(raw).ok().map(|s| (s, false));
+    }
+    let mut cut = max + 1;
+    while !raw.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    // Back off past an escape the cut went through (at most 12 bytes: a surrogate pair).
+    for back in 0..=12 {
+        let Some(end) = cut.checked_sub(back).filter(|e| *e >= 1) else {
+            break;
+        };
+        if !raw.is_char_boundary(end) {
+            continue;
+        }
+        let mut text = String::with_capacity(end + 1);
+        text.push_str(&raw[..end]);
+        text.push('"');
+        if let Ok(s) = serde_json::from_str::<String>(&text) {
+            return Some((s, true));
+        }
+    }
+    None
+}
+
+/// Write the JSON object `obj` (raw text) to `out` with the member `key` first, set to `value`
+/// (raw JSON), and every member of that name in `obj` left out; the others as they came, one
+/// by one, without a tree of them (a 60 MB `sandboxInfo` costs its copy, nothing more).
+/// `Err` when `obj` is not an object.
+pub fn write_object_with(
+    out: &mut Vec<u8>,
+    obj: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), serde_json::Error> {
+    struct W<'o, 'k> {
+        out: &'o mut Vec<u8>,
+        key: &'k str,
+    }
+    impl<'de> serde::de::Visitor<'de> for W<'_, '_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(BorrowedStr(k)) = map.next_key()? {
+                let v: &RawValue = map.next_value()?;
+                if k == self.key {
+                    continue;
+                }
+                self.out.push(b',');
+                serde_json::to_writer(&mut *self.out, &k).map_err(serde::de::Error::custom)?;
+                self.out.push(b':');
+                self.out.extend_from_slice(v.get().as_bytes());
+            }
+            Ok(())
+        }
+    }
+    let mark = out.len();
+    out.push(b'{');
+    serde_json::to_writer(&mut *out, key)?;
+    out.push(b':');
+    out.extend_from_slice(value.as_bytes());
+    let mut de = serde_json::Deserializer::from_str(obj);
+    let done =
+        serde::Deserializer::deserialize_map(&mut de, W { out, key }).and_then(|()| de.end());
+    if let Err(e) = done {
+        out.truncate(mark);
+        return Err(e);
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+fn hex4(h: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(h).ok()?;
+    if s.len() != 4 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
 }
 
 #[derive(Serialize)]
@@ -720,6 +1139,167 @@ mod tests {
         let back: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(back["id"], 1.5);
         assert_eq!(back["result"], v);
+    }
+
+    /// Frames as a reader owns them decode as borrowed ones do, whatever the size of their
+    /// params or result (cut out in place from 64 KiB on).
+    #[test]
+    fn owned_frames_decode_as_borrowed_ones() {
+        let big = "x".repeat(IN_PLACE + 10);
+        let arr = format!("[{}0]", "0,".repeat(IN_PLACE));
+        let frames = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1}}"#.to_owned(),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"data":"{big}"}}}}"#),
+            format!(r#" {{ "params" : {arr} , "method":"m","jsonrpc":"2.0","id":"q"}} "#),
+            format!(r#"{{"jsonrpc":"2.0","method":"n","params":{{"x":{arr}}}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":7,"result":{{"d":"{big}"}}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":7,"result":{arr},"x":1}}"#),
+            format!(r#"{{"jsonrpc":"1.0","id":7,"method":"m","params":{arr}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":7,"method":"m","params":"{big}"}}"#),
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"x"}}"#.to_owned(),
+            "[1,2]".to_owned(),
+            "nope".to_owned(),
+        ];
+        let show = |m: &Result<Message, Invalid>| match m {
+            Ok(m) => String::from_utf8(m.encode()).unwrap(),
+            Err(e) => format!("{:?} {}", e.id, e.error.message),
+        };
+        for f in frames {
+            let want = decode(f.as_bytes());
+            let got = decode_owned(f.clone().into_bytes(), 10).expect("no long batch");
+            match (want, got) {
+                (Incoming::Single(a), Incoming::Single(b)) => {
+                    assert_eq!(show(&a), show(&b), "{f:.80}")
+                }
+                (Incoming::Batch(a), Incoming::Batch(b)) => assert_eq!(a.len(), b.len()),
+                (a, b) => panic!("{f:.80}: {a:?} / {b:?}"),
+            }
+        }
+    }
+
+    /// The cost of a `Value` is known before it is built, and is not less than what it takes.
+    #[test]
+    fn value_cost_is_counted_without_building_and_bounds_the_tree() {
+        let n = 100_000;
+        let arr = format!("[{}0]", "0,".repeat(n));
+        let cost = value_cost(&arr).unwrap();
+        assert!(
+            cost >= n * std::mem::size_of::<serde_json::Value>(),
+            "{cost}"
+        );
+        assert!(
+            cost > 10 * arr.len(),
+            "a tree of zeros costs many times its text"
+        );
+        let text = format!(r#"{{"a":"{}","b":{{"c":[1,"x",null]}}}}"#, "y".repeat(1000));
+        assert!(value_cost(&text).unwrap() >= 1000);
+        assert_eq!(value_cost("0").unwrap(), 0);
+        assert!(value_cost("[1,").is_err());
+        assert!(value_cost("1 2").is_err());
+        assert_eq!(bounded_value(&arr, cost - 1), None);
+        assert_eq!(bounded_value("[1]", 1024), Some(serde_json::json!([1])));
+        // Deep nesting is refused by the parser's own limit, never a stack overflow.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(value_cost(&deep).is_err());
+    }
+
+    /// A string made in place says what serde_json reads it to say, for every escape, and is
+    /// refused where serde_json refuses it.
+    #[test]
+    fn strings_made_in_place_read_as_serde_json_reads_them() {
+        let mut cases: Vec<String> = [
+            r#""""#,
+            r#""abc""#,
+            r#""a\"b\\c\/d\b\f\n\r\t""#,
+            r#""\u00e9\u0041\u20ac""#,
+            r#""\ud83d\ude00 smile""#,
+            r#""\ud83d""#,
+            r#""\ude00""#,
+            r#""\ud83d\u0041""#,
+            r#""\u12""#,
+            r#""\x""#,
+            "\"\u{e9}t\u{e9} \u{1F600}\"",
+            r#""\u0000""#,
+            r#""\uD83D\uDE00""#,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // Random strings of escapes and text (a fixed generator: the same every run).
+        let pieces = [
+            "a",
+            "\\n",
+            "\\\"",
+            "\\\\",
+            "\\u00e9",
+            "\\ud83d\\ude00",
+            "\u{e9}",
+            "\u{1F600}",
+            "\\/",
+            "\\t",
+            "\\u0000",
+            "z",
+        ];
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for _ in 0..500 {
+            let mut s = String::from("\"");
+            for _ in 0..(x % 20) {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                s.push_str(pieces[(x >> 33) as usize % pieces.len()]);
+            }
+            s.push('"');
+            cases.push(s);
+        }
+        for raw in cases {
+            let want = serde_json::from_str::<String>(&raw).ok();
+            let mut buf = b"{\"k\":".to_vec();
+            let start = buf.len();
+            buf.extend_from_slice(raw.as_bytes());
+            buf.extend_from_slice(b"}");
+            assert_eq!(string_in_place(buf, start, raw.len()), want, "{raw}");
+        }
+        assert_eq!(string_in_place(b"[1]".to_vec(), 0, 3), None);
+        assert_eq!(string_in_place(b"\"a\"".to_vec(), 1, 9), None);
+    }
+
+    /// The start of a long string is read without the rest; short ones are read whole.
+    #[test]
+    fn string_prefixes_are_cut_on_a_character() {
+        let long = format!("\"{}\"", "\\u00e9\\n\u{1F600}ab".repeat(1000));
+        let full = serde_json::from_str::<String>(&long).unwrap();
+        for max in [0, 1, 5, 17, 100, 4096] {
+            let (got, cut) = string_prefix(&long, max).unwrap();
+            assert!(cut && got.len() <= max, "{max}: {}", got.len());
+            assert!(full.starts_with(&got), "{max}");
+        }
+        let plain = format!("\"{}\"", "x".repeat(10_000));
+        assert_eq!(string_prefix(&plain, 100).unwrap(), ("x".repeat(100), true));
+        assert_eq!(string_prefix(r#""ab""#, 10), Some(("ab".into(), false)));
+        assert_eq!(string_prefix("[1]", 10), None);
+    }
+
+    /// An object written with one member set first reads as the map with that member set.
+    #[test]
+    fn objects_written_with_a_member_read_as_the_map_would() {
+        for obj in [
+            r#"{}"#,
+            r#"{"id":"a","provider":"spoof","x":[1,{"provider":"kept"}]}"#,
+            r#" { "a" : 1 , "provider" : 2 , "provider" : 3 , "b\u0041" : "\n" } "#,
+        ] {
+            let mut out = Vec::new();
+            write_object_with(&mut out, obj, "provider", r#""echo""#).unwrap();
+            let got: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            let mut want: serde_json::Value = serde_json::from_str(obj).unwrap();
+            want["provider"] = serde_json::json!("echo");
+            assert_eq!(got, want, "{obj}");
+            assert!(out.starts_with(br#"{"provider":"echo""#));
+        }
+        let mut out = b"keep".to_vec();
+        assert!(write_object_with(&mut out, "[1]", "p", "1").is_err());
+        assert!(write_object_with(&mut out, r#"{"a":1"#, "p", "1").is_err());
+        assert_eq!(out, b"keep");
     }
 
     #[test]

@@ -331,3 +331,54 @@ def test_raw_handshake_versions_and_stateless_details(home):
     assert r["isError"] is True and r["resultType"] == "complete"
     assert r["content"][0]["text"].startswith("[E2009]")
     raw.close()
+
+
+def test_an_agent_reaches_the_daemon_of_the_users_shell(monkeypatch, tmp_path):
+    """Issue 41: docs/mcp.md promises that an agent's sandboxes are the ones `abx list` shows.
+    The MCP SDK launches `abx mcp` with only HOME, LOGNAME, PATH, SHELL, TERM and USER (its
+    `get_default_environment`: no XDG_RUNTIME_DIR); it must reach the daemon that the user's
+    shell (which has XDG_RUNTIME_DIR) started, on the same data, and start no other."""
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    for d in (home, xdg):
+        d.mkdir(mode=0o700)
+    shell = {"HOME": str(home), "PATH": os.environ["PATH"], "XDG_RUNTIME_DIR": str(xdg)}
+
+    def abx(*args, env=shell):
+        p = subprocess.run([str(ABX), "-j", *args], env=env, capture_output=True, timeout=120)
+        assert p.returncode == 0, (args, p.stdout, p.stderr)
+        return json.loads(p.stdout)
+
+    abx("broker", "start")
+    try:
+        pid = abx("broker", "status")["pid"]
+        sb = abx("create")["id"]
+        # What the SDK will pass on: this process's HOME, and no XDG_RUNTIME_DIR or ABX_HOME.
+        monkeypatch.setenv("HOME", str(home))
+        for var in ("XDG_RUNTIME_DIR", "ABX_HOME", "XDG_DATA_HOME"):
+            monkeypatch.delenv(var, raising=False)
+
+        async def main():
+            async with Client(StdioServerParameters(command=str(ABX), args=["mcp"])) as client:
+                listed = await client.call_tool("sandbox_list", {})
+                assert not listed.is_error, text(listed)
+                assert sb in {s["id"] for s in listed.structured_content["sandboxes"]}
+                created = await client.call_tool("sandbox_create", {"metadata": {"by": "agent"}})
+                assert not created.is_error, text(created)
+                return created.structured_content["id"]
+
+        mine = run(main)
+        # The shell sees the agent's sandbox, through the daemon it started.
+        ids = {s["id"] for s in abx("list")["sandboxes"]}
+        assert {sb, mine} <= ids
+        assert abx("broker", "status")["pid"] == pid
+        no_xdg = {k: v for k, v in shell.items() if k != "XDG_RUNTIME_DIR"}
+        assert abx("broker", "status", env=no_xdg)["pid"] == pid
+        for s in (sb, mine):
+            abx("kill", s, "--yes")
+    finally:
+        subprocess.run([str(ABX), "broker", "stop"], env=shell, capture_output=True, timeout=60)
+        key = subprocess.run(
+            ["sh", "-c", 'printf %s "$1" | sha256sum | cut -c1-16', "sh", str(home / ".local/share/abx")],
+            capture_output=True, text=True,
+        ).stdout.strip()
+        shutil.rmtree(f"/tmp/abx-{os.geteuid()}/{key}", ignore_errors=True)

@@ -12,6 +12,18 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Copy a fixture plugin into `to`. A fixture with a `BASE` file (the name of another
+/// fixture) is that fixture with its own files copied over it: `bad-contract` overrides
+/// `py-local` instead of copying it. `BASE` itself is not copied.
+pub fn copy_fixture(name: &str, to: &Path) {
+    let from = fixture(name);
+    if let Ok(base) = std::fs::read_to_string(from.join("BASE")) {
+        copy_fixture(base.trim(), to);
+    }
+    copy_dir(&from, to);
+    let _ = std::fs::remove_file(to.join("BASE"));
+}
+
 /// Copy a directory tree.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -49,7 +61,7 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
 pub fn repo(parts: &[(&str, &str)]) -> (tempfile::TempDir, String, String) {
     let dir = tempfile::tempdir().unwrap();
     for (subdir, name) in parts {
-        copy_dir(&fixture(name), &dir.path().join(subdir));
+        copy_fixture(name, &dir.path().join(subdir));
     }
     git(dir.path(), &["init", "-q", "-b", "main"]);
     git(dir.path(), &["add", "-A"]);

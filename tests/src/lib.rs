@@ -2,6 +2,7 @@
 //! clients speaking either framing. Everything here talks to real processes.
 
 pub mod fixtures;
+pub mod keys;
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -492,6 +493,29 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Seconds since the Unix epoch, now.
+pub fn unix_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 UTC time as the broker writes it
+/// (`2026-12-05T06:32:05Z`, an optional fraction ignored).
+pub fn rfc3339_unix(s: &str) -> Option<i64> {
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
 /// A socket's queue length: `libc::FIONREAD` (bytes received and not read) or
 /// `libc::TIOCOUTQ` (bytes sent that the peer has not read yet).
 pub fn socket_queue(stream: &UnixStream, which: libc::Ioctl) -> usize {
@@ -775,4 +799,21 @@ pub fn plugin_path() -> String {
         }
     })
     .clone()
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn rfc3339_unix_reads_the_brokers_times() {
+        assert_eq!(super::rfc3339_unix("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            super::rfc3339_unix("2026-12-05T06:32:05Z"),
+            Some(1_796_452_325)
+        );
+        assert_eq!(
+            super::rfc3339_unix("2000-02-29T12:00:00.5Z"),
+            Some(951_825_600)
+        );
+        assert_eq!(super::rfc3339_unix("nope"), None);
+    }
 }

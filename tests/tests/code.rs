@@ -833,3 +833,76 @@ fn the_last_output_of_an_interpreter_that_exits_is_kept() {
     assert_eq!(plain(&r, 0), "1");
     assert_eq!(r["executionCount"], 1);
 }
+
+/// Issue 45 item 9: the drivers are not on their interpreters' command lines (`ps` in the
+/// sandbox showed the whole Python driver), and a Python traceback never shows the driver's
+/// own frames: not the signal handler that raises `KeyboardInterrupt` (`File "<string>",
+/// line 24, in _on_int`), not the `sys.stdout` the driver installs.
+#[test]
+fn the_drivers_stay_off_the_command_line_and_out_of_tracebacks() {
+    let (_h, mut c, sb) = setup();
+    for lang in ["python", "javascript", "bash"] {
+        c.call(
+            "code/createContext",
+            json!({"sandbox": sb, "language": lang}),
+        );
+    }
+    let procs = c.call("process/list", json!({"sandbox": sb}));
+    let commands: Vec<&str> = procs["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["command"].as_str().unwrap())
+        .collect();
+    for lang in ["python3", "node", "bash"] {
+        let cmd = commands
+            .iter()
+            .find(|c| c.starts_with(lang))
+            .unwrap_or_else(|| panic!("no {lang} among {commands:?}"));
+        assert!(cmd.len() < 400, "{lang}'s command line: {cmd}");
+    }
+    for c in &commands {
+        for source in ["_on_int", "import ast", "createContext", "__abx_mark"] {
+            assert!(!c.contains(source), "driver source on a command line: {c}");
+        }
+    }
+    let r = run(
+        &mut c,
+        &sb,
+        "open('/proc/self/cmdline', 'rb').read().count(b'\\n') < 20",
+    );
+    assert_eq!(plain(&r, 0), "True", "{r}");
+    // An interrupt: the user's frame, none of the driver's.
+    let r = c.call(
+        "code/run",
+        json!({"sandbox": sb, "code": "import time\ntime.sleep(60)", "timeout": 1}),
+    );
+    assert_eq!(r["error"]["name"], "KeyboardInterrupt", "{r}");
+    let tb = r["error"]["traceback"].as_str().unwrap();
+    assert!(tb.contains("time.sleep(60)"), "{tb}");
+    assert!(tb.trim_end().ends_with("KeyboardInterrupt"), "{tb}");
+    for driver in ["_on_int", "<string>", "abx-driver", "_main_loop", "_run"] {
+        assert!(!tb.contains(driver), "a driver frame ({driver}): {tb}");
+    }
+    // An error raised inside the driver's own sys.stdout.
+    let r = run(&mut c, &sb, "import sys\nsys.stdout.write(b'x')");
+    assert_eq!(r["error"]["name"], "TypeError", "{r}");
+    let tb = r["error"]["traceback"].as_str().unwrap();
+    assert!(tb.contains("sys.stdout.write(b'x')"), "{tb}");
+    for driver in ["<string>", "abx-driver", "in write"] {
+        assert!(!tb.contains(driver), "a driver frame ({driver}): {tb}");
+    }
+    // JavaScript: the user's frames, none of the driver's nor node's own.
+    let r = c.call(
+        "code/run",
+        json!({"sandbox": sb, "language": "js", "code": "function f() { null.x }\nf()"}),
+    );
+    let tb = r["error"]["traceback"].as_str().unwrap();
+    assert!(tb.contains("at f (<cell"), "{tb}");
+    for driver in ["abx-driver", "[eval]", "(node:"] {
+        assert!(
+            !tb.contains(driver),
+            "a frame not the user's ({driver}): {tb}"
+        );
+    }
+}

@@ -1,4 +1,4 @@
-//! Hostile clients (issue 18; DESIGN §15 "hostile client"): one connection tries to make the
+//! Hostile clients (issue 18; docs/design.md#reliability "hostile client"): one connection tries to make the
 //! daemon hold more memory than it should. Each test runs a real daemon, moved into a memory
 //! cgroup made here (a hard limit: a regression is OOM-killed in its cgroup and the test fails,
 //! instead of the machine suffering), while another client pings it all along. Each checks:

@@ -202,7 +202,7 @@ fn kit_passes_on_local() {
     check_shape(&run, "local");
     assert_passes(&run, NOBODY);
     assert_no_sandboxes(&mut c, "local");
-    // A second run right away. Durations are printed, never asserted (DESIGN §13's bar of
+    // A second run right away. Durations are printed, never asserted (docs/design.md#bars's bar of
     // 2 s for the whole kit on local is a release-build figure).
     let run2 = kit(&mut c, json!({"id": "local"}));
     eprintln!(

@@ -40,7 +40,11 @@ fn lifecycle_create_info_connect_list_timeout_kill() {
     );
     // connect never changes the lifetime.
     let before = c.call("sandbox/info", json!({"sandbox": id}))["expiresAt"].clone();
-    std::thread::sleep(Duration::from_millis(1100));
+    // Once the clock is past the second `before` was read in, a reset lifetime would show.
+    let read_at = abx_tests::unix_secs();
+    wait_until("the next second", Duration::from_secs(5), || {
+        abx_tests::unix_secs() > read_at
+    });
     assert_eq!(
         c.call("sandbox/connect", json!({"sandbox": id}))["expiresAt"],
         before
@@ -136,19 +140,25 @@ fn bad_lifecycle_input_gets_typed_errors() {
 
 /// The local provider deserializes into the protocol's API types: bad params keep the
 /// E-codes and messages they had (E1004 naming the field, the provider's own codes for
-/// values it checks itself).
+/// values it checks itself). An unknown member is the broker's E1004 (issue 41), naming it
+/// and what the method takes.
 #[test]
 fn bad_params_keep_their_codes_and_messages() {
     let (_home, mut c, id) = setup();
     let msg = |e: &Value| e["message"].as_str().unwrap_or_default().to_owned();
-    let fields = "expected one of `sandbox`, `command`, `argv`, `cwd`, `env`, `timeout`, \
-                  `stdin`, `stdinEncoding`, `maxOutput`, `pty`, `_meta`";
+    let fields = "'sandbox', 'command', 'argv', 'cwd', 'env', 'timeout', 'stdin', \
+                  'stdinEncoding', 'maxOutput', 'pty', '_meta', 'provider'";
     for m in ["exec/run", "exec/start"] {
         let e = c.call_err(m, json!({"sandbox": id, "command": "true", "bogus": 1}));
         assert_eq!(abx_code(&e), "E1004", "{e}");
         assert_eq!(
             msg(&e),
-            format!("Invalid params for '{m}': unknown field `bogus`, {fields}")
+            format!("Invalid params for '{m}': unknown member 'bogus'")
+        );
+        let suggestion = e["data"]["suggestion"].as_str().unwrap();
+        assert!(
+            suggestion.starts_with(&format!("'{m}' takes {fields} (docs/broker-api.md).")),
+            "{suggestion}"
         );
     }
     let e = c.call_err(
@@ -203,6 +213,57 @@ fn bad_params_keep_their_codes_and_messages() {
     assert_eq!(abx_code(&e), "E1004", "{e}");
     let e = c.call_err("exec/kill", json!({"execId": 5}));
     assert_eq!(abx_code(&e), "E1004", "{e}");
+}
+
+/// Issue 41: `sandbox/create` with a member this broker does not know (`mounts`, from some
+/// newer API) is refused with E1004 naming it, and no sandbox is made without the mount the
+/// client asked for; the same create without it makes one.
+#[test]
+fn sandbox_create_with_an_unknown_member_creates_nothing() {
+    let home = Home::new();
+    home.start();
+    let mut c = home.connect();
+    let listed = |c: &mut Client| c.call("sandbox/list", json!({}))["sandboxes"].clone();
+    let before = listed(&mut c);
+    let e = c.call_err(
+        "sandbox/create",
+        json!({"template": "base", "timeout": 60,
+               "mounts": [{"source": "/srv/data", "target": "/workspace/data"}]}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    assert_eq!(
+        e["message"],
+        "Invalid params for 'sandbox/create': unknown member 'mounts'"
+    );
+    assert_eq!(e["data"]["unknown"], json!(["mounts"]));
+    let suggestion = e["data"]["suggestion"].as_str().unwrap();
+    assert!(
+        suggestion.starts_with("'sandbox/create' takes 'provider', 'template', 'timeout', 'env', 'metadata', 'network', 'limits'"),
+        "{suggestion}"
+    );
+    assert!(suggestion.contains("upgrade abx"), "{suggestion}");
+    assert_eq!(listed(&mut c), before, "nothing was created");
+    // With a bare provider id routing it, and a camelCase slip: the same.
+    let e = c.call_err(
+        "sandbox/create",
+        json!({"provider": "local", "template": "base", "time_out": 60}),
+    );
+    assert_eq!(
+        e["message"],
+        "Invalid params for 'sandbox/create': unknown member 'time_out'"
+    );
+    assert_eq!(listed(&mut c), before, "nothing was created");
+    let id = c.create(json!({"template": "base", "timeout": 60}));
+    let after = listed(&mut c);
+    assert_eq!(
+        after.as_array().unwrap().len(),
+        before.as_array().unwrap().len() + 1
+    );
+    assert!(after
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["id"] == id.as_str()));
 }
 
 #[test]
@@ -896,10 +957,17 @@ fn restart_keeps_sandboxes_and_expiry_reaps() {
         "files/write",
         json!({"sandbox": keep, "path": "state.txt", "data": "kept"}),
     );
+    let short_ends = c.call("sandbox/info", json!({"sandbox": short}))["expiresAt"]
+        .as_str()
+        .and_then(abx_tests::rfc3339_unix)
+        .expect("expiresAt");
     drop(c);
     let out = home.run(&["broker", "stop"]);
     assert!(out.status.success());
-    std::thread::sleep(Duration::from_millis(2500));
+    // The short one's lifetime ends while the daemon is down.
+    wait_until("the short sandbox's end", Duration::from_secs(10), || {
+        abx_tests::unix_secs() > short_ends
+    });
     home.start();
     let mut c = home.connect();
     let list = c.call("sandbox/list", Value::Null);
@@ -972,7 +1040,11 @@ fn pipelined_stdin_writes_apply_in_order() {
 #[test]
 fn a_sandbox_cannot_drive_the_broker() {
     // Under the namespace model the broker's directories are hidden from sandboxes; under
-    // the Landlock model the socket is visible, so the daemon's peer check must refuse.
+    // the Landlock model the socket is visible, so the daemon's peer check must refuse. The
+    // user's other daemon (another data dir, the default model: it never ran a weaker
+    // model's sandbox) must refuse too (issue 41).
+    let other = Home::new();
+    other.start();
     for model in ["namespaces", "landlock"] {
         let mut home = Home::new();
         home.env.push(("ABX_ISOLATION".into(), model.into()));
@@ -980,8 +1052,9 @@ fn a_sandbox_cannot_drive_the_broker() {
         let mut c = home.connect();
         let id = c.create(json!({}));
         let probe = format!(
-            "import socket\ns=socket.socket(socket.AF_UNIX)\ntry:\n  s.connect({:?})\nexcept OSError as e:\n  print('unreachable', e.errno); raise SystemExit\ns.settimeout(10)\ntry:\n  s.sendall(b'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"broker/ping\"}}\\n')\n  d=s.recv(100)\nexcept OSError:\n  d=b''\nprint('served' if d else 'EOF')",
-            home.socket().display().to_string()
+            "import socket, sys\ndef drive(p):\n  s=socket.socket(socket.AF_UNIX)\n  try:\n    s.connect(p)\n  except OSError as e:\n    return 'unreachable %d' % e.errno\n  s.settimeout(10)\n  try:\n    s.sendall(b'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"broker/ping\"}}\\n')\n    d=s.recv(100)\n  except OSError:\n    d=b''\n  return 'served' if d else 'EOF'\nprint(drive({:?}))\nprint(drive({:?}))",
+            home.socket().display().to_string(),
+            other.socket().display().to_string()
         );
         c.call(
             "files/write",
@@ -989,21 +1062,25 @@ fn a_sandbox_cannot_drive_the_broker() {
         );
         let r = c.sh(&id, "python3 probe.py");
         let out = r["stdout"].as_str().unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{model}: {r}");
         assert!(
             !out.contains("served"),
             "{model}: a sandbox process was served: {r}"
         );
-        assert!(
-            out.starts_with("unreachable") || out.starts_with("EOF"),
-            "{model}: {r}"
-        );
-        if out.starts_with("EOF") {
-            // The line may reach the file after the peer saw its EOF: wait for it.
-            wait_until("the refusal is logged", Duration::from_secs(20), || {
-                std::fs::read_to_string(home.log_file())
-                    .unwrap_or_default()
-                    .contains("refusing a connection from a sandbox or plugin process")
-            });
+        for (line, h) in lines.iter().zip([&home, &other]) {
+            assert!(
+                line.starts_with("unreachable") || line.starts_with("EOF"),
+                "{model}: {r}"
+            );
+            if line.starts_with("EOF") {
+                // The line may reach the file after the peer saw its EOF: wait for it.
+                wait_until("the refusal is logged", Duration::from_secs(20), || {
+                    std::fs::read_to_string(h.log_file())
+                        .unwrap_or_default()
+                        .contains("refusing a connection from a sandbox or plugin process")
+                });
+            }
         }
         // And the broker's data is not readable from inside under namespaces.
         if model == "namespaces" {

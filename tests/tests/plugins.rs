@@ -526,7 +526,7 @@ fn one_plugin_process_for_all_clients_and_a_kill_with_calls_in_flight() {
 fn cancellation_reaches_the_plugin() {
     let (home, mut c) = started(&[]);
     let (_repo, _) = install_pinned(&mut c, "bad-slow");
-    c.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "sandbox/list", "params": {"provider": "bad-slow", "sleep": 30}}).to_string());
+    c.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "sandbox/create", "params": {"provider": "bad-slow", "metadata": {"sleep": 30}}}).to_string());
     // Cancelled once the plugin has it (a call cancelled before it was sent never reaches it).
     let mut probe = home.connect();
     wait_until("the call is the plugin's", Duration::from_secs(30), || {
@@ -543,6 +543,43 @@ fn cancellation_reaches_the_plugin() {
             .unwrap_or_default()
             .contains("$/cancelRequest")
     });
+}
+
+/// Issue 41: a member a method does not take is refused by the broker (E1004 naming it)
+/// before the call is routed: the plugin never sees it (bad-slow logs every request it gets,
+/// with the `sleep` it read from the params).
+#[test]
+fn a_plugin_never_sees_an_unknown_member() {
+    let (home, mut c) = started(&[]);
+    let (_repo, _) = install_pinned(&mut c, "bad-slow");
+    let e = c.call_err(
+        "sandbox/create",
+        json!({"provider": "bad-slow", "metadata": {"sleep": 0}, "sleep": 7.25}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    assert_eq!(
+        e["message"],
+        "Invalid params for 'sandbox/create': unknown member 'sleep'"
+    );
+    let e = c.call_err(
+        "exec/run",
+        json!({"sandbox": "bad-slow:slow-1", "command": "true", "sleep": 7.25}),
+    );
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    // What it does take reaches it (after the refused calls, on the same connection).
+    let sb = c.call(
+        "sandbox/create",
+        json!({"provider": "bad-slow", "metadata": {"sleep": 0.125}}),
+    );
+    assert_eq!(sb["provider"], "bad-slow");
+    let log = || std::fs::read_to_string(home.log_file()).unwrap_or_default();
+    wait_until("the plugin's log line", Duration::from_secs(10), || {
+        log().contains("answering in 0.125s")
+    });
+    let log = log();
+    assert!(!log.contains("answering in 7.25s"), "{log}");
+    assert_eq!(log.matches("bad-slow: sandbox/create").count(), 1, "{log}");
+    assert!(!log.contains("bad-slow: exec/run"), "{log}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Tidy tests, in the habit of rust-analyzer's `tidy.rs`: the architecture and the house rules
 //! checked from the source tree and from cargo's own view of the workspace, so a rule that is
-//! written down (DESIGN §2, docs/style.md) is also a test that fails when the code drifts.
+//! written down (docs/design.md#layout, docs/style.md) is also a test that fails when the code drifts.
 //!
 //! Each check is a plain function over its input (a metadata document, a `cargo tree`
 //! listing, a binary's bytes, a file's text) that returns every violation, with the fix in
@@ -13,7 +13,7 @@ use std::process::Command;
 
 /// The layers, lowest first (protocol is what everything stands on, the binaries come last):
 /// a crate may depend only on crates listed before it (an "upward edge" reaches later).
-/// This is DESIGN §2 (../shared/DESIGN.md) and the crate graph in docs/architecture.md; change
+/// This is docs/design.md#layout (docs/design.md) and the crate graph in docs/architecture.md; change
 /// them together. Workspace crates not listed here (abx-tests, which drives the real
 /// binaries from outside) are exempt.
 const LAYERS: &[&str] = &[
@@ -29,7 +29,7 @@ const LAYERS: &[&str] = &[
     "abx-cli",
 ];
 
-/// What only the daemon may link: the thin `abx` client must carry none of it (DESIGN §2:
+/// What only the daemon may link: the thin `abx` client must carry none of it (docs/design.md#layout:
 /// "protocol + client only: no git2, OpenSSL, reqwest or landlock in it").
 const DAEMON_ONLY: &[&str] = &[
     "git2",
@@ -163,7 +163,7 @@ fn layer_violations(metadata: &Value, layers: &[&str]) -> Vec<String> {
         if !names.contains(l) {
             bad.push(format!(
                 "the layer list in tests/tests/tidy.rs names `{l}`, which is not a workspace \
-                 crate: update the list (and DESIGN §2, docs/architecture.md) to the crates \
+                 crate: update the list (and docs/design.md#layout, docs/architecture.md) to the crates \
                  that exist"
             ));
         }
@@ -176,7 +176,7 @@ fn layer_violations(metadata: &Value, layers: &[&str]) -> Vec<String> {
         if to > from {
             bad.push(format!(
                 "upward edge: {} (layer {}) has a {} dependency on {} (layer {}) in {}; a crate \
-                 may depend only on crates listed before it (DESIGN §2). Fix: move what {} \
+                 may depend only on crates listed before it (docs/design.md#layout). Fix: move what {} \
                  needs from {} down into {} or a crate below it (or invert it: a trait in the \
                  lower crate that the upper one implements and the composition root in \
                  abx-broker wires up), then remove the dependency",
@@ -291,7 +291,7 @@ fn abx_cli_tree_has_no_daemon_only_crates() {
     assert!(
         found.is_empty(),
         "abx-cli (the `abx` binary) depends on daemon-only crates: {}. The client links only \
-         abx-protocol, abx-home and abx-client (DESIGN §2). Find the path with `cargo tree -p \
+         abx-protocol, abx-home and abx-client (docs/design.md#layout). Find the path with `cargo tree -p \
          abx-cli -e normal -i {}` and move the code that needs it into the daemon (abx-broker \
          or below), reached over the API",
         found.join(", "),
@@ -320,7 +320,7 @@ fn abx_binary_links_no_daemon_only_code() {
     let found = daemon_only_in_binary(&bytes);
     assert!(
         found.is_empty(),
-        "{} contains daemon-only code: {}. The thin client must not link it (DESIGN §2); \
+        "{} contains daemon-only code: {}. The thin client must not link it (docs/design.md#layout); \
          see which crate brings it with `cargo tree -p abx-cli -e normal -i <crate>` and move \
          that code behind the daemon's API",
         abx.display(),
@@ -341,6 +341,12 @@ fn has_module_header(text: &str) -> bool {
 /// Every `*.rs` under `root`, skipping build output (`target/`), `node_modules/` and hidden
 /// directories, sorted.
 fn rust_files(root: &Path) -> Vec<PathBuf> {
+    files_ending(root, &[".rs"])
+}
+
+/// Every file under `root` whose name ends with one of `ends`, skipping build output
+/// (`target/`), `node_modules/` and hidden directories, sorted.
+fn files_ending(root: &Path, ends: &[&str]) -> Vec<PathBuf> {
     let mut out = vec![];
     let mut todo = vec![root.to_path_buf()];
     while let Some(dir) = todo.pop() {
@@ -356,7 +362,7 @@ fn rust_files(root: &Path) -> Vec<PathBuf> {
                 if name != "target" && name != "node_modules" && !name.starts_with('.') {
                     todo.push(path);
                 }
-            } else if ft.is_file() && name.ends_with(".rs") {
+            } else if ft.is_file() && ends.iter().any(|e| name.ends_with(e)) {
                 out.push(path);
             }
         }
@@ -538,4 +544,174 @@ mod checks_fail {
         write("a/README.md", "not rust\n");
         assert_eq!(files_without_header(dir.path()), ["a/src/deep/bad.rs"]);
     }
+}
+
+// ---- the design lives in the repository (issue 47) ----
+
+/// The `<a id="...">` anchors of docs/design.md.
+fn design_anchors(design: &str) -> Vec<String> {
+    design
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("<a id=\"")?
+                .split('"')
+                .next()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Every citation of the design points into docs/design.md at an anchor it has; nothing
+/// cites the founding brief (`DESIGN` with a section sign), a file a clone does not have.
+#[test]
+fn design_citations_point_into_the_repository() {
+    let root = workspace_root();
+    let design = std::fs::read_to_string(root.join("docs/design.md")).expect("docs/design.md");
+    let anchors = design_anchors(&design);
+    assert!(anchors.len() >= 16, "{anchors:?}");
+    let old = format!("DESIGN {}", '\u{a7}');
+    let mut bad = vec![];
+    let exts = [
+        ".rs", ".md", ".ts", ".py", ".lua", ".sh", ".mjs", ".js", ".toml", ".json",
+    ];
+    for p in files_ending(&root, &exts) {
+        let rel = p.strip_prefix(&root).unwrap_or(&p).display().to_string();
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        if text.contains(&old) {
+            bad.push(format!(
+                "{rel}: cites '{old}n': cite docs/design.md#<anchor>"
+            ));
+        }
+        for (i, _) in text.match_indices("design.md#") {
+            let id: String = text[i + "design.md#".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            if id != "<anchor" && !id.is_empty() && !anchors.contains(&id) {
+                bad.push(format!("{rel}: docs/design.md#{id} has no such anchor"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+// ---- the codemap is true (issue 47) ----
+
+/// The repo paths and type names that docs/architecture.md names in backticks, each with the
+/// crate directory of the section it is in (`### \`broker/local/\` ...`), if any.
+fn codemap_names(text: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let (mut paths, mut types) = (vec![], vec![]);
+    let mut base = String::new();
+    let exts = [".rs", ".md", ".py", ".js", ".sh", ".lua", ".mjs", ".ts"];
+    // Runtime places (under ABX_HOME, a sandbox, the user's home), not files of the repo.
+    let runtime = [
+        "data/",
+        "config/",
+        "run/",
+        "sandboxes/",
+        "images/",
+        "blobs/",
+    ];
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("### `") {
+            base = rest.split('`').next().unwrap_or_default().to_owned();
+            continue;
+        }
+        if line.starts_with("## ") {
+            base.clear();
+        }
+        for (i, tok) in line.split('`').enumerate() {
+            if i % 2 == 0 || tok.is_empty() {
+                continue;
+            }
+            let plain = tok
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+            let is_path = (exts.iter().any(|e| tok.ends_with(e)) || tok.ends_with('/'))
+                && !runtime.iter().any(|r| tok.starts_with(r));
+            if plain && is_path && !tok.starts_with('/') && !tok.starts_with('.') {
+                paths.push((tok.to_owned(), base.clone()));
+            }
+            let mut c = tok.chars();
+            if c.next().is_some_and(|c| c.is_ascii_uppercase())
+                && c.next().is_some_and(|c| c.is_ascii_lowercase())
+                && tok.chars().all(|c| c.is_ascii_alphanumeric())
+            {
+                types.push(tok.to_owned());
+            }
+        }
+    }
+    (paths, types)
+}
+
+/// Every file under `dir` (any depth), skipping build output and hidden dirs.
+fn all_files(dir: &Path) -> Vec<PathBuf> {
+    files_ending(dir, &[""])
+}
+
+/// Every path and type name docs/architecture.md mentions exists: a path relative to the
+/// repository, to its section's crate directory or that crate's `src/`, or the tail of a
+/// file or directory beneath that crate; a type name as an item of the workspace's code.
+#[test]
+fn the_codemap_names_what_exists() {
+    let root = workspace_root();
+    let text = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let (paths, types) = codemap_names(&text);
+    assert!(paths.len() > 40 && types.len() > 20, "{paths:?} {types:?}");
+    let mut missing = vec![];
+    for (p, base) in &paths {
+        let bare = p.trim_end_matches('/');
+        let direct = [
+            root.join(bare),
+            root.join(base).join(bare),
+            root.join(base).join("src").join(bare),
+        ];
+        if direct.iter().any(|c| c.exists()) {
+            continue;
+        }
+        let under = if base.is_empty() {
+            root.clone()
+        } else {
+            root.join(base)
+        };
+        let tail = format!("/{bare}");
+        let found = all_files(&under).iter().any(|f| {
+            let s = f.to_string_lossy();
+            s.ends_with(&tail) || f.ancestors().any(|a| a.to_string_lossy().ends_with(&tail))
+        });
+        if !found {
+            missing.push(format!("path `{p}` (section `{base}`)"));
+        }
+    }
+    let code: String = rust_files(&root)
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Names of other crates' items the codemap mentions (tokio-util's codec traits, std's).
+    let foreign = ["Decoder", "Encoder", "Display", "FramedRead", "StreamExt"];
+    for t in types.iter().filter(|t| !foreign.contains(&t.as_str())) {
+        let defined = [
+            "struct", "enum", "trait", "type", "union", "mod", "fn", "const", "static",
+        ]
+        .iter()
+        .any(|k| {
+            code.match_indices(&format!("{k} {t}")).any(|(i, m)| {
+                let next = code[i + m.len()..].chars().next();
+                !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+        });
+        if !defined {
+            missing.push(format!("type `{t}`"));
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names what does not exist (fix the codemap):\n{}",
+        missing.join("\n")
+    );
 }

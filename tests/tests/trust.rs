@@ -486,8 +486,11 @@ fn a_provider_whose_server_is_down_beside_local_hides_nothing() {
 /// the broker would use: the socket path, the daemon's pid, a local sandbox and a host path
 /// for `files/download` to write. Returns the home, a client, the marker path and the
 /// plugin's data dir.
-fn sock_probe(env: &[(&str, &str)]) -> (Home, Client, PathBuf, PathBuf) {
+fn sock_probe(env: &[(&str, &str)]) -> (Home, Client, PathBuf, PathBuf, Home) {
     let (home, mut c) = started(env);
+    // Another daemon of the same user (an editor's, another ABX_HOME, the default one): the
+    // plugin must not drive it either (issue 41).
+    let (other, _) = started(&[]);
     let local = c.create(json!({"provider": "local"}));
     c.call(
         "provider/install",
@@ -498,6 +501,7 @@ fn sock_probe(env: &[(&str, &str)]) -> (Home, Client, PathBuf, PathBuf) {
         "provider/configure",
         json!({"id": "sock-probe", "values": {
             "socket_path": home.socket(),
+            "other_sockets": other.socket(),
             "daemon_pid": home.daemon_pid().expect("daemon pid").to_string(),
             "sandbox": format!("local:{local}"),
             "marker": marker,
@@ -505,7 +509,22 @@ fn sock_probe(env: &[(&str, &str)]) -> (Home, Client, PathBuf, PathBuf) {
     );
     let data_dir = home.path.join("data/providers/sock-probe/data");
     assert!(data_dir.is_dir(), "{}", data_dir.display());
-    (home, c, marker, data_dir)
+    (home, c, marker, data_dir, other)
+}
+
+/// The user's other daemon refused the plugin's connection (made: its socket is visible)
+/// and said why in its log.
+fn assert_refused_by_the_other_daemon(p: &Value, other: &Home, why: &str) {
+    let a = p["attempts"]["other:0"].as_str().unwrap_or_default();
+    assert!(a.starts_with("closed without an answer"), "other:0: {a}");
+    wait_for_log(
+        other,
+        "the refusal in the other daemon's log",
+        &[
+            "refusing a connection from a sandbox or plugin process",
+            why,
+        ],
+    );
 }
 
 /// Run the probe on a sandbox of the plugin.
@@ -544,7 +563,7 @@ fn wait_for_log(home: &Home, what: &str, needle: &[&str]) {
 
 #[test]
 fn a_plugin_cannot_reach_the_broker_socket_nor_see_its_state() {
-    let (home, mut c, marker, data_dir) = sock_probe(&[]);
+    let (home, mut c, marker, data_dir, other) = sock_probe(&[]);
     // An attacker with the user's rights outside puts a hard link to the socket where the
     // plugin can see it: the peer rule alone must refuse it.
     std::fs::hard_link(home.socket(), data_dir.join("broker.sock")).unwrap();
@@ -588,16 +607,31 @@ fn a_plugin_cannot_reach_the_broker_socket_nor_see_its_state() {
     );
     let info = c.call("provider/info", json!({"id": "sock-probe"}));
     assert_eq!(info["process"]["isolation"], "namespaces", "{info}");
+    // The user's other daemons: their runtime dirs are empty in the plugin's view, and a
+    // socket it finds elsewhere (another ABX_HOME) refuses it.
+    let uid = unsafe { libc::geteuid() };
+    for (dir, seen) in p["runtimeDirsSeen"].as_object().expect("runtimeDirsSeen") {
+        assert!(
+            seen.is_null() || seen == &json!([]),
+            "the plugin sees {dir}: {seen}"
+        );
+    }
+    assert!(p["runtimeDirsSeen"]
+        .get(format!("/tmp/abx-{uid}"))
+        .is_some());
+    assert_refused_by_the_other_daemon(&p, &other, "another PID namespace");
     // The broker itself still answers its clients.
     assert_eq!(c.call("broker/ping", Value::Null), json!({}));
 }
 
 #[test]
 fn without_namespaces_a_plugin_is_refused_by_ancestry_and_runs_from_a_private_copy() {
-    let (home, mut c, marker, _) = sock_probe(&[("ABX_PLUGIN_ISOLATION", "none")]);
+    let (home, mut c, marker, _, other) = sock_probe(&[("ABX_PLUGIN_ISOLATION", "none")]);
     let p = probe(&mut c);
     eprintln!("{p:#}");
     assert_no_attempt_answered(&p, &marker);
+    // Another daemon, which never started this plugin, refuses it by its launcher's mark.
+    assert_refused_by_the_other_daemon(&p, &other, "a launcher of another daemon");
     // The socket is visible here (and the broker's state), so the connection is made, and
     // refused.
     assert_eq!(p["socketVisible"], true, "{p}");
@@ -824,4 +858,58 @@ fn an_idle_stopped_plugin_leaves_no_process() {
     wait_until("the idle plugin's processes gone", READ_TIMEOUT, || {
         sleepers(&marker) == 0
     });
+}
+
+// ---------------------------------------------------------------------------------------
+// No host key in a plugin (issue 42).
+
+/// The host's keys (a session keyring with a key, a key in the user keyring) are where the
+/// daemon was started; the plugin looks for them every way it can (keyprobe.py: `@s`, `@u`,
+/// `@us`, by id, through `/proc/keys`, by linking any keyring it can name into its own
+/// session). A root daemon's plugin is root on the host: the keys are its uid's, the case
+/// of every user's daemon. Without namespaces the plugin shares the host's `/proc`, whose
+/// `/proc/keys` names the keys (`hides_key_names` false).
+fn keys_stay_out_of_plugins(env: &[(&str, &str)], hides_key_names: bool) {
+    let mut home = Home::new();
+    home.env
+        .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let tag = format!("plugin-{}-{nanos}", std::process::id());
+    let host = abx_tests::keys::start_with_host_keys(&home, None, &tag);
+    let mut c = home.connect();
+    c.call(
+        "provider/install",
+        json!({"source": abx_tests::fixtures::fixture("sock-probe"), "confirm": true}),
+    );
+    c.call(
+        "provider/configure",
+        json!({"id": "sock-probe", "values": {"key_ids": host.ids().join(" ")}}),
+    );
+    let p = probe(&mut c);
+    let seen: String = p["keyring"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no keyring probe: {p}"))
+        .iter()
+        .map(|l| format!("{}\n", l.as_str().unwrap_or_default()))
+        .collect();
+    eprintln!("--- the plugin:\n{seen}");
+    assert!(seen.contains("keyprobe done"), "{seen}");
+    if hides_key_names {
+        host.assert_not_in(&seen, "a plugin");
+    } else {
+        host.assert_no_secret_in(&seen, "a plugin");
+    }
+}
+
+#[test]
+fn no_host_key_reaches_a_plugin() {
+    keys_stay_out_of_plugins(&[], true);
+}
+
+#[test]
+fn no_host_key_reaches_a_plugin_without_namespaces() {
+    keys_stay_out_of_plugins(&[("ABX_PLUGIN_ISOLATION", "none")], false);
 }

@@ -208,6 +208,12 @@ fn lifecycle_initialize_shutdown_exit() {
         listed, described,
         "initialize's methods vs docs/openrpc.json"
     );
+    // And, in order, the catalogue's requests (the list is derived from it).
+    assert_eq!(
+        r["capabilities"]["methods"],
+        json!(abx_protocol::catalogue::REQUESTS),
+        "initialize's methods vs abx_protocol::catalogue::REQUESTS"
+    );
     for m in [
         "broker/ping",
         "sandbox/create",
@@ -228,6 +234,51 @@ fn lifecycle_initialize_shutdown_exit() {
     // Cancelling something that is not running is harmless.
     c.send(r#"{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":12345}}"#);
     assert_eq!(c.call("broker/ping", Value::Null), json!({}));
+}
+
+/// Issue 41: a params member a method does not take is refused (E1004 naming it and the
+/// method) by every method whose params are closed: the protocol's params table is iterated,
+/// and every method the daemon answers must be in it, so a method added later is covered.
+/// Nothing runs: no sandbox is made, the daemon does not stop. Open params (LSP's
+/// `initialize`) still take anything.
+#[test]
+fn every_closed_method_refuses_an_unknown_member() {
+    use abx_protocol::api::params::{params_of, params_table};
+    let home = Home::new();
+    let pid = home.start();
+    let mut c = home.connect();
+    let init = c.call(
+        "initialize",
+        json!({"processId": 1, "capabilities": {}, "workDoneToken": "w", "locale": "en"}),
+    );
+    for m in init["capabilities"]["methods"].as_array().unwrap() {
+        let m = m.as_str().unwrap();
+        assert!(
+            params_of(m).is_some(),
+            "{m} is answered but not in abx_protocol::api::params: its members are not checked"
+        );
+    }
+    let before = c.call("sandbox/list", json!({}));
+    let mut checked = 0;
+    for e in params_table().filter(|e| !e.open) {
+        let m = e.method;
+        let err = c.call_err(m, json!({"zzMadeUp": {"x": [1]}}));
+        assert_eq!(abx_code(&err), "E1004", "{m}: {err}");
+        assert_eq!(err["code"], -32602, "{m}");
+        assert_eq!(
+            err["message"],
+            format!("Invalid params for '{m}': unknown member 'zzMadeUp'"),
+        );
+        assert_eq!(err["data"]["unknown"], json!(["zzMadeUp"]), "{m}");
+        checked += 1;
+    }
+    assert!(checked > 40, "{checked}");
+    assert_eq!(c.call("sandbox/list", json!({})), before);
+    assert_eq!(c.call("broker/status", Value::Null)["pid"], pid);
+    // `broker/ping` with a member is not answered on the fast path unchecked.
+    let err = c.call_err("broker/ping", json!({"echo": 1}));
+    assert_eq!(abx_code(&err), "E1004", "{err}");
+    assert_eq!(c.call("broker/ping", json!({})), json!({}));
 }
 
 #[test]

@@ -22,9 +22,13 @@
 //! - **Scoping** (Landlock ABI 6+): with `scoped`, signals and connections to abstract Unix
 //!   sockets reach only processes and sockets of the same Landlock domain (or one nested in
 //!   it): nothing outside, the daemon included.
+//! - **Keyrings** (seccomp, every policy): `add_key`, `request_key` and `keyctl` are refused
+//!   with `ENOSYS`, in every ABI; with [`keyring::join_fresh_session`] before it, nothing of
+//!   the host's keyrings is reachable ([`keyring`]).
 
 pub mod caps;
 pub mod fds;
+pub mod keyring;
 
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
@@ -188,7 +192,11 @@ impl Policy {
             }
             _ => None,
         };
-        Ok(Prepared { ruleset, filter })
+        Ok(Prepared {
+            ruleset,
+            filter,
+            keyrings: Prepared::refusing_keyrings().keyrings,
+        })
     }
 
     fn ruleset(&self, abi: i32) -> Result<OwnedFd, String> {
@@ -278,12 +286,31 @@ const WRITABLE_DEVICES: [&str; 7] = [
     "/dev/ptmx",
 ];
 
-/// A prepared ruleset and filter, applied in the child by [`restrict_self`].
+/// A prepared ruleset and filters, applied in the child by [`restrict_self`].
 #[derive(Debug, Default)]
 pub struct Prepared {
     /// The Landlock ruleset (None: no Landlock here).
     pub ruleset: Option<OwnedFd>,
     filter: Option<Box<[libc::sock_filter]>>,
+    /// The keyring filter ([`keyring::filter`]; None: no seccomp here).
+    keyrings: Option<Box<[libc::sock_filter]>>,
+}
+
+impl Prepared {
+    /// Nothing but the keyring filter (where seccomp works): for a process confined by other
+    /// means (the `local` sandbox's init) or not at all.
+    pub fn refusing_keyrings() -> Prepared {
+        Prepared {
+            ruleset: None,
+            filter: None,
+            keyrings: seccomp_available().then(|| keyring::filter().into_boxed_slice()),
+        }
+    }
+
+    /// Whether the keyring system calls will be refused.
+    pub fn refuses_keyrings(&self) -> bool {
+        self.keyrings.is_some()
+    }
 }
 
 /// A failing step of [`restrict_self`].
@@ -298,7 +325,8 @@ pub enum Step {
 }
 
 /// In the child between fork and exec (system calls only, no allocation): no_new_privs,
-/// the socket filter, then the Landlock ruleset.
+/// the socket and keyring filters, then the Landlock ruleset. A fresh session keyring
+/// ([`keyring::join_fresh_session`]) must be joined before: `keyctl` is refused after.
 ///
 /// # Safety
 /// Only call in a `pre_exec` hook (or a single-threaded child).
@@ -307,7 +335,7 @@ pub unsafe fn restrict_self(p: &Prepared) -> Result<(), (Step, i32)> {
     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
         return Err((Step::NoNewPrivs, errno()));
     }
-    if let Some(f) = &p.filter {
+    for f in [&p.filter, &p.keyrings].into_iter().flatten() {
         let prog = libc::sock_fprog {
             len: f.len() as u16,
             filter: f.as_ptr() as *mut libc::sock_filter,

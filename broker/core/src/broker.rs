@@ -29,6 +29,8 @@ pub struct Broker {
     pub pool: crate::outbound::Pool,
     /// Whether `$/abx/test/*` is served.
     pub test_hooks: bool,
+    /// Members every method's params also take (see [`Settings::extra_members`]).
+    pub extra_members: &'static [&'static str],
     /// The composition root's methods (see [`Methods`]).
     pub methods: Option<Arc<dyn Methods>>,
     started: Instant,
@@ -50,6 +52,11 @@ pub struct Settings {
     pub memory_budget: usize,
     /// Serve the `$/abx/test/*` methods (test suites only).
     pub test_hooks: bool,
+    /// Members the broker lets through on every method beside those its params type names
+    /// (`abx_protocol::api::params`): the control members of the core tests' test provider.
+    /// None (the default) anywhere else: the daemon never sets it, so a member a method does
+    /// not take is refused before any provider sees it.
+    pub extra_members: &'static [&'static str],
 }
 
 impl Default for Settings {
@@ -59,6 +66,7 @@ impl Default for Settings {
             max_message: abx_protocol::DEFAULT_MAX_MESSAGE_SIZE,
             memory_budget: crate::outbound::DEFAULT_POOL,
             test_hooks: false,
+            extra_members: &[],
         }
     }
 }
@@ -100,13 +108,27 @@ impl Broker {
         // What providers report on their own (expiries, sandboxes made on their backend)
         // keeps the index right too.
         events.set_index(index.clone());
+        let pool = crate::outbound::Pool::new(settings.memory_budget);
+        // Change notifications are counted in it too (once each, shared by every subscriber).
+        events.set_pool(pool.clone());
+        // A message is counted in the budget while it is read (issue 42): one larger than half
+        // of it could never be read beside another, so the limit follows a small budget.
+        let max_message = settings.max_message.min(pool.cap() / 2).max(1);
+        if max_message < settings.max_message {
+            tracing::info!(
+                budget = pool.cap(),
+                max_message,
+                "the message size limit is half the memory budget"
+            );
+        }
         Broker {
             version: settings.version,
-            pool: crate::outbound::Pool::new(settings.memory_budget),
+            pool,
             paths,
             shutdown: CancellationToken::new(),
-            max_message: settings.max_message,
+            max_message,
             test_hooks: settings.test_hooks,
+            extra_members: settings.extra_members,
             registry,
             index,
             handles: Default::default(),

@@ -5,8 +5,20 @@
 //!   each element of a batch counting as one; past that the reader stops reading, which
 //!   pushes back on the client alone. A batch has at most [`limits::MAX_BATCH`] elements
 //!   (E1005 beyond, counted without being decoded).
-//! - The requests being served hold their frames' bytes against an inbound budget (the
-//!   message size limit): past it the reader waits too.
+//! - Every byte read from the client is counted before it is read (issue 42): the bytes of
+//!   a message in progress up to [`READ_ALLOWANCE`] are the connection's own; a message
+//!   that outgrows them is counted in the broker-wide budget ([`crate::outbound::Pool`])
+//!   before another byte is read: a declared `Content-Length` whole at once, a line step by
+//!   step as long as that leaves room for one whole line to complete, else the rest of a
+//!   whole line at once (see [`Reader::count`]): two half-read messages never wait on each
+//!   other; a client that stops mid-message holds only what it was counted.
+//! - The requests being served hold their messages' bytes: small ones from the connection's
+//!   own [`INBOUND_ALLOWANCE`], larger ones in the budget (what was counted while they were
+//!   read, with [`HEADROOM`] for their reply), and against an inbound budget of the message
+//!   size limit per connection: past it the reader waits too. A large message is decoded in
+//!   place (its params are its own buffer, never a copy), and a request holding budget for
+//!   its message never waits for more of it: its reply's room comes from its headroom or
+//!   what is free, else it is answered E1013.
 //! - Replies and notifications go through the connection's outbound queue, bounded in bytes
 //!   ([`OUTBOUND_BUDGET`]). A client that stops reading fills only its own queue: its own
 //!   handlers wait, nobody else's. A request reserves its reply's bytes
@@ -38,19 +50,19 @@ use crate::outbound::{
     note_released, Ack, Hold, Outbound, Queued, Writer, MSG_OVERHEAD, OUTBOUND_BUDGET,
 };
 use abx_protocol::api::{methods, CancelParams, PeerInfo};
-use abx_protocol::codec::{Frame, FrameCodec, Framing};
+use abx_protocol::codec::{Frame, FrameCodec, Framing, Partial};
 use abx_protocol::limits;
 use abx_protocol::message::{self, Incoming, Message, Notification, Request};
 use abx_protocol::{AbxError, ErrorCode, Id};
-use bytes::BytesMut;
-use futures::{FutureExt, StreamExt};
+use bytes::{BufMut, BytesMut};
+use futures::FutureExt;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tokio_util::codec::FramedRead;
+use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -64,8 +76,20 @@ pub(crate) const DIRECT_WRITE: usize = 64 * 1024;
 const MAX_CORKED_FRAMES: u32 = 64;
 /// Largest inbound budget (the semaphore counts in u32).
 const INBOUND_MAX: usize = 1 << 31;
-/// A read buffer grown past this by a large message is replaced once the message is out.
-const READ_BUFFER_KEEP: usize = 1024 * 1024;
+/// Bytes of input a connection holds outside the broker-wide budget: a message in progress
+/// up to this size, or the start of the next ones. A message that outgrows it is counted in
+/// the budget before another byte of it is read. Also the most one read takes.
+pub const READ_ALLOWANCE: usize = 64 * 1024;
+/// Bytes of the small requests a connection has in flight held outside the budget (beyond
+/// them, each is counted in it).
+pub const INBOUND_ALLOWANCE: usize = 64 * 1024;
+/// Budget reserved with a message larger than [`READ_ALLOWANCE`] for its reply: a request
+/// that holds budget for its message takes its reply's room from here (or from what is free),
+/// never waiting for it while it holds the rest.
+pub const HEADROOM: usize = 128 * 1024;
+/// The largest batch (in bytes) decoded: its elements' params are copies, so a batch holds
+/// twice its size for a moment (counted). A larger one is answered E1005, never decoded.
+pub const BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Per-connection state shared by its request tasks.
 pub struct Conn {
     /// How to send to this connection.
@@ -76,6 +100,8 @@ pub struct Conn {
     /// Bytes of request frames being served (at most the message size limit).
     inbound: Arc<Semaphore>,
     inbound_size: usize,
+    /// The connection's own allowance for small requests in flight ([`INBOUND_ALLOWANCE`]).
+    inbound_own: Arc<Semaphore>,
     /// Who connected, from `initialize`.
     pub client: Mutex<Option<PeerInfo>>,
     /// Ordered lanes: requests with the same key run one after another, in arrival order.
@@ -130,6 +156,48 @@ async fn cancel_watch(conn: Arc<Conn>, id: Id, token: CancellationToken, claim: 
 struct Held {
     _slot: OwnedSemaphorePermit,
     _inbound: Option<OwnedSemaphorePermit>,
+    counted: Counted,
+}
+
+/// Where a message's bytes are counted while its request is served.
+#[derive(Default)]
+struct Counted {
+    /// In the connection's own allowance (a small message).
+    _own: Option<OwnedSemaphorePermit>,
+    /// In the broker-wide budget: its bytes.
+    pool: Option<OwnedSemaphorePermit>,
+    /// In the broker-wide budget, reserved with a large message for its reply.
+    headroom: Option<OwnedSemaphorePermit>,
+}
+
+impl Counted {
+    /// Whether the message was read into the budget (larger than the read allowance, with
+    /// headroom for its reply): its request never waits for more of it. (A small message
+    /// counted in the budget because its connection's allowance was in use holds at most
+    /// 64 KiB of it: its request waits for its reply's room as any does.)
+    fn holds_budget(&self) -> bool {
+        self.headroom.is_some()
+    }
+
+    /// Its budget bytes, merged (they count its reply once the request is done with its
+    /// params: the reply is queued against them).
+    fn into_pool(self) -> Option<OwnedSemaphorePermit> {
+        merge(self.pool, self.headroom)
+    }
+}
+
+/// Two optional permits of one semaphore as one.
+fn merge(
+    a: Option<OwnedSemaphorePermit>,
+    b: Option<OwnedSemaphorePermit>,
+) -> Option<OwnedSemaphorePermit> {
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            a.merge(b);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    }
 }
 
 /// Requests that must apply in the order they were sent (stdin bytes, then its eof) get a
@@ -182,8 +250,12 @@ async fn lane_worker(
             }
             claim.started.cancel();
         }
-        serve_one(&broker, &conn, req, token).await;
-        drop(held);
+        let Held {
+            _slot,
+            _inbound,
+            counted,
+        } = held;
+        serve_one(&broker, &conn, req, token, counted).await;
     }
 }
 
@@ -259,13 +331,13 @@ where
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         inbound: Arc::new(Semaphore::new(broker.max_message.clamp(1, INBOUND_MAX))),
         inbound_size: broker.max_message.clamp(1, INBOUND_MAX),
+        inbound_own: Arc::new(Semaphore::new(INBOUND_ALLOWANCE)),
         client: Mutex::new(None),
         lanes: Mutex::new(HashMap::new()),
     });
     debug!(conn = conn_id, "connection opened");
 
-    let mut frames =
-        FramedRead::with_capacity(reader, FrameCodec::new(broker.max_message), 64 * 1024);
+    let mut frames = Reader::new(reader, broker.max_message, broker.pool.clone());
     // Made once per connection: polling fresh cancellation futures for every frame costs a
     // mutex each (a quarter of the daemon's CPU in the pipelined benchmark).
     let shutdown = broker.shutdown.clone().cancelled_owned();
@@ -313,7 +385,7 @@ where
                     .await;
                 break ConnEnd::Broken;
             }
-            Some(Ok(Frame::TooLarge { size })) => {
+            Some(Ok((Frame::TooLarge { size }, _))) => {
                 // Its answer may wait for room the write task frees.
                 conn.handle.uncork();
                 if let Some(f) = frames.decoder().framing() {
@@ -328,7 +400,7 @@ where
                     .send(message::encode_response(None, Err(&err.to_rpc())))
                     .await;
             }
-            Some(Ok(Frame::Message(bytes))) => {
+            Some(Ok((Frame::Message(bytes), counted))) => {
                 if framing.load(Ordering::Relaxed) == 0 {
                     if let Some(f) = frames.decoder().framing() {
                         framing.store(framing_tag(f), Ordering::Relaxed);
@@ -341,7 +413,7 @@ where
                     cork.cork();
                     corked_frames += 1;
                 }
-                let handled = handle_frame(&broker, &conn, bytes);
+                let handled = handle_frame(&broker, &conn, bytes, counted);
                 tokio::pin!(handled);
                 let exit = match futures::poll!(handled.as_mut()) {
                     std::task::Poll::Ready(exit) => exit,
@@ -355,14 +427,6 @@ where
                     break ConnEnd::Exit;
                 }
                 if size >= DIRECT_WRITE {
-                    // A large message grew the read buffer: give it back rather than keep it
-                    // for the connection's whole life.
-                    let buf = frames.read_buffer_mut();
-                    if buf.capacity() > READ_BUFFER_KEEP && buf.len() < READ_BUFFER_KEEP / 2 {
-                        let mut fresh = BytesMut::with_capacity(64 * 1024);
-                        fresh.extend_from_slice(buf);
-                        *buf = fresh;
-                    }
                     note_released(size, false);
                 }
             }
@@ -399,6 +463,190 @@ where
     closed.cancel();
     note_released(0, true);
     end
+}
+
+/// The connection's reader: bytes from the client into frames, each byte counted before it
+/// is read (see the module's doc). Cancel-safe: dropped while it waits (for bytes or for
+/// room), it loses nothing.
+struct Reader<R> {
+    io: R,
+    buf: BytesMut,
+    codec: FrameCodec,
+    pool: crate::outbound::Pool,
+    max: usize,
+    /// Budget counted for the message in progress, once it outgrew [`READ_ALLOWANCE`]:
+    /// `covers` bytes of the buffer (all it may hold then), the rest for its reply
+    /// ([`HEADROOM`]) and a batch's copies.
+    held: Option<OwnedSemaphorePermit>,
+    covers: usize,
+    eof: bool,
+}
+
+impl<R: AsyncRead + Unpin> Reader<R> {
+    fn new(io: R, max: usize, pool: crate::outbound::Pool) -> Self {
+        Reader {
+            io,
+            buf: BytesMut::with_capacity(READ_ALLOWANCE),
+            codec: FrameCodec::new(max),
+            pool,
+            max,
+            held: None,
+            covers: 0,
+            eof: false,
+        }
+    }
+
+    fn decoder(&self) -> &FrameCodec {
+        &self.codec
+    }
+
+    fn read_buffer(&self) -> &BytesMut {
+        &self.buf
+    }
+
+    /// The next frame, with what counts it (a message larger than [`READ_ALLOWANCE`]: its
+    /// budget); `None` at the end.
+    async fn next(&mut self) -> Option<std::io::Result<(Frame, Counted)>> {
+        loop {
+            match self.codec.decode(&mut self.buf) {
+                Ok(Some(f)) => return Some(Ok(self.took(f))),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            if self.eof {
+                return match self.codec.decode_eof(&mut self.buf) {
+                    Ok(Some(f)) => Some(Ok(self.took(f))),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e)),
+                };
+            }
+            // The allowance, or what was counted for the message in progress (all of the
+            // buffer then: a message read into the budget is counted whole).
+            let room = READ_ALLOWANCE
+                .max(self.covers)
+                .saturating_sub(self.buf.len());
+            if room == 0 {
+                self.count().await;
+                continue;
+            }
+            let want = room.min(READ_ALLOWANCE);
+            if self.buf.capacity() - self.buf.len() < want {
+                self.buf.reserve(want);
+            }
+            match self.io.read_buf(&mut (&mut self.buf).limit(want)).await {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// The message in progress outgrew what was counted for it: count more before another
+    /// byte is read. A body of a known size is counted whole at once (waiting for room while
+    /// holding none), and gets a buffer of that size, so nothing is copied while it comes. A
+    /// line, whose end is unknown, grows its count step by step (doubling) from what is free,
+    /// as long as that leaves room for one whole line of the limit to complete; when it does
+    /// not, it waits for the rest of a whole line. Growing never takes that last room, so a
+    /// line waiting (holding what it read) can always complete once what others hold (replies,
+    /// messages being served) is given back: half-read messages never wait on each other.
+    async fn count(&mut self) {
+        let have = self.held.as_ref().map_or(0, |h| h.num_permits());
+        let (covers, need) = match self.codec.partial() {
+            Partial::Body(len) => (len, self.need(len)),
+            Partial::Unknown => {
+                // One byte past the limit: a line that long is too large (the codec says so).
+                let whole = self.max + 1;
+                let next = (2 * self.covers).max(1 << 20).min(whole);
+                let more = self.need(next).saturating_sub(have);
+                let margin = self.need(whole);
+                if let Some(mut p) = self.pool.try_take_exact(more + margin) {
+                    drop(p.split(margin));
+                    self.add(p);
+                    self.covers = next;
+                    return;
+                }
+                (whole, self.need(whole))
+            }
+            // Nothing in progress holds the buffer: it is being emptied.
+            Partial::Nothing => {
+                self.covers = self.buf.len();
+                return;
+            }
+        };
+        let more = self.pool.take(need.saturating_sub(have)).await;
+        self.add(more);
+        self.covers = covers;
+        if let Partial::Body(len) = self.codec.partial() {
+            if self.buf.capacity() < len {
+                let mut exact = BytesMut::with_capacity(len + READ_ALLOWANCE);
+                exact.extend_from_slice(&self.buf);
+                self.buf = exact;
+            }
+        }
+    }
+
+    /// The budget a message of `covers` bytes holds while it is read: its bytes, a batch's
+    /// copies, its reply's headroom.
+    fn need(&self, covers: usize) -> usize {
+        covers + batch_copies(&self.buf, covers, self.max) + HEADROOM
+    }
+
+    fn add(&mut self, more: OwnedSemaphorePermit) {
+        match &mut self.held {
+            Some(h) => h.merge(more),
+            None => self.held = Some(more),
+        }
+    }
+
+    /// A frame is out: it takes its budget (its bytes, a batch's copies, its reply's
+    /// headroom) and the rest goes back; a large one gets its buffer to itself (the next
+    /// bytes are moved to a fresh one), so it is decoded in place.
+    fn took(&mut self, f: Frame) -> (Frame, Counted) {
+        let held = self.held.take();
+        self.covers = 0;
+        let Frame::Message(bytes) = f else {
+            return (f, Counted::default());
+        };
+        let Some(mut held) = held else {
+            return (Frame::Message(bytes), Counted::default());
+        };
+        let size = bytes.len() + batch_copies(&bytes, bytes.len(), self.max);
+        let keep = size + HEADROOM;
+        if held.num_permits() > keep {
+            drop(held.split(held.num_permits() - keep));
+        }
+        let headroom = held.split(HEADROOM);
+        let mut rest = BytesMut::with_capacity(READ_ALLOWANCE.max(self.buf.len()));
+        rest.extend_from_slice(&self.buf);
+        self.buf = rest;
+        let counted = Counted {
+            _own: None,
+            pool: Some(held),
+            headroom,
+        };
+        (Frame::Message(bytes), counted)
+    }
+}
+
+/// What decoding the message starting `buf` (of `len` bytes) copies beside it: a batch's
+/// elements' params (the size of a batch within [`batch_limit`]; a larger one is never
+/// decoded).
+fn batch_copies(buf: &[u8], len: usize, max: usize) -> usize {
+    if is_batch(buf) && len <= batch_limit(max) {
+        len
+    } else {
+        0
+    }
+}
+
+fn is_batch(buf: &[u8]) -> bool {
+    buf.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
+}
+
+/// The largest batch decoded: [`BATCH_BYTES`], at most half the message size limit (a line
+/// counted at the limit holds a batch and its copies).
+fn batch_limit(max: usize) -> usize {
+    BATCH_BYTES.min(max / 2)
 }
 
 fn framing_tag(f: Framing) -> u8 {
@@ -511,13 +759,43 @@ async fn write_loop(
     let _ = writer.io.lock().await.shutdown().await;
 }
 
-/// Handle one frame. Returns true when the connection must close (`exit`).
-async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -> bool {
+/// Handle one frame. Returns true when the connection must close (`exit`). `counted`: the
+/// budget a large frame was read into.
+async fn handle_frame(
+    broker: &Arc<Broker>,
+    conn: &Arc<Conn>,
+    bytes: BytesMut,
+    mut counted: Counted,
+) -> bool {
     let size = bytes.len();
-    let incoming = match message::decode_limited(&bytes, limits::MAX_BATCH) {
+    if is_batch(&bytes) && size > batch_limit(broker.max_message) {
+        // Never decoded: its elements are counted (for the answer), nothing is built.
+        let err = match message::batch_len(&bytes) {
+            Ok(n) if n > limits::MAX_BATCH => limits::batch_too_large(n),
+            _ => batch_too_many_bytes(size, batch_limit(broker.max_message)),
+        };
+        drop(bytes);
+        warn!(
+            conn = conn.handle.id,
+            size, "refusing a batch too large to decode"
+        );
+        conn.handle
+            .send(message::encode_response(None, Err(&err.to_rpc())))
+            .await;
+        return false;
+    }
+    // A frame read into the budget has its buffer to itself: decoded in place (its params
+    // are that buffer, never a copy). A small one is decoded from the read buffer.
+    let decoded = if counted.holds_budget() {
+        message::decode_owned(Vec::from(bytes), limits::MAX_BATCH)
+    } else {
+        let d = message::decode_limited(&bytes, limits::MAX_BATCH);
+        drop(bytes);
+        d
+    };
+    let incoming = match decoded {
         Ok(i) => i,
         Err(count) => {
-            drop(bytes);
             warn!(
                 conn = conn.handle.id,
                 count,
@@ -531,7 +809,12 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
             return false;
         }
     };
-    drop(bytes);
+    if let (Incoming::Batch(_), Some(p)) = (&incoming, &mut counted.pool) {
+        // The frame is gone; its elements' params (copies, at most its size) remain.
+        if p.num_permits() > size {
+            drop(p.split(p.num_permits() - size));
+        }
+    }
     match incoming {
         Incoming::Single(Ok(Message::Request(req))) => {
             let slot = acquire(conn).await;
@@ -540,9 +823,16 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
                 drop(slot);
                 return false;
             }
+            if !counted.holds_budget() {
+                counted._own = count_small(conn, size).await;
+                if counted._own.is_none() && size > 0 {
+                    counted.pool = Some(broker.pool.take(size).await);
+                }
+            }
             let held = Held {
                 _slot: slot,
                 _inbound: take_inbound(conn, size).await,
+                counted,
             };
             let token = register(conn, &req.id);
             if let Some(key) = lane_key(&req) {
@@ -586,8 +876,12 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
             // Boxed: the request's future (about 1.5 KiB) is moved once, into its box, and
             // the task holds a pointer; spawned as it is, it was copied four times per request.
             tokio::spawn(Box::pin(async move {
-                serve_one(&broker, &conn, req, token).await;
-                drop(held);
+                let Held {
+                    _slot,
+                    _inbound,
+                    counted,
+                } = held;
+                serve_one(&broker, &conn, req, token, counted).await;
             }));
             false
         }
@@ -605,8 +899,44 @@ async fn handle_frame(broker: &Arc<Broker>, conn: &Arc<Conn>, bytes: BytesMut) -
                 .await;
             false
         }
-        Incoming::Batch(items) => batch(broker, conn, items, size).await,
+        Incoming::Batch(items) => batch(broker, conn, items, size, counted).await,
     }
+}
+
+/// Count a small message's bytes in the connection's own allowance, if it has room.
+async fn count_small(conn: &Conn, size: usize) -> Option<OwnedSemaphorePermit> {
+    if size == 0 {
+        return None;
+    }
+    conn.inbound_own
+        .clone()
+        .try_acquire_many_owned(size.min(INBOUND_ALLOWANCE) as u32)
+        .ok()
+}
+
+/// E1005 for a batch larger than the broker decodes.
+fn batch_too_many_bytes(size: usize, limit: usize) -> AbxError {
+    let mut e = AbxError::new(ErrorCode::MessageTooLarge, &[]);
+    e.message =
+        format!("Batch too large: the limit is {limit} bytes per batch (this one has {size}).");
+    e.suggestion =
+        "Send large requests outside a batch (they run concurrently all the same).".into();
+    e.with_data("limit", limit).with_data("size", size)
+}
+
+/// E1013: a request holding budget for its large message found none free for its reply
+/// (it never waits for the budget while holding some).
+fn budget_busy(method: &str, held: usize) -> AbxError {
+    AbxError::new(
+        ErrorCode::Busy,
+        &[(
+            "detail",
+            &format!(
+                "the memory budget has no room now for the reply to '{method}' beside its own \
+                 message ({held} bytes); it was not run"
+            ),
+        )],
+    )
 }
 
 /// A batch: each request takes an in-flight slot (waiting like single requests do), their
@@ -617,6 +947,7 @@ async fn batch(
     conn: &Arc<Conn>,
     items: Vec<Result<Message, message::Invalid>>,
     size: usize,
+    mut counted: Counted,
 ) -> bool {
     let mut exit = false;
     let mut slots = Vec::new();
@@ -624,6 +955,7 @@ async fn batch(
     let mut bodies: Vec<Option<Vec<u8>>> = Vec::with_capacity(items.len());
     let mut reserve = 0usize;
     let mut work = 0usize;
+    let mut ids = Vec::new();
     let replied = CancellationToken::new();
     for item in items {
         match item {
@@ -650,10 +982,12 @@ async fn batch(
                 let token = register(conn, &req.id);
                 let idx = bodies.len();
                 bodies.push(None);
+                ids.push((idx, req.id.clone()));
                 let (broker, conn, replied) = (broker.clone(), conn.clone(), replied.clone());
-                futs.push(
-                    async move { (idx, run_request(&broker, &conn, req, token, replied).await) },
-                );
+                futs.push(async move {
+                    let r = run_request(&broker, &conn, req, token, replied, None).await;
+                    (idx, r)
+                });
             }
             Ok(Message::Notification(n)) => exit |= notification(conn, n),
             Ok(Message::Response(_)) => {}
@@ -663,11 +997,38 @@ async fn batch(
             ))),
         }
     }
+    if !counted.holds_budget() {
+        counted._own = count_small(conn, size).await;
+        if counted._own.is_none() && size > 0 {
+            counted.pool = Some(broker.pool.take(size).await);
+        }
+    }
     let inbound = take_inbound(conn, size).await;
     let conn2 = conn.clone();
     tokio::spawn(async move {
         let reservation = if futs.is_empty() {
             None
+        } else if counted.holds_budget() {
+            // A large batch holds budget: its replies' room never waits for more of it.
+            let held = counted.pool.as_ref().map_or(0, |p| p.num_permits());
+            match conn2
+                .handle
+                .reserve_within(reserve, work, &mut counted.headroom)
+                .await
+            {
+                Ok(r) => r,
+                Err(()) => {
+                    let e = budget_busy("a batch", held).to_rpc();
+                    let mut pending = conn2.pending.lock().expect("pending lock");
+                    for (idx, id) in ids {
+                        pending.remove(&id);
+                        bodies[idx] = Some(message::encode_response(Some(&id), Err(&e)));
+                    }
+                    drop(pending);
+                    futs.clear();
+                    None
+                }
+            }
         } else {
             conn2.handle.reserve_with(reserve, work).await
         };
@@ -699,7 +1060,7 @@ async fn batch(
             }
         }
         replied.cancel();
-        drop((slots, inbound));
+        drop((slots, inbound, counted));
     });
     exit
 }
@@ -714,19 +1075,48 @@ async fn take_inbound(conn: &Conn, size: usize) -> Option<OwnedSemaphorePermit> 
     conn.inbound.clone().acquire_many_owned(n).await.ok()
 }
 
-/// Run one request and queue its reply: the reply's bytes are reserved before it runs.
-async fn serve_one(broker: &Arc<Broker>, conn: &Arc<Conn>, req: Request, token: CancellationToken) {
+/// Run one request and queue its reply: the reply's bytes are reserved before it runs. A
+/// request whose message holds budget (`counted`) takes that room without waiting for more
+/// budget (E1013 when there is none); its message's budget then counts its reply.
+async fn serve_one(
+    broker: &Arc<Broker>,
+    conn: &Arc<Conn>,
+    req: Request,
+    token: CancellationToken,
+    mut counted: Counted,
+) {
     let need = limits::reply_reserve(&req.method, req.params.as_deref());
     let work = limits::work_reserve(&req.method, req.params.as_deref());
     // The reservation first: when there is room (almost always) the cancellation's waiter is
     // never registered. A request cancelled meanwhile is still answered E1006 by
     // `run_request`, which checks the token before it runs anything.
-    let reservation = tokio::select! {
-        biased;
-        r = conn.handle.reserve_with(need, work) => r,
-        _ = token.cancelled() => None,
+    let reservation = if counted.holds_budget() {
+        let held = counted.pool.as_ref().map_or(0, |p| p.num_permits());
+        let r = tokio::select! {
+            biased;
+            r = conn.handle.reserve_within(need, work, &mut counted.headroom) => r,
+            _ = token.cancelled() => Ok(None),
+        };
+        match r {
+            Ok(r) => r,
+            Err(()) => {
+                conn.pending.lock().expect("pending lock").remove(&req.id);
+                let err = budget_busy(&req.method, held);
+                drop(counted);
+                conn.handle
+                    .send(message::encode_response(Some(&req.id), Err(&err.to_rpc())))
+                    .await;
+                return;
+            }
+        }
+    } else {
+        tokio::select! {
+            biased;
+            r = conn.handle.reserve_with(need, work) => r,
+            _ = token.cancelled() => None,
+        }
     };
-    let Some(reservation) = reservation else {
+    let Some(mut reservation) = reservation else {
         // Cancelled (or the client went away) while waiting for room: never run it, so
         // requests that were waiting for budget cannot all run at once without any.
         conn.pending.lock().expect("pending lock").remove(&req.id);
@@ -737,8 +1127,14 @@ async fn serve_one(broker: &Arc<Broker>, conn: &Arc<Conn>, req: Request, token: 
         return;
     };
     let replied = CancellationToken::new();
-    let (body, hold) = run_request(broker, conn, req, token, replied.clone()).await;
+    // The reply's budget is lent to whatever builds it (a plugin's host reads the reply into
+    // it), and comes back as its hold.
+    let lent = reservation.take_pool();
+    let (body, hold) = run_request(broker, conn, req, token, replied.clone(), lent).await;
     let len = body.len();
+    // The params are gone: the bytes counted for them count the reply (what it does not need
+    // goes back when it is queued).
+    let hold = merge(hold, counted.into_pool());
     conn.handle.send_reserved(body, reservation, hold).await;
     replied.cancel();
     if len >= DIRECT_WRITE {
@@ -768,8 +1164,9 @@ fn inline(broker: &Arc<Broker>, conn: &Conn, req: &Request) -> Option<Vec<u8>> {
     if conn.shutting_down.load(Ordering::Relaxed) {
         return None;
     }
-    // By-position params other than [] get their E1004 from the dispatcher.
-    if req.params.as_deref().and_then(dispatch::array_params) == Some(false) {
+    // Params with members (by-position ones other than [] too) get their E1004 from the
+    // dispatcher: these methods take none.
+    if !req.params.as_deref().is_none_or(dispatch::no_members) {
         return None;
     }
     if !matches!(req.method.as_str(), methods::PING | methods::STATUS) {
@@ -801,9 +1198,10 @@ async fn run_request(
     req: Request,
     token: CancellationToken,
     replied: CancellationToken,
+    lent: Option<OwnedSemaphorePermit>,
 ) -> (Vec<u8>, Option<OwnedSemaphorePermit>) {
     let _counted = broker.request_started();
-    let hold: Hold = Arc::new(Mutex::new(None));
+    let hold: Hold = Arc::new(Mutex::new(lent));
     let outcome = if conn.shutting_down.load(Ordering::Relaxed) {
         Err(AbxError::new(
             ErrorCode::ShuttingDown,
@@ -877,5 +1275,123 @@ fn notification(conn: &Conn, n: Notification) -> bool {
             debug!(method = other, "ignoring unknown notification");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbound::Pool;
+    use std::time::Duration;
+
+    const MIB: usize = 1 << 20;
+
+    fn used(pool: &Pool) -> usize {
+        pool.cap() - pool.available()
+    }
+
+    /// Poll the reader for a moment: `None` when it is still waiting (for bytes or room).
+    async fn poll<R: AsyncRead + Unpin>(r: &mut Reader<R>) -> Option<(Frame, Counted)> {
+        match tokio::time::timeout(Duration::from_millis(200), r.next()).await {
+            Ok(Some(Ok(f))) => Some(f),
+            Ok(other) => panic!("the stream ended: {:?}", other.map(|r| r.map(|_| ()))),
+            Err(_) => None,
+        }
+    }
+
+    /// A `Content-Length` body is counted whole before more of it than the allowance is read;
+    /// the frame takes that budget (its bytes, and its reply's headroom) and nothing stays.
+    #[tokio::test]
+    async fn a_declared_body_is_counted_whole_before_it_is_read() {
+        let pool = Pool::new(16 * MIB);
+        let (mut client, server) = tokio::io::duplex(MIB);
+        let mut r = Reader::new(server, 8 * MIB, pool.clone());
+        let len = 3 * MIB;
+        let writer = tokio::spawn(async move {
+            client
+                .write_all(format!("Content-Length: {len}\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            client.write_all(&vec![b'x'; len / 2]).await.unwrap();
+            client
+        });
+        assert!(poll(&mut r).await.is_none());
+        assert_eq!(used(&pool), len + HEADROOM, "counted whole, once");
+        assert!(r.buf.capacity() >= len, "one buffer of its size");
+        let mut client = writer.await.unwrap();
+        let rest = tokio::spawn(async move {
+            client.write_all(&vec![b'y'; len - len / 2]).await.unwrap();
+            client
+        });
+        let (frame, counted) = poll(&mut r).await.expect("the frame");
+        drop(rest.await.unwrap());
+        assert!(matches!(&frame, Frame::Message(b) if b.len() == len));
+        assert_eq!(counted.pool.as_ref().unwrap().num_permits(), len);
+        assert_eq!(counted.headroom.as_ref().unwrap().num_permits(), HEADROOM);
+        drop((frame, counted));
+        assert_eq!(used(&pool), 0);
+    }
+
+    /// A line whose end is unknown is counted as it grows, never behind what was read; two
+    /// lines half read at once, with room for one whole line only, both complete once their
+    /// bytes come (the one waiting holds what it read, the other can still grow).
+    #[tokio::test]
+    async fn lines_are_counted_as_they_grow_and_two_half_read_ones_both_complete() {
+        let pool = Pool::new(12 * MIB);
+        let max = 4 * MIB;
+        let mut readers = Vec::new();
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            let (client, server) = tokio::io::duplex(MIB);
+            readers.push(Reader::new(server, max, pool.clone()));
+            clients.push(client);
+        }
+        let line = |n: usize| {
+            let mut l = vec![b'{'];
+            l.resize(n, b'a');
+            l
+        };
+        let mut tasks = Vec::new();
+        for mut c in clients {
+            tasks.push(tokio::spawn(async move {
+                c.write_all(&line(3 * MIB)).await.unwrap();
+                c
+            }));
+        }
+        for _ in 0..20 {
+            for r in readers.iter_mut() {
+                assert!(poll(r).await.is_none());
+                let held = r.held.as_ref().map_or(0, |h| h.num_permits());
+                assert!(
+                    r.buf.len() <= READ_ALLOWANCE || held >= r.buf.len(),
+                    "{} bytes read, {held} counted",
+                    r.buf.len()
+                );
+            }
+            if tasks.iter().all(|t| t.is_finished()) {
+                break;
+            }
+        }
+        let mut clients = Vec::new();
+        for t in tasks {
+            clients.push(t.await.unwrap());
+        }
+        assert!(used(&pool) <= pool.cap());
+        for c in clients.iter_mut() {
+            c.write_all(b"\n").await.unwrap();
+        }
+        for r in readers.iter_mut() {
+            let mut got = None;
+            for _ in 0..20 {
+                got = poll(r).await;
+                if got.is_some() {
+                    break;
+                }
+            }
+            let (frame, counted) = got.expect("the line completes");
+            assert!(matches!(&frame, Frame::Message(b) if b.len() == 3 * MIB));
+            drop((frame, counted));
+        }
+        assert_eq!(used(&pool), 0);
     }
 }

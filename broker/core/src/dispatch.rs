@@ -2,10 +2,12 @@
 
 use crate::broker::Broker;
 use crate::conn::Conn;
+use crate::events::Info;
+pub use crate::members::{params_value, MAX_MEMBERS};
 use crate::members::{string_or_null, Members};
 use crate::provider::{CallCx, Provider};
 use abx_protocol::api::{
-    methods, BrokerShutdownParams, InitializeParams, InitializeResult, NoParams, PeerInfo,
+    self, methods, BrokerShutdownParams, InitializeParams, InitializeResult, NoParams, PeerInfo,
     ProviderIdParams,
 };
 use abx_protocol::features;
@@ -67,6 +69,16 @@ pub fn by_name(method: &str, p: Option<Box<RawValue>>) -> Result<Option<Box<RawV
     Err(e)
 }
 
+/// True for params without members: `{}` or `[]` (whitespace inside allowed).
+pub fn no_members(p: &RawValue) -> bool {
+    let text = p.get().trim();
+    let inner = text
+        .strip_prefix('{')
+        .and_then(|t| t.strip_suffix('}'))
+        .or_else(|| text.strip_prefix('[').and_then(|t| t.strip_suffix(']')));
+    inner.is_some_and(|t| t.trim().is_empty())
+}
+
 /// `Some(empty)` when params are by-position (an array), `None` for an object.
 pub fn array_params(p: &RawValue) -> Option<bool> {
     let text = p.get().trim_start();
@@ -74,19 +86,10 @@ pub fn array_params(p: &RawValue) -> Option<bool> {
     Some(rest.trim() == "]")
 }
 
-/// Every method the core answers itself (the composition root adds its own, see
-/// [`crate::broker::Methods`]; the provider methods are [`features::PROVIDER_METHODS`]).
-pub const METHODS: &[&str] = &[
-    methods::INITIALIZE,
-    methods::SHUTDOWN,
-    methods::PING,
-    methods::STATUS,
-    methods::BROKER_SHUTDOWN,
-    methods::SUBSCRIBE,
-    methods::UNSUBSCRIBE,
-    "provider/list",
-    "provider/info",
-];
+/// Every method the core answers itself, from the catalogue (`abx_protocol::catalogue::CORE`;
+/// the composition root adds its own, see [`crate::broker::Methods`]; the provider methods
+/// are [`features::PROVIDER_METHODS`]).
+pub const METHODS: &[&str] = abx_protocol::catalogue::CORE;
 
 /// Run one request. The params are taken by value so that a router can free them as soon as
 /// it has parsed them (a 64 MiB `files/write` is then held once, not twice).
@@ -99,6 +102,17 @@ pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
         return route(cx, method, raw).await;
     }
     let p = raw.as_deref();
+    // The core's and the composition root's methods: small params, whose names are read
+    // here once more (a method nobody serves is E1003 below, whatever its params). At most
+    // MAX_MEMBERS names are read; params that are not an object are left to the typed parse.
+    if let Some(raw) = p {
+        let served = METHODS.contains(&method)
+            || cx.broker.methods.as_ref().is_some_and(|m| m.serves(method));
+        if served && raw.get().trim_start().starts_with('{') {
+            let obj = Members::parse(method, raw)?;
+            check_members(&cx.broker, method, obj.names(), false)?;
+        }
+    }
     match method {
         methods::INITIALIZE => initialize(cx, params(method, p)?),
         methods::SHUTDOWN => reply(&()),
@@ -127,6 +141,25 @@ pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
             )),
         },
     }
+}
+
+/// Refuse the members `method` does not take (E1004 naming them), by the names of its params
+/// type ([`api::params`]): before the method runs, and for a provider method before any
+/// provider is chosen or called, so no provider (a plugin neither) ever sees a member the
+/// API does not have. A routed method also takes `provider` (which provider serves it);
+/// [`crate::broker::Settings::extra_members`] are taken everywhere. A method that is not in
+/// the table parses its params itself.
+fn check_members<'n>(
+    b: &Broker,
+    method: &str,
+    names: impl Iterator<Item = &'n str>,
+    routed: bool,
+) -> Result<(), AbxError> {
+    let Some(entry) = api::params::params_of(method) else {
+        return Ok(());
+    };
+    let also: &[&str] = if routed { &["provider"] } else { &[] };
+    entry.check(names.filter(|n| !b.extra_members.contains(n)), also)
 }
 
 /// Methods for the test suites, served only when the broker was made with
@@ -192,11 +225,9 @@ fn initialize(cx: &Cx, p: InitializeParams) -> Reply {
         capabilities: json!({
             "framings": ["line", "content-length"],
             "maxMessageSize": cx.broker.max_message,
-            "methods": METHODS
-                .iter()
-                .chain(features::PROVIDER_METHODS)
-                .chain(cx.broker.methods.iter().flat_map(|m| m.names()))
-                .collect::<Vec<_>>(),
+            "methods": abx_protocol::catalogue::listed(
+                cx.broker.methods.as_ref().map_or(&[], |m| m.names())
+            ),
         }),
     })
 }
@@ -318,6 +349,7 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         Some(raw) => Members::parse(method, raw)?,
         None => Members::default(),
     };
+    check_members(b, method, obj.names(), true)?;
     check_bounds(method, &obj)?;
     let explicit = match obj
         .remove("provider")
@@ -381,11 +413,8 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         _ => None,
     };
     if let Some(key) = host_path {
-        if let Some(Value::String(lp)) = obj
-            .get(key)
-            .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
-        {
-            if !std::path::Path::new(&lp).is_absolute() {
+        if let Some(Ok(Some(lp))) = obj.get(key).map(string_or_null) {
+            if !std::path::Path::new(&*lp).is_absolute() {
                 return Err(AbxError::invalid_params(
                     method,
                     format!("{key} must be absolute, not '{lp}'"),
@@ -441,27 +470,38 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         };
         provider.call_raw(&ccx, method, params).await
     } else {
-        let mut map = serde_json::Map::new();
-        for (k, v) in obj.into_unique() {
-            map.insert(k.into_owned(), member_value(method, &v)?);
+        // A provider that reads a tree: its cost counted before it is built, its largest
+        // string made of the request's own buffer (never held twice).
+        let base = p.as_deref().map_or("", RawValue::get);
+        let plan = obj.plan(method, base, &b.pool)?;
+        let (params, counted) = plan.finish(method, p)?;
+        // The reply's budget this request lent is not the provider's to replace (it deposits
+        // its own hold): kept aside, and merged with it after.
+        let lent = cx.hold.lock().expect("hold").take();
+        let res = provider.call(&ccx, method, params).await;
+        drop(counted);
+        if let Some(lent) = lent {
+            let mut h = cx.hold.lock().expect("hold");
+            match h.as_mut() {
+                Some(mine) => mine.merge(lent),
+                None => *h = Some(lent),
+            }
         }
-        drop(p);
-        provider.call(&ccx, method, Value::Object(map)).await
+        res
     };
     match (&res, method) {
         (Ok(raw), "sandbox/create") => {
-            let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
-            if let Some(id) = v["id"].as_str() {
-                b.index.insert(id, &summary.id);
-                b.events.emit(&summary.id, id, "created", Some(&v));
+            if let Some(id) = reply_str(raw, "id") {
+                b.index.insert(&id, &summary.id);
+                b.events
+                    .emit_info(&summary.id, &id, "created", object(raw).map(Info::Raw));
             }
         }
         (Ok(raw), "sandbox/kill") => {
             if let Some(id) = &local_id {
                 b.index.remove(id);
                 // Idempotent: a kill of what was gone already (`killed: false`) changes nothing.
-                let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
-                if v["killed"] != false {
+                if reply_member(raw, "killed").is_none_or(|k| k.get().trim() != "false") {
                     b.events.emit(&summary.id, id, "killed", None);
                 }
             }
@@ -473,16 +513,13 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
                     "sandbox/resume" => "resumed",
                     _ => "timeout",
                 };
-                let v = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
-                let info = v.is_object().then_some(&v);
-                b.events.emit(&summary.id, id, change, info);
+                b.events
+                    .emit_info(&summary.id, id, change, object(raw).map(Info::Raw));
             }
         }
         (Ok(raw), "exec/start" | "files/watch") => {
-            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-                if let Some(h) = v["execId"].as_str().or(v["watchId"].as_str()) {
-                    b.handles.insert(h, &summary.id);
-                }
+            if let Some(h) = reply_str(raw, "execId").or_else(|| reply_str(raw, "watchId")) {
+                b.handles.insert(&h, &summary.id);
             }
         }
         (Err(e), _) if e.code == ErrorCode::SandboxNotFound => {
@@ -495,26 +532,47 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     res
 }
 
-fn member_value(method: &str, raw: &RawValue) -> Result<Value, AbxError> {
-    serde_json::from_str(raw.get()).map_err(|e| AbxError::invalid_params(method, e))
+/// A reply that is an object (raw), else `None`.
+fn object(raw: &RawValue) -> Option<&RawValue> {
+    raw.get().trim_start().starts_with('{').then_some(raw)
 }
 
-/// The upper bounds of the params that size a reply (the same for every provider).
+/// The member `key` of a reply that is an object (the last of that name), raw: the reply is
+/// read member by member, never made a tree (it may hold a sandbox's metadata).
+fn reply_member<'r>(raw: &'r RawValue, key: &str) -> Option<&'r RawValue> {
+    Members::parse("", object(raw)?).ok()?.get_borrowed(key)
+}
+
+/// A string member of a reply that is an object, else `None`.
+fn reply_str(raw: &RawValue, key: &str) -> Option<String> {
+    string_or_null(reply_member(raw, key)?)
+        .ok()
+        .flatten()
+        .map(Cow::into_owned)
+}
+
+/// The upper bounds of the params that size a reply (the same for every provider). The
+/// numbers are read as numbers, never as a tree of whatever was sent in their place.
 fn check_bounds(method: &str, params: &Members<'_>) -> Result<(), AbxError> {
     let num = |k: &str| -> Result<Option<u64>, AbxError> {
-        let v = match params.get(k) {
-            None => return Ok(None),
-            Some(r) => member_value(method, r)?,
+        let Some(r) = params.get(k) else {
+            return Ok(None);
         };
-        match v {
-            Value::Null => Ok(None),
-            v => match v.as_u64() {
+        let n: Option<serde_json::Number> = serde_json::from_str(r.get()).map_err(|_| {
+            AbxError::invalid_params(
+                method,
+                format!("{k} must be a non-negative integer, not {:.40}", r.get()),
+            )
+        })?;
+        match n {
+            None => Ok(None),
+            Some(n) => match n.as_u64() {
                 Some(n) => Ok(Some(n)),
                 // A number too large for u64 (1e30) is above the bound too.
-                None if v.as_f64().is_some_and(|f| f > u64::MAX as f64) => Ok(Some(u64::MAX)),
+                None if n.as_f64().is_some_and(|f| f > u64::MAX as f64) => Ok(Some(u64::MAX)),
                 None => Err(AbxError::invalid_params(
                     method,
-                    format!("{k} must be a non-negative integer, not {v}"),
+                    format!("{k} must be a non-negative integer, not {n}"),
                 )),
             },
         }
@@ -537,22 +595,36 @@ async fn list_all(cx: &Cx) -> Reply {
         hold: cx.hold.clone(),
     };
     let providers: Vec<Arc<dyn Provider>> = cx.broker.registry.with_feature("sandbox.lifecycle");
-    let replies = futures::future::join_all(providers.iter().map(|p| {
-        let ccx = &ccx;
-        async move {
-            let raw = p.call(ccx, "sandbox/list", json!({})).await?;
-            serde_json::from_str::<Value>(raw.get()).map_err(AbxError::internal)
-        }
-    }))
+    let replies = futures::future::join_all(
+        providers
+            .iter()
+            .map(|p| async { p.call(&ccx, "sandbox/list", json!({})).await }),
+    )
     .await;
-    let mut all = Vec::new();
+    // The lists are joined as text: each provider's entries as it wrote them, never a tree
+    // of them (a sandbox's metadata may be large).
+    let mut out = br#"{"sandboxes":["#.to_vec();
+    let mut first = true;
     let mut errors = Vec::new();
     for (p, r) in providers.iter().zip(replies) {
         match r {
-            Ok(v) => {
-                if let Some(list) = v["sandboxes"].as_array() {
-                    all.extend(list.iter().cloned());
+            Ok(raw) => {
+                let Some(list) = reply_member(&raw, "sandboxes") else {
+                    continue;
+                };
+                let text = list.get().trim();
+                let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) else {
+                    continue;
+                };
+                let inner = inner.trim();
+                if inner.is_empty() {
+                    continue;
                 }
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                out.extend_from_slice(inner.as_bytes());
             }
             // The caller gave up: that is the whole call's answer, not one provider's.
             Err(e) if e.code == ErrorCode::RequestCancelled => return Err(e),
@@ -567,9 +639,12 @@ async fn list_all(cx: &Cx) -> Reply {
             }
         }
     }
-    if errors.is_empty() {
-        reply(&json!({ "sandboxes": all }))
-    } else {
-        reply(&json!({ "sandboxes": all, "errors": errors }))
+    out.push(b']');
+    if !errors.is_empty() {
+        out.extend_from_slice(br#","errors":"#);
+        serde_json::to_writer(&mut out, &errors).map_err(AbxError::internal)?;
     }
+    out.push(b'}');
+    let text = String::from_utf8(out).map_err(AbxError::internal)?;
+    RawValue::from_string(text).map_err(AbxError::internal)
 }

@@ -6,8 +6,15 @@
 //! A member named twice is read as `serde_json`'s own map reading does (the last one counts),
 //! and params with such a member are always written out again with the last one only, so a
 //! provider never sees a member the broker read differently.
+//!
+//! Params have at most [`MAX_MEMBERS`] members (no method takes more than a few dozen): more
+//! is E1004 as soon as the limit is passed, so a 60 MB object of one-byte members is never
+//! listed. A provider that takes a `serde_json::Value` ([`Members::plan`]) gets one whose
+//! cost was counted before it was built, its largest string member made in place from the
+//! request's own buffer (issue 42: a `Value` tree costs 10 to 40 times its text).
 
-use abx_protocol::AbxError;
+use crate::outbound::Pool;
+use abx_protocol::{message, AbxError, ErrorCode};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
@@ -15,6 +22,18 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// The most members params may have.
+pub const MAX_MEMBERS: usize = 256;
+/// A string member at least this long is made in place (the request's buffer becomes it).
+const IN_PLACE: usize = 64 * 1024;
+/// What a `Value` of params may cost beside its in-place string before it is counted in the
+/// budget (less is the request's own: within its headroom or allowance).
+const VALUE_SMALL: usize = 64 * 1024;
+/// What each member of a `Value` map costs beside its key and value (see
+/// `abx_protocol::message::value_cost`).
+const MEMBER_COST: usize = 128;
 
 /// A params object's members, in the order they came.
 #[derive(Default)]
@@ -53,6 +72,9 @@ impl<'de> Visitor<'de> for StrVisitor {
     }
 }
 
+/// Why params with too many members were refused.
+const TOO_MANY: &str = "params have more than 256 members";
+
 /// Reads an object into [`Members`].
 struct MembersVisitor;
 
@@ -67,6 +89,9 @@ impl<'de> Visitor<'de> for MembersVisitor {
             changed: false,
         };
         while let Some(Key(k)) = map.next_key()? {
+            if m.list.len() == MAX_MEMBERS {
+                return Err(serde::de::Error::custom(TOO_MANY));
+            }
             let v: &'de RawValue = map.next_value()?;
             m.changed |= m.list.iter().any(|(name, _)| *name == k);
             m.list.push((k, Cow::Borrowed(v)));
@@ -81,7 +106,11 @@ impl<'a> Members<'a> {
     pub(crate) fn parse(method: &str, raw: &'a RawValue) -> Result<Members<'a>, AbxError> {
         let mut de = serde_json::Deserializer::from_str(raw.get());
         de.deserialize_map(MembersVisitor).map_err(|e| {
-            match serde_json::from_str::<Value>(raw.get()) {
+            if e.to_string().starts_with(TOO_MANY) {
+                return AbxError::invalid_params(method, TOO_MANY);
+            }
+            // Told apart without a tree of them: valid JSON that is not an object, or not JSON.
+            match serde_json::from_str::<serde::de::IgnoredAny>(raw.get()) {
                 Ok(_) => AbxError::invalid_params(method, "params must be an object"),
                 Err(_) => AbxError::invalid_params(method, e),
             }
@@ -95,6 +124,26 @@ impl<'a> Members<'a> {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| &**v)
+    }
+
+    /// The member named `key` (the last one), when it is read from the params' text (not
+    /// one the broker inserted): borrowed for as long as that text.
+    pub(crate) fn get_borrowed(&self, key: &str) -> Option<&'a RawValue> {
+        match self
+            .list
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+        {
+            Some(Cow::Borrowed(v)) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The members' names, in the order they came (a name given twice: twice).
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.list.iter().map(|(k, _)| &**k)
     }
 
     pub(crate) fn contains_key(&self, key: &str) -> bool {
@@ -143,6 +192,135 @@ impl<'a> Members<'a> {
             .zip(last)
             .filter_map(|(m, last)| last.then_some(m))
     }
+}
+
+/// Params on their way to a provider that takes a `Value` ([`Members::plan`]): every member
+/// but the in-place one already a tree (counted), the in-place one still in the request's
+/// buffer.
+pub(crate) struct Plan {
+    map: serde_json::Map<String, Value>,
+    /// The member made from the request's buffer: its name, where its text starts and how
+    /// long it is.
+    in_place: Option<(String, usize, usize)>,
+    counted: Option<OwnedSemaphorePermit>,
+}
+
+impl<'a> Members<'a> {
+    /// What these members (read from `base`, the text they borrow from) become as a
+    /// `Value` map, its cost counted first: the largest string member of at least 64 KiB is
+    /// left in the request's buffer (made a `String` in place by [`Plan::finish`]), every
+    /// other member is costed ([`message::value_cost`]) and built. Beyond 64 KiB the cost is
+    /// taken from the budget now (E1013 when it has no room: the request holds budget already
+    /// and never waits for more); beyond an eighth of the budget it is E1005.
+    pub(crate) fn plan(self, method: &str, base: &str, pool: &Pool) -> Result<Plan, AbxError> {
+        let range = |v: &RawValue| {
+            let (at, b) = (v.get().as_ptr() as usize, base.as_ptr() as usize);
+            (at >= b && at + v.get().len() <= b + base.len()).then(|| (at - b, v.get().len()))
+        };
+        let members: Vec<(Cow<'a, str>, Cow<'a, RawValue>)> = self.into_unique().collect();
+        let in_place = members
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, v))| {
+                matches!(v, Cow::Borrowed(_))
+                    && v.get().starts_with('"')
+                    && v.get().len() >= IN_PLACE
+            })
+            .max_by_key(|(_, (_, v))| v.get().len())
+            .map(|(i, _)| i);
+        let mut cost = 0usize;
+        for (i, (k, v)) in members.iter().enumerate() {
+            if Some(i) == in_place {
+                continue;
+            }
+            let c =
+                message::value_cost(v.get()).map_err(|e| AbxError::invalid_params(method, e))?;
+            cost = cost.saturating_add(c + MEMBER_COST + k.len());
+        }
+        let limit = pool.cap() / 8;
+        if cost > limit {
+            let mut e = AbxError::new(ErrorCode::MessageTooLarge, &[]);
+            e.message = format!(
+                "Params too large to read: '{method}' would hold {cost} bytes of them as the provider reads them (the limit is {limit})."
+            );
+            e.suggestion = "Send fewer or smaller values (a long list or map is many small allocations); large data goes as one string (files/write, stdin).".into();
+            return Err(e.with_data("limit", limit).with_data("size", cost));
+        }
+        let counted = if cost > VALUE_SMALL {
+            match pool.try_take_exact(cost) {
+                Some(p) => Some(p),
+                None => {
+                    return Err(AbxError::new(
+                        ErrorCode::Busy,
+                        &[(
+                            "detail",
+                            &format!(
+                                "the memory budget has no room now for the {cost} bytes the params of '{method}' take as the provider reads them; it was not run"
+                            ),
+                        )],
+                    ))
+                }
+            }
+        } else {
+            None
+        };
+        let mut map = serde_json::Map::new();
+        let mut place = None;
+        for (i, (k, v)) in members.into_iter().enumerate() {
+            if Some(i) == in_place {
+                if let Some((start, len)) = range(&v) {
+                    place = Some((k.into_owned(), start, len));
+                    continue;
+                }
+            }
+            let value =
+                serde_json::from_str(v.get()).map_err(|e| AbxError::invalid_params(method, e))?;
+            map.insert(k.into_owned(), value);
+        }
+        Ok(Plan {
+            map,
+            in_place: place,
+            counted,
+        })
+    }
+}
+
+impl Plan {
+    /// The `Value` the provider gets, made of `owner` (the text the members were read from):
+    /// its in-place member a `String` of the owner's own buffer. With it, the budget counted
+    /// for the rest of the tree (held until the provider is done with it).
+    pub(crate) fn finish(
+        self,
+        method: &str,
+        owner: Option<Box<RawValue>>,
+    ) -> Result<(Value, Option<OwnedSemaphorePermit>), AbxError> {
+        let Plan {
+            mut map,
+            in_place,
+            counted,
+        } = self;
+        if let (Some((name, start, len)), Some(owner)) = (in_place, owner) {
+            let text: Box<str> = owner.into();
+            let s = message::string_in_place(String::from(text).into_bytes(), start, len)
+                .ok_or_else(|| {
+                    AbxError::invalid_params(method, format!("'{name}' is not a valid string"))
+                })?;
+            map.insert(name, Value::String(s));
+        }
+        Ok((Value::Object(map), counted))
+    }
+}
+
+/// Params a provider reads as a `Value` (`params`: an object), its cost counted first and its
+/// largest string made in place (see [`Members::plan`]): the plugin host's own methods
+/// (`exec/run` and the others it serves itself) read them so.
+pub fn params_value(
+    method: &str,
+    params: Box<RawValue>,
+    pool: &Pool,
+) -> Result<(Value, Option<OwnedSemaphorePermit>), AbxError> {
+    let plan = Members::parse(method, &params)?.plan(method, params.get(), pool)?;
+    plan.finish(method, Some(params))
 }
 
 impl Serialize for Members<'_> {
@@ -272,5 +450,30 @@ mod tests {
         for bad in ["1", "true", "[]", "{}", r#"["echo"]"#] {
             assert_eq!(string_or_null(&raw(bad)), Err(()), "{bad}");
         }
+    }
+
+    /// Params read as a tree by a provider: its cost known before it is built (a list of
+    /// millions is refused, never built), its large string made of the request's own buffer
+    /// (the same text as serde_json reads it), more than 256 members refused as they come.
+    #[test]
+    fn params_as_a_tree_are_counted_before_they_are_built() {
+        let pool = Pool::new(128 << 20);
+        let data = format!("{}\\n\\u00e9\\\"", "x".repeat(IN_PLACE));
+        let text = format!(r#"{{"sandbox":"s","data":"{data}","env":{{"A":"1"}}}}"#);
+        let (v, counted) = params_value("files/write", raw(&text), &pool).unwrap();
+        assert_eq!(v, serde_json::from_str::<Value>(&text).unwrap());
+        assert!(counted.is_none(), "the rest of the tree is small");
+        // A list of a million zeros would take ~64 MB as a tree: refused unbuilt.
+        let text = format!(r#"{{"metadata":{{"x":[{}0]}}}}"#, "0,".repeat(1_000_000));
+        let e = params_value("sandbox/create", raw(&text), &pool).unwrap_err();
+        assert_eq!(e.code, ErrorCode::MessageTooLarge, "{}", e.message);
+        // A smaller one is counted in the budget while the provider holds it.
+        let text = format!(r#"{{"metadata":{{"x":[{}0]}}}}"#, "0,".repeat(10_000));
+        let (_, counted) = params_value("sandbox/create", raw(&text), &pool).unwrap();
+        assert!(counted.expect("counted").num_permits() > 10_000 * 32);
+        // Too many members: refused as soon as the limit is passed.
+        let text = format!("{{{}\"z\":0}}", r#""a":0,"#.repeat(MAX_MEMBERS));
+        let e = Members::parse("m", &raw(&text)).err().unwrap();
+        assert!(e.message.contains("more than 256 members"), "{}", e.message);
     }
 }

@@ -121,6 +121,15 @@ impl Pool {
             .await
             .expect("the pool is never closed")
     }
+
+    /// Take exactly `bytes` if free now; `None` also when they are more than the cap (they
+    /// can never be counted).
+    pub fn try_take_exact(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        if bytes > self.cap {
+            return None;
+        }
+        self.try_take(bytes)
+    }
 }
 
 /// A permit of a request's reply hold: bytes of the pool that already cover the memory of
@@ -153,6 +162,13 @@ impl Permits {
                 (Some(_), None) => {}
             }
         }
+    }
+
+    /// Take the pool bytes out (the connection's part and its own allowance stay): a
+    /// request lends them to the provider that builds its reply (the plugin host reads the
+    /// reply into them), and gets them back as its reply's hold.
+    pub fn take_pool(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.pool.take()
     }
 
     /// Add pool bytes (a handler's hold).
@@ -279,25 +295,41 @@ pub(crate) struct Queued {
 /// when it could not be (the client is gone), so the sender can keep it for later.
 pub type Delivery = Box<dyn FnOnce(Result<(), Vec<u8>>) + Send>;
 
+/// What the sender of a shared message ([`Outbound::send_shared`]) hears: whether it reached
+/// the client (it keeps nothing, so it gets no body back).
+pub type Done = Box<dyn FnOnce(bool) + Send>;
+
+/// Who hears about a tracked message.
+enum Report {
+    /// Its sender, with the body back when it was not delivered.
+    Body(Delivery),
+    /// Its sender, without the body (shared: given back, it would be a copy).
+    Done(Done),
+}
+
 /// A tracked message's delivery report; dropped unreported (the connection went away
 /// with the message still queued), it reports the body as undelivered.
 pub(crate) struct Ack {
     body: Bytes,
-    report: Option<Delivery>,
+    report: Option<Report>,
 }
 
 impl Ack {
     pub(crate) fn delivered(mut self) {
-        if let Some(r) = self.report.take() {
-            r(Ok(()));
+        match self.report.take() {
+            Some(Report::Body(r)) => r(Ok(())),
+            Some(Report::Done(r)) => r(true),
+            None => {}
         }
     }
 }
 
 impl Drop for Ack {
     fn drop(&mut self) {
-        if let Some(r) = self.report.take() {
-            r(Err(Vec::from(std::mem::take(&mut self.body))));
+        match self.report.take() {
+            Some(Report::Body(r)) => r(Err(Vec::from(std::mem::take(&mut self.body)))),
+            Some(Report::Done(r)) => r(false),
+            None => {}
         }
     }
 }
@@ -369,6 +401,17 @@ impl Outbound {
                 Err(permit) => permit,
             },
         };
+        self.push_bytes(Bytes::from(body), permit, report.map(Report::Body))
+            .map_err(Vec::from)
+    }
+
+    /// [`Outbound::push`] of a body that may be shared (its bytes are never copied here).
+    fn push_bytes(
+        &self,
+        body: Bytes,
+        permit: Permits,
+        report: Option<Report>,
+    ) -> Result<(), Bytes> {
         let w = self.shared.writer.as_deref();
         // Held until this message is queued, so the burst's end cannot pass it.
         let mut burst = w
@@ -392,7 +435,6 @@ impl Outbound {
                 self.queue_burst(b);
             }
         }
-        let body = Bytes::from(body);
         let ack = report.map(|r| Ack {
             body: body.clone(),
             report: Some(r),
@@ -410,7 +452,7 @@ impl Outbound {
         if let Some(mut a) = q.ack.take() {
             a.report = None;
         }
-        Err(Vec::from(q.body))
+        Err(q.body)
     }
 
     /// Hand one message to the write task; given back when the connection is gone.
@@ -753,6 +795,78 @@ impl Outbound {
         permits: Option<Permits>,
     ) -> Result<(), Vec<u8>> {
         self.queue(body, Some(report), permits).await
+    }
+
+    /// Queue a body shared with other connections (a `sandbox/changed` every subscriber
+    /// gets: one copy, whose memory its sender counted once). It costs this connection its
+    /// budget (so a client that does not read holds at most 16 MiB of them), never the pool
+    /// again. `done(true)` once it was written, `done(false)` when the client never got it.
+    /// False when the connection is gone (`done` is not called then).
+    pub async fn send_shared(&self, body: Bytes, done: Done) -> bool {
+        let (c, _) = costs(body.len(), &self.shared.pool);
+        let Some(conn) = self.conn_units(c).await else {
+            return false;
+        };
+        let permits = Permits {
+            conn,
+            own: None,
+            pool: None,
+        };
+        self.push_bytes(body, permits, Some(Report::Done(done)))
+            .is_ok()
+    }
+
+    /// [`Outbound::reserve_with`] for a request that holds pool bytes already (its message,
+    /// and `headroom` reserved with it for its reply): it never waits for the pool while it
+    /// holds them (no two such requests can wait on each other). The shared part comes from
+    /// the connection's own allowance (small replies), else from `headroom`, else from what
+    /// the pool has free now; `Err(())` when that is not enough (the connection's part is
+    /// given back). Waits only for the connection's own budget. `Ok(None)`: the connection
+    /// is gone.
+    pub async fn reserve_within(
+        &self,
+        bytes: usize,
+        work: usize,
+        headroom: &mut Option<OwnedSemaphorePermit>,
+    ) -> Result<Option<Permits>, ()> {
+        let (c, sh) = costs(bytes, &self.shared.pool);
+        let sh = sh.saturating_add(work);
+        let Some(conn) = self.conn_units(c).await else {
+            return Ok(None);
+        };
+        if sh <= SMALL_MESSAGE {
+            if let Ok(own) = self.shared.own.clone().try_acquire_many_owned(sh as u32) {
+                return Ok(Some(Permits {
+                    conn,
+                    own: Some(own),
+                    pool: None,
+                }));
+            }
+        }
+        let have = headroom.as_ref().map_or(0, |h| h.num_permits());
+        let pool = if have >= sh {
+            let h = headroom.as_mut().expect("headroom");
+            if have == sh {
+                headroom.take()
+            } else {
+                Some(h.split(sh).expect("enough permits"))
+            }
+        } else {
+            match self.shared.pool.try_take_exact(sh - have) {
+                Some(mut more) => {
+                    if let Some(h) = headroom.take() {
+                        more.merge(h);
+                    }
+                    Some(more)
+                }
+                None => return Err(()),
+            }
+        };
+        Ok(Some(Permits {
+            conn,
+            own: None,
+            pool,
+        }))
     }
 
     async fn queue(

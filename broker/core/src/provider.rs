@@ -5,7 +5,7 @@
 //! 1. find the provider: the `sandbox` param (`provider:id`, or a bare id looked up in the
 //!    [`crate::index`]), an `execId`/`watchId` the broker saw start, the `provider` param,
 //!    or the default provider;
-//! 2. gate: the method's feature (DESIGN §5) must be declared, else E8004 before the
+//! 2. gate: the method's feature (docs/design.md#features) must be declared, else E8004 before the
 //!    provider is reached;
 //! 3. rewrite `sandbox` to the provider's own id and call it;
 //! 4. record what the reply creates (sandbox ids, exec ids, watch ids).

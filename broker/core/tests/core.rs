@@ -971,13 +971,16 @@ async fn a_burst_cut_short_is_answered_up_to_the_cut() {
     let cut = body.len() / 2;
     burst.extend(&body[..cut]);
     c.write_raw(&burst).await;
+    // The five whole requests are answered while the sixth is still cut: `{}` each.
     for id in &ids {
-        c.reply(id).await.ok();
+        let r = c.reply(id).await;
+        assert_eq!(r.outcome.unwrap(), json!({}), "{id}");
     }
     let mut rest = body[cut..].to_vec();
     rest.push(b'\n');
     c.write_raw(&rest).await;
-    c.reply(&last).await.ok();
+    let r = c.reply(&last).await;
+    assert_eq!(r.outcome.unwrap(), json!({}));
 }
 
 /// A client that pipelines more pings than the broker's memory holds replies for, reading
@@ -1301,13 +1304,228 @@ async fn raw_params_reach_a_raw_provider_as_written_but_for_the_sandbox() {
         None,
     );
     let mut c = Client::connect(&b);
-    let body = br#"{"jsonrpc":"2.0","id":7,"method":"exec/start","params":{"sandbox":"raw:sb-1","provider":"raw","command":[ "echo" , "caf\u00e9" ],"env":{"N":"1.50e2"},"n":1.50e2}}"#;
+    let body = br#"{"jsonrpc":"2.0","id":7,"method":"exec/start","params":{"sandbox":"raw:sb-1","provider":"raw","command":[ "echo" , "caf\u00e9" ],"env":{"N":"1.50e2"},"timeout":1.50e2}}"#;
     c.write(body.to_vec()).await;
     let r = c.reply(&Id::Num(7)).await;
     assert_eq!(r.ok(), json!({"ok": true}));
     let got = probe.got.lock().unwrap().clone();
     assert_eq!(
         got,
-        vec![r#"{"command":[ "echo" , "caf\u00e9" ],"env":{"N":"1.50e2"},"n":1.50e2,"sandbox":"sb-1"}"#.to_owned()],
+        vec![r#"{"command":[ "echo" , "caf\u00e9" ],"env":{"N":"1.50e2"},"timeout":1.50e2,"sandbox":"sb-1"}"#.to_owned()],
     );
+}
+
+// ---- params members (issue 41) ----------------------------------------------------------
+
+/// A provider of every feature, `p`, owning `s1`; and a broker over it.
+fn all_features() -> (Arc<TestProvider>, Arc<abx_core::Broker>, tempfile::TempDir) {
+    let t = TestProvider::new("p", abx_protocol::features::ALL, &["s1"]);
+    let (b, dir) = broker(&t);
+    (t, b, dir)
+}
+
+/// Every method whose params are closed refuses a member its params type does not name:
+/// E1004 naming the member and the method (the table is iterated, so a method added later is
+/// covered), and no provider is called: the check comes before routing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_closed_method_refuses_a_made_up_member_before_any_provider() {
+    let (t, b, _dir) = all_features();
+    let mut c = Client::connect(&b);
+    let served = |m: &str| {
+        abx_core::dispatch::METHODS.contains(&m)
+            || abx_protocol::features::PROVIDER_METHODS.contains(&m)
+    };
+    let mut checked = 0;
+    for e in abx_protocol::api::params::params_table() {
+        if e.open || !served(e.method) {
+            continue;
+        }
+        let m = e.method;
+        let err = c
+            .call(m, json!({"zzMadeUp": [1, {"deep": true}]}))
+            .await
+            .err_code(ErrorCode::InvalidParams);
+        assert_eq!(
+            err.message,
+            format!("Invalid params for '{m}': unknown member 'zzMadeUp'"),
+        );
+        let data = err.data.clone().unwrap();
+        assert_eq!(data["unknown"], json!(["zzMadeUp"]), "{m}");
+        let suggestion = data["suggestion"].as_str().unwrap();
+        assert!(suggestion.contains("upgrade abx"), "{m}: {suggestion}");
+        // With what the method does take beside it: still refused, the others not named.
+        let mut p = serde_json::Map::new();
+        for f in e.fields() {
+            p.insert((*f).to_owned(), json!("x"));
+        }
+        p.insert("zzMadeUp".into(), json!(1));
+        let err = c
+            .call(m, Value::Object(p))
+            .await
+            .err_code(ErrorCode::InvalidParams);
+        assert!(
+            err.message.ends_with("unknown member 'zzMadeUp'"),
+            "{m}: {err:?}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 40, "only {checked} methods checked");
+    assert_eq!(
+        t.seen.calls.lock().unwrap().clone(),
+        vec![],
+        "no provider call"
+    );
+    // The connection carries on.
+    assert_eq!(c.call("broker/ping", json!({})).await.ok(), json!({}));
+}
+
+/// `sandbox/create {mounts: [...]}` (a member of some newer API) is refused, naming it: no
+/// sandbox is made without what the client asked for. The same create without it works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_create_with_an_unknown_member_creates_nothing() {
+    let (t, b, _dir) = all_features();
+    let mut c = Client::connect(&b);
+    let err = c
+        .call(
+            "sandbox/create",
+            json!({"provider": "p", "id": "new1", "template": "base",
+                   "mounts": [{"source": "/data", "target": "/workspace/data"}]}),
+        )
+        .await
+        .err_code(ErrorCode::InvalidParams);
+    assert_eq!(
+        err.message,
+        "Invalid params for 'sandbox/create': unknown member 'mounts'"
+    );
+    let data = err.data.unwrap();
+    assert_eq!(
+        data["accepted"],
+        json!(["provider", "template", "timeout", "env", "metadata", "network", "limits"])
+    );
+    assert!(
+        data["suggestion"]
+            .as_str()
+            .unwrap()
+            .starts_with("'sandbox/create' takes 'provider', 'template', 'timeout'"),
+        "{data}"
+    );
+    assert_eq!(t.seen.count("sandbox/create"), 0);
+    assert!(b.index.get("new1").is_none());
+    // Two unknown members are named, in the order they came (`json!` sorts them).
+    let err = c
+        .call(
+            "sandbox/create",
+            json!({"provider": "p", "mounts": [], "gpu": 1}),
+        )
+        .await
+        .err_code(ErrorCode::InvalidParams);
+    assert_eq!(
+        err.message,
+        "Invalid params for 'sandbox/create': unknown members 'gpu', 'mounts'"
+    );
+    assert_eq!(t.seen.count("sandbox/create"), 0);
+    let v = c
+        .call(
+            "sandbox/create",
+            json!({"provider": "p", "id": "new1", "template": "base"}),
+        )
+        .await
+        .ok();
+    assert_eq!(v["id"], "new1");
+    assert_eq!(b.index.get("new1").as_deref(), Some("p"));
+}
+
+/// A provider that takes its params raw (as plugins do: they get them as the client wrote
+/// them) never sees a member the method does not take, whether the sandbox or `provider`
+/// routes the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_provider_never_sees_an_unknown_member() {
+    let probe = Arc::new(RawProbe {
+        summary: abx_core::provider::ProviderSummary {
+            id: "raw".into(),
+            name: "raw probe".into(),
+            version: "0".into(),
+            kind: abx_core::provider::Kind::Exec,
+            trust: "local".into(),
+            features: vec!["exec.stream".into(), "sandbox.lifecycle".into()],
+            description: String::new(),
+        },
+        got: Default::default(),
+    });
+    let (b, _dir) = broker_with(
+        vec![probe.clone() as Arc<dyn Provider>],
+        abx_core::outbound::DEFAULT_POOL,
+        None,
+    );
+    let mut c = Client::connect(&b);
+    for p in [
+        json!({"sandbox": "raw:sb-1", "command": "true", "mounts": ["/x"]}),
+        json!({"provider": "raw", "command": "true", "mounts": ["/x"]}),
+        json!({"sandbox": "sb-1", "command": "true", "privileged": true}),
+    ] {
+        c.call("exec/start", p)
+            .await
+            .err_code(ErrorCode::InvalidParams);
+    }
+    c.call("sandbox/create", json!({"provider": "raw", "mounts": []}))
+        .await
+        .err_code(ErrorCode::InvalidParams);
+    assert_eq!(probe.got.lock().unwrap().clone(), Vec::<String>::new());
+    // What the method takes (and `provider`, which routes it) still reaches it.
+    let v = c
+        .call(
+            "exec/start",
+            json!({"sandbox": "sb-1", "provider": "raw", "command": "true", "cwd": "/w"}),
+        )
+        .await
+        .ok();
+    assert_eq!(v, json!({"ok": true}));
+    assert_eq!(probe.got.lock().unwrap().len(), 1);
+}
+
+/// Only member names are read: a large `files/write` goes through (its data is not parsed
+/// twice into anything), and the same write with an unknown member is refused before the
+/// provider gets its 48 MiB. Open params (LSP's `initialize`, provider-defined `templates/*`)
+/// take any member, and it reaches the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_only_are_checked_and_open_params_take_any_member() {
+    let (t, b, _dir) = all_features();
+    let mut c = Client::connect(&b);
+    let data = "QUJD".repeat(12 * MIB);
+    let v = c
+        .call(
+            "files/write",
+            json!({"sandbox": "p:s1", "path": "/big", "data": data, "encoding": "base64", "size": 1}),
+        )
+        .await
+        .ok();
+    assert_eq!(v["data"], "x");
+    assert_eq!(t.seen.count("files/write"), 1);
+    let e = c
+        .call(
+            "files/write",
+            json!({"sandbox": "p:s1", "path": "/big", "data": data, "compress": "zstd"}),
+        )
+        .await
+        .err_code(ErrorCode::InvalidParams);
+    assert!(e.message.ends_with("unknown member 'compress'"), "{e:?}");
+    assert_eq!(t.seen.count("files/write"), 1);
+    drop(data);
+
+    let v = c
+        .call(
+            "initialize",
+            json!({"processId": 1, "rootUri": null, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        )
+        .await
+        .ok();
+    assert_eq!(v["protocolVersion"], "abx/1");
+    let v = c
+        .call(
+            "templates/list",
+            json!({"provider": "p", "platform": "linux/arm64"}),
+        )
+        .await
+        .ok();
+    assert_eq!(v["params"]["platform"], "linux/arm64");
 }

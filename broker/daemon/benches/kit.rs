@@ -1,4 +1,4 @@
-//! The contract kit's bar (DESIGN §13): the whole kit on `local` in at most 2 s, against the
+//! The contract kit's bar (docs/design.md#bars): the whole kit on `local` in at most 2 s, against the
 //! reference's kit run (13 s). A real daemon (this bench re-executed as it), a warm-up run,
 //! then timed runs of `provider/test {id: "local"}`; prints the median and the ratio.
 //! `cargo bench -p abx-broker --bench kit` (`ABX_BENCH_QUICK=1`: one timed run).

@@ -1,4 +1,4 @@
-//! Local-provider bars of DESIGN §13 (issue #3), measured side by side in one run (never
+//! Local-provider bars of docs/design.md#bars (issue #3), measured side by side in one run (never
 //! asserted):
 //!
 //! 1. **Exec output streaming.** `head -c N /dev/zero` in a local sandbox through `exec/start`,

@@ -1,4 +1,4 @@
-//! Plugin bar of DESIGN §13 (issue #5), measured side by side in one run (never asserted):
+//! Plugin bar of docs/design.md#bars (issue #5), measured side by side in one run (never asserted):
 //! the round trip client -> broker -> plugin against the same client talking to the same
 //! plugin program over a direct pipe (bar: <= 2.5x at p50; lspmux relays at about 4x).
 //!
@@ -52,7 +52,7 @@ struct Config {
     warmup: usize,
     modes: Vec<Mode>,
     cpu: Option<usize>,
-    /// The sections to run: the Python fixture (DESIGN §13's bar), the relay comparison.
+    /// The sections to run: the Python fixture (docs/design.md#bars's bar), the relay comparison.
     py: bool,
     relay: bool,
 }

@@ -1,4 +1,4 @@
-//! Wire bars of DESIGN §13, measured side by side in one run (never asserted):
+//! Wire bars of docs/design.md#bars, measured side by side in one run (never asserted):
 //!
 //! 1. `broker/ping` round trip over the daemon's socket, one client, one request at a time,
 //!    against a minimal Unix-socket line echo server (bar: p50 <= 2x, p99 <= 3x).

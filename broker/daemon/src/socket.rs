@@ -1,14 +1,16 @@
-//! The per-user daemon on a local socket (DESIGN §10).
+//! The per-user daemon on a local socket (docs/design.md#daemon).
 //!
-//! Start-up, in order: private directories; an exclusive `flock` on `broker.lock`, held for
-//! the daemon's whole life (a second daemon fails here and never touches the socket); a
-//! leftover socket is probed and removed only if nothing answers; bind with mode 0600;
+//! Start-up, in order: private directories; an exclusive `flock` on the data dir's
+//! `broker.lock`, then on the runtime dir's, both held for the daemon's whole life (a second
+//! daemon on the same data, from any context, fails here with E1012 naming the running one's
+//! pid and socket, and never touches the socket); both record the pid, version, socket and
+//! data dir; a leftover socket is probed and removed only if nothing answers; bind with mode 0600;
 //! tell the starter we are ready (a line on the fd named by `ABX_READY_FD`); accept.
 //! Every accepted peer's uid is checked against ours.
 
 use crate::{logging, Paths};
 use abx_core::conn;
-use abx_home::lock::{recorded_pid, FileLock};
+use abx_home::lock::{FileLock, Record};
 use abx_home::socket::READY_FD_ENV;
 use abx_protocol::{AbxError, ErrorCode};
 use interprocess::local_socket::tokio::prelude::*;
@@ -51,34 +53,45 @@ pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
     abx_confine::fds::raise_fd_limit();
     paths.ensure().map_err(|e| startup_error(e, &paths))?;
     let _log = logging::init(&paths, log_to_stderr);
-    let mut lock = match FileLock::try_acquire(&paths.daemon_lock) {
+    // One daemon per data directory: its lock first (a daemon started from another context,
+    // with another runtime dir, fails here and names the one that serves this data), then
+    // the runtime dir's.
+    let patience = Duration::from_millis(500);
+    let mut data_lock = match FileLock::acquire_within(&paths.data_lock, patience) {
         Ok(Some(l)) => l,
-        Ok(None) => {
-            let pid = recorded_pid(&paths).map_or_else(|| "unknown".into(), |p| p.to_string());
-            return Err(AbxError::new(
-                ErrorCode::BrokerAlreadyRunning,
-                &[("pid", &pid)],
-            ));
-        }
+        Ok(None) => return Err(already_running(&paths, &paths.data_lock)),
+        Err(e) => return Err(startup_error(e, &paths)),
+    };
+    let mut lock = match FileLock::acquire_within(&paths.daemon_lock, patience) {
+        Ok(Some(l)) => l,
+        Ok(None) => return Err(already_running(&paths, &paths.daemon_lock)),
         Err(e) => return Err(startup_error(e, &paths)),
     };
     // The version recorded is the one `initialize` answers (compose::broker uses the same
-    // settings), so a client of that version can skip the handshake.
-    lock.write_owner(&crate::compose::settings_from_env().version)
-        .map_err(|e| startup_error(e, &paths))?;
+    // settings), so a client of that version can skip the handshake; the socket and the
+    // data dir, so a client in any context finds this daemon and only for its own data.
+    let version = crate::compose::settings_from_env().version;
+    for l in [&mut lock, &mut data_lock] {
+        l.write_owner(&version, &paths.socket, &paths.data_dir)
+            .map_err(|e| startup_error(e, &paths))?;
+    }
 
     // A socket file with no lock holder is stale, unless something still answers on it.
     if fs::symlink_metadata(&paths.socket).is_ok() {
         match std::os::unix::net::UnixStream::connect(&paths.socket) {
             Ok(_) => {
-                return Err(
-                    AbxError::new(ErrorCode::BrokerAlreadyRunning, &[("pid", "unknown")])
-                        .with_suggestion(format!(
-                            "Something answers on {} without holding {}; stop it first.",
-                            paths.socket.display(),
-                            paths.daemon_lock.display()
-                        )),
+                return Err(AbxError::new(
+                    ErrorCode::BrokerAlreadyRunning,
+                    &[
+                        ("pid", "unknown"),
+                        ("socket", &paths.socket.display().to_string()),
+                    ],
                 )
+                .with_suggestion(format!(
+                    "Something answers on {} without holding {}; stop it first.",
+                    paths.socket.display(),
+                    paths.daemon_lock.display()
+                )))
             }
             Err(_) => {
                 info!(socket = %paths.socket.display(), "removing stale socket");
@@ -100,7 +113,30 @@ pub fn run(paths: Paths, log_to_stderr: bool) -> Result<(), AbxError> {
     // Remove the socket while we still hold the lock, so we never remove a successor's.
     let _ = fs::remove_file(&paths.socket);
     drop(lock);
+    drop(data_lock);
     result
+}
+
+/// E1012 for a daemon that finds `held` locked: the running one's pid, socket and data dir,
+/// from its record.
+fn already_running(paths: &Paths, held: &std::path::Path) -> AbxError {
+    let r = Record::read(held).unwrap_or_default();
+    let pid = r.pid.map_or_else(|| "unknown".into(), |p| p.to_string());
+    let socket = r.socket.unwrap_or_else(|| paths.socket.clone());
+    let data = r.data_dir.unwrap_or_else(|| paths.data_dir.clone());
+    let mut e = AbxError::new(
+        ErrorCode::BrokerAlreadyRunning,
+        &[("pid", &pid), ("socket", &socket.display().to_string())],
+    );
+    if data != paths.data_dir {
+        e.suggestion = format!(
+            "The daemon on {} serves {}, not {}: give this one its own runtime dir (XDG_RUNTIME_DIR or ABX_HOME), or stop that one ('abx broker stop' with its environment).",
+            socket.display(),
+            data.display(),
+            paths.data_dir.display()
+        );
+    }
+    e
 }
 
 async fn serve(paths: Paths) -> Result<(), AbxError> {
@@ -223,7 +259,12 @@ fn foreign_peer(pid: i32) -> Option<String> {
     if let Some(id) = abx_plugins::launch::plugin_of(pid) {
         return Some(format!("the peer is a process of plugin '{id}'"));
     }
-    if !abx_local::procs::may_have_host_sandbox_processes() {
+    // A weaker model's sandbox of this daemon or of another daemon of the user (another
+    // data dir, an editor's private broker) shares this PID namespace: such a daemon raised
+    // the user's ancestry flag before its sandboxes ran.
+    if !abx_local::procs::may_have_host_sandbox_processes()
+        && !abx_home::paths::ancestry_flag().exists()
+    {
         return None;
     }
     abx_local::procs::sandbox_of(pid).map(|sb| format!("the peer belongs to sandbox {sb}"))

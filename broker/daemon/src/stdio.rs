@@ -8,6 +8,7 @@ pub fn run(paths: Paths) -> std::io::Result<()> {
     abx_confine::fds::cloexec_inherited_fds();
     crate::tune_allocator();
     let _log = logging::init(&paths, true);
+    abx_local::procs::announce_weaker_model();
     let rt = crate::compose::runtime()?;
     rt.block_on(async move {
         let broker = crate::compose::broker(paths);

@@ -1,8 +1,9 @@
 //! The kit's client: a real JSON-RPC connection to the broker (line-framed), through a
 //! [`Connector`] the caller provides.
 //!
-//! Each [`Client`] is one `tokio::io::duplex` pipe whose other end is served by
-//! [`crate::conn::serve`], exactly like a socket client: framing, routing, gating, the
+//! Each [`Client`] is one `tokio::io::duplex` pipe whose other end is served by the broker's
+//! connection loop (`abx_core::conn::serve`, wired by the daemon through the [`Connector`]:
+//! the kit does not link the core), exactly like a socket client: framing, routing, gating, the
 //! provider and the outbound queue all run as they do for any client. Requests are matched
 //! to replies by id; notifications are dispatched by their `execId` / `watchId` to a
 //! per-stream channel (created on first use by either side, so nothing is lost between a

@@ -1,4 +1,4 @@
-//! The init of a `local` sandbox (DESIGN §8): the program that builds a sandbox's private
+//! The init of a `local` sandbox (docs/design.md#local): the program that builds a sandbox's private
 //! world once and then starts every process of the sandbox inside it.
 //!
 //! The daemon starts it per sandbox as `<daemon binary> __abx-sandbox-init` (see
@@ -14,8 +14,10 @@
 //! - the **inner** process is PID 1 of the sandbox. It composes the private root on a tmpfs
 //!   (system directories read-only, an `/etc` subset, `/workspace` and `/tmp` onto the
 //!   sandbox's directories, a minimal `/dev` with its own devpts, a fresh `/proc`), sets the
-//!   hostname to the sandbox id, brings up loopback, `pivot_root`s into it, then drops every
-//!   capability, sets no_new_privs and restricts itself with Landlock (writes only beneath
+//!   hostname to the sandbox id, brings up loopback, `pivot_root`s into it, then joins a new
+//!   session keyring (not the daemon's), drops every capability, sets no_new_privs, refuses the
+//!   keyring system calls (seccomp, `abx_confine::keyring`; `/proc/keys` is masked) and
+//!   restricts itself with Landlock (writes only beneath
 //!   `/workspace`, `/tmp`, `/dev/shm` and the terminal/null devices; signals and abstract Unix
 //!   sockets scoped to the sandbox where the ABI has it). Every process it starts inherits
 //!   all of that. It then serves [`Request`]s: spawn a process with the given descriptors (or
@@ -1133,6 +1135,14 @@ fn mount_common(cfg: &Config, r: &Path) -> Result<(), String> {
         ),
         "mounting /proc",
     )?;
+    // The key lists: /proc/keys names every key the sandbox's host uid may view (a user's
+    // daemon: the user's own keys, by description). Masked as containers do.
+    for name in ["keys", "key-users"] {
+        let p = proc_.join(name);
+        if p.exists() {
+            bind(Path::new("/dev/null"), &p, MOUNT_ATTR_RDONLY)?;
+        }
+    }
     Ok(())
 }
 
@@ -1223,7 +1233,8 @@ fn loopback_up() -> Result<(), String> {
     Ok(())
 }
 
-/// Limits, no capabilities, no new privileges, Landlock: inherited by every process.
+/// Limits, no capabilities, no new privileges, a session keyring of its own and no keyring
+/// calls, Landlock: inherited by every process.
 fn lock_down(cfg: &Config) -> Result<(), String> {
     let setlim = |res, v: u64| {
         let l = libc::rlimit {
@@ -1266,10 +1277,25 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
             // Signals and abstract Unix sockets stay inside the sandbox (ABI 6+).
             scoped: true,
         };
-        Some(policy.prepare()?)
+        policy.prepare()?
     } else {
-        None
+        abx_confine::Prepared::refusing_keyrings()
     };
+    // A session keyring of the sandbox's own, empty: the daemon's (a login's, with the
+    // user's keys) is no longer possessed. Then the keyring system calls are refused (the
+    // filter), so no key is found by its id nor keyring linked (abx_confine::keyring).
+    // SAFETY: keyctl with integer arguments.
+    unsafe { abx_confine::keyring::join_fresh_session() }.map_err(|e| {
+        let quota = if e == libc::EDQUOT {
+            " (each sandbox holds one key of its uid's kernel key quota, kernel.keys.maxkeys)"
+        } else {
+            ""
+        };
+        format!(
+            "joining a new session keyring: {}{quota}",
+            io::Error::from_raw_os_error(e)
+        )
+    })?;
     // SAFETY: capability and prctl calls with local structs.
     unsafe {
         super::isolate::drop_caps(super::isolate::last_cap(), true).map_err(|code| {
@@ -1279,11 +1305,12 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as _,
             "setting no_new_privs",
         )?;
-        if let Some(p) = &prepared {
-            abx_confine::restrict_self(p).map_err(|(step, e)| {
-                format!("Landlock ({step:?}): {}", io::Error::from_raw_os_error(e))
-            })?;
-        }
+        abx_confine::restrict_self(&prepared).map_err(|(step, e)| {
+            format!(
+                "confinement ({step:?}): {}",
+                io::Error::from_raw_os_error(e)
+            )
+        })?;
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Which isolation model is in force, what it protects, and per-process confinement of the
-//! opt-in weaker models (DESIGN §8).
+//! opt-in weaker models (docs/design.md#local).
 //!
 //! - **`namespaces`** (the default): each sandbox is a container built by its init
 //!   ([`super::init`], started through [`super::container`]): own user, mount, PID, IPC, UTS
@@ -13,10 +13,12 @@
 //!   beneath the sandbox's `workspace`, `tmp` and `/dev/shm` and on the terminal and
 //!   null-like devices; where the kernel has Landlock ABI 6, signals and connections to
 //!   abstract Unix sockets are scoped to the command's own processes (no `kill` of the daemon
-//!   or of the user's processes). It does not hide the host filesystem, processes, network or
-//!   the broker socket ([`describe`] lists what it does not protect).
-//! - **`none`** (opt-in, `ABX_ISOLATION=none`): only the working directory and the
-//!   environment; nothing is confined.
+//!   or of the user's processes); the process gets a session keyring of its own and the
+//!   keyring system calls are refused (seccomp: the user keyring here is the host's). It does
+//!   not hide the host filesystem, processes, network or the broker socket ([`describe`] lists
+//!   what it does not protect).
+//! - **`none`** (opt-in, `ABX_ISOLATION=none`): only the working directory, the environment
+//!   and a session keyring of its own (not the daemon's); nothing is confined.
 //!
 //! Every confined process carries `ABX_SANDBOX_ID=<id>` in its environment (see
 //! [`super::procs`]): in the weaker models that is how the broker finds them.
@@ -155,6 +157,20 @@ pub fn describe_for(m: Model) -> serde_json::Value {
             "scoped": abi >= abx_confine::SCOPE_ABI && m != Model::Unconfined,
         },
     });
+    let refused = if abx_confine::seccomp_available() {
+        "; add_key, request_key and keyctl refused (ENOSYS)"
+    } else {
+        ""
+    };
+    v["keyrings"] = serde_json::Value::String(match m {
+        Model::Namespaces => {
+            format!("a new, empty session keyring of its own{refused}; /proc/keys masked")
+        }
+        Model::Landlock => format!("a new, empty session keyring per command{refused}"),
+        Model::Unconfined => {
+            "a new, empty session keyring per command (the user keyring is the host's)".into()
+        }
+    });
     match m {
         Model::Namespaces => {
             v["namespaces"] = serde_json::json!([
@@ -200,6 +216,12 @@ pub fn describe_for(m: Model) -> serde_json::Value {
                     .push(serde_json::json!(
                         "writes anywhere the broker's user can write"
                     ));
+                v["doesNotProtect"]
+                    .as_array_mut()
+                    .expect("array")
+                    .push(serde_json::json!(
+                        "the broker's user's keyring (@u) and keys found by id (each command has a session keyring of its own; the keyring calls are refused only in the landlock model)"
+                    ));
             }
         }
     }
@@ -236,14 +258,18 @@ enum Step {
     CapSet,
     NoNewPrivs,
     LandlockRestrict,
+    Keyring,
+    Seccomp,
 }
 
-const STEPS: [Step; 5] = [
+const STEPS: [Step; 7] = [
     Step::Chdir,
     Step::CapBound,
     Step::CapSet,
     Step::NoNewPrivs,
     Step::LandlockRestrict,
+    Step::Keyring,
+    Step::Seccomp,
 ];
 
 impl Step {
@@ -254,6 +280,8 @@ impl Step {
             Step::CapSet => "dropping capabilities",
             Step::NoNewPrivs => "setting no_new_privs",
             Step::LandlockRestrict => "enforcing the Landlock ruleset",
+            Step::Keyring => "joining a new session keyring",
+            Step::Seccomp => "installing the seccomp filter",
         }
     }
 }
@@ -300,9 +328,10 @@ pub fn is_setup_error(err: &io::Error) -> bool {
 struct Plan {
     /// The validated working directory (Landlock and none models): `fchdir`.
     cwd_fd: Option<OwnedFd>,
-    /// Drop caps, no_new_privs, Landlock.
+    /// Drop caps, no_new_privs, the keyring filter, Landlock.
     confine: bool,
-    ruleset: Option<OwnedFd>,
+    /// The Landlock ruleset and the keyring filter.
+    prepared: Option<abx_confine::Prepared>,
     last_cap: i32,
 }
 
@@ -335,9 +364,17 @@ pub(crate) unsafe fn drop_caps(last_cap: i32, strict: bool) -> Result<(), i32> {
 /// Runs in the child between fork and exec: system calls only.
 unsafe fn child_setup(p: &Plan) -> Result<(), i32> {
     abx_confine::fds::restore_fd_limit_in_child();
-    let ruleset = p.ruleset.as_ref().map(|f| f.as_raw_fd());
     if let Some(fd) = &p.cwd_fd {
         check(libc::fchdir(fd.as_raw_fd()) as _, Step::Chdir)?;
+    }
+    // Every model: a session keyring of the command's own, so nothing of the daemon's (a
+    // login's, with the user's keys) is possessed. Each costs one key of the user's quota
+    // (kernel.keys.maxkeys, 200) while the command lives: past it the command keeps the
+    // daemon's rather than failing (`landlock` still refuses every keyring call below;
+    // `none` protects nothing of the host anyway).
+    match abx_confine::keyring::join_fresh_session() {
+        Ok(()) | Err(libc::EDQUOT) => {}
+        Err(e) => return Err(encode(Step::Keyring, e)),
     }
     if !p.confine {
         return Ok(());
@@ -347,11 +384,19 @@ unsafe fn child_setup(p: &Plan) -> Result<(), i32> {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as _,
         Step::NoNewPrivs,
     )?;
-    if let Some(rs) = ruleset {
-        check(
-            libc::syscall(libc::SYS_landlock_restrict_self, rs, 0u32),
-            Step::LandlockRestrict,
-        )?;
+    if let Some(prepared) = &p.prepared {
+        // The keyring filter (the user keyring is the host's here: only refusing the calls
+        // keeps it out), then Landlock.
+        abx_confine::restrict_self(prepared).map_err(|(step, e)| {
+            encode(
+                match step {
+                    abx_confine::Step::NoNewPrivs => Step::NoNewPrivs,
+                    abx_confine::Step::Seccomp => Step::Seccomp,
+                    abx_confine::Step::Landlock => Step::LandlockRestrict,
+                },
+                e,
+            )
+        })?;
     }
     Ok(())
 }
@@ -360,8 +405,8 @@ unsafe fn child_setup(p: &Plan) -> Result<(), i32> {
 // Preparation (before fork).
 
 /// The sandbox's Landlock ruleset (the shared [`abx_confine`] mechanism): read and execute
-/// everywhere, write beneath `writable`, the network left to the host.
-fn build_ruleset(writable: Vec<PathBuf>) -> Result<Option<OwnedFd>, AbxError> {
+/// everywhere, write beneath `writable`, the network left to the host; and the keyring filter.
+fn prepare(writable: Vec<PathBuf>) -> Result<abx_confine::Prepared, AbxError> {
     let policy = abx_confine::Policy {
         read: vec![PathBuf::from("/")],
         write: writable,
@@ -372,7 +417,7 @@ fn build_ruleset(writable: Vec<PathBuf>) -> Result<Option<OwnedFd>, AbxError> {
         // services of the host (ABI 6+).
         scoped: true,
     };
-    Ok(policy.prepare().map_err(AbxError::internal)?.ruleset)
+    policy.prepare().map_err(AbxError::internal)
 }
 
 fn cstring(p: impl AsRef<OsStr>) -> Result<CString, AbxError> {
@@ -453,7 +498,7 @@ impl Confine {
         let mut plan = Plan {
             cwd_fd: None,
             confine: model != Model::Unconfined,
-            ruleset: None,
+            prepared: None,
             last_cap: last_cap(),
         };
         match model {
@@ -467,7 +512,7 @@ impl Confine {
                 if Path::new("/dev/shm").is_dir() {
                     writable.push(PathBuf::from("/dev/shm"));
                 }
-                plan.ruleset = build_ruleset(writable)?;
+                plan.prepared = Some(prepare(writable)?);
                 plan.cwd_fd = Some(cwd_fd);
             }
             Model::Unconfined => plan.cwd_fd = Some(cwd_fd),
@@ -493,7 +538,10 @@ impl Confine {
 
     /// Whether the Landlock ruleset will be enforced on the process.
     pub fn landlock_enforced(&self) -> bool {
-        self.plan.ruleset.is_some()
+        self.plan
+            .prepared
+            .as_ref()
+            .is_some_and(|p| p.ruleset.is_some())
     }
 
     /// Register on the command: the environment (`ABX_SANDBOX_ID`, `HOME`, `TMPDIR`, `PWD`)
@@ -746,6 +794,141 @@ echo done
         let _ = victim.kill();
         let _ = victim.wait();
         assert_eq!(describe_for(Model::Landlock)["landlock"]["scoped"], true);
+    }
+
+    /// What `python3 -c KEYS ID...` prints: for `@s`, `@u` and each id, what reading it
+    /// gives (a keyring's members are read too): `b'...'` for data, `errno N` for a refusal.
+    const KEYS: &str = r#"
+import ctypes, platform, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+NR = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+def read(k, depth=0):
+    b = ctypes.create_string_buffer(4096)
+    n = libc.syscall(L(NR), L(11), L(k), b, L(4096))
+    print(k, b.raw[:n] if n >= 0 else "errno %d" % ctypes.get_errno())
+    if n > 0 and n % 4 == 0 and depth < 2 and k < 0:
+        for i in range(0, n, 4):
+            read(int.from_bytes(b.raw[i:i + 4], sys.byteorder, signed=True), depth + 1)
+for k in [-3, -4] + [int(x) for x in sys.argv[1:]]:
+    read(k)
+print("probed")
+"#;
+
+    /// A key added on the host (`keyctl add user NAME SECRET RING`) by this thread; expires
+    /// in 5 minutes, invalidated on drop.
+    struct HostKey(libc::c_long);
+
+    impl HostKey {
+        fn add(name: &str, secret: &str, ring: libc::c_long) -> HostKey {
+            let name = CString::new(name).unwrap();
+            // SAFETY: add_key and keyctl with C strings and integers we hold.
+            let id = unsafe {
+                libc::syscall(
+                    libc::SYS_add_key,
+                    c"user".as_ptr(),
+                    name.as_ptr(),
+                    secret.as_ptr(),
+                    secret.len(),
+                    ring,
+                )
+            };
+            assert!(id > 0, "add_key: {}", io::Error::last_os_error());
+            // SAFETY: KEYCTL_SET_TIMEOUT with integers.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_keyctl,
+                    15 as libc::c_long,
+                    id,
+                    300 as libc::c_long,
+                )
+            };
+            assert_eq!(r, 0, "{}", io::Error::last_os_error());
+            HostKey(id)
+        }
+    }
+
+    impl Drop for HostKey {
+        fn drop(&mut self) {
+            // SAFETY: KEYCTL_INVALIDATE with an integer.
+            unsafe { libc::syscall(libc::SYS_keyctl, 21 as libc::c_long, self.0) };
+        }
+    }
+
+    /// The weaker models run commands on the daemon's side of the host, so they would inherit
+    /// its session keyring (a login's, holding the user's keys) and share its user keyring.
+    /// Each command gets a session keyring of its own; with `landlock`, the keyring calls are
+    /// refused too (the user keyring is the host's: only that keeps it out).
+    #[tokio::test]
+    async fn weaker_models_do_not_inherit_the_hosts_keys() {
+        if !Path::new("/usr/bin/python3").exists() {
+            eprintln!("no python3: skipped");
+            return;
+        }
+        // This thread's session keyring, as a login has one (commands are forked from it),
+        // with the user keyring linked in as pam_keyinit does (its keys are then possessed:
+        // this test may expire and remove them).
+        // SAFETY: KEYCTL_JOIN_SESSION_KEYRING with a null name, KEYCTL_LINK of @u into @s.
+        unsafe {
+            let joined = libc::syscall(libc::SYS_keyctl, 1 as libc::c_long, 0 as libc::c_long);
+            assert!(joined > 0, "{}", io::Error::last_os_error());
+            let linked = libc::syscall(
+                libc::SYS_keyctl,
+                8 as libc::c_long,
+                -4 as libc::c_long,
+                -3 as libc::c_long,
+            );
+            assert_eq!(linked, 0, "{}", io::Error::last_os_error());
+        }
+        let tag = format!("{}-{}", std::process::id(), rand_tag());
+        let session = HostKey::add(
+            &format!("abx-iso-{tag}"),
+            &format!("SESSIONSECRET-{tag}"),
+            -3,
+        );
+        let user = HostKey::add(
+            &format!("abx-iso-u-{tag}"),
+            &format!("USERSECRET-{tag}"),
+            -4,
+        );
+        let ids = [session.0.to_string(), user.0.to_string()];
+        let script = format!("python3 -c '{KEYS}' {} {}", ids[0], ids[1]);
+        // The probe itself sees them here (it is not confined).
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!("SESSIONSECRET-{tag}")), "{text}");
+        let (_t, dirs) = sandbox();
+        let out = run(
+            Model::Unconfined,
+            &dirs,
+            "sb-keys-none",
+            "/workspace",
+            &script,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("probed"), "{text}");
+        assert!(!text.contains(&format!("SESSIONSECRET-{tag}")), "{text}");
+        if landlock_abi() > 0 && abx_confine::seccomp_available() {
+            let out = run(Model::Landlock, &dirs, "sb-keys-ll", "/workspace", &script).await;
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("probed"), "{text}");
+            for secret in ["SESSIONSECRET", "USERSECRET"] {
+                assert!(!text.contains(&format!("{secret}-{tag}")), "{text}");
+            }
+        }
+    }
+
+    fn rand_tag() -> u32 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
     }
 
     #[tokio::test]

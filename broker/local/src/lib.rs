@@ -1,4 +1,4 @@
-//! The builtin `local` provider: sandboxes on this machine (DESIGN §8).
+//! The builtin `local` provider: sandboxes on this machine (docs/design.md#local).
 //!
 //! - [`files`]: every files/* operation, confined beneath the sandbox with `openat2`.
 //! - [`watch`]: files/watch through inotify.

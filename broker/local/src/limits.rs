@@ -1,4 +1,4 @@
-//! Per-sandbox limits (DESIGN §8): memory, CPU and processes, enforced with a cgroup per
+//! Per-sandbox limits (docs/design.md#local): memory, CPU and processes, enforced with a cgroup per
 //! sandbox (v2, or the v1 hierarchies where those are mounted, as on hybrid systems), and
 //! with rlimits where no cgroup can be made (processes only: `RLIMIT_NPROC` counts per user
 //! namespace, so it bounds exactly the sandbox's processes). The cgroup also freezes the

@@ -1,4 +1,4 @@
-//! Networks of `local` sandboxes (DESIGN §8): `none` (a network namespace with loopback
+//! Networks of `local` sandboxes (docs/design.md#local): `none` (a network namespace with loopback
 //! only), `internet` (outbound through user-mode networking: `pasta` from the `passt`
 //! package, attached to the sandbox's namespace; the host's loopback is not reachable) and
 //! `host` (the host's network, only when asked).

@@ -39,6 +39,19 @@ pub fn may_have_host_sandbox_processes() -> bool {
         || super::isolate::model() != super::isolate::Model::Namespaces
 }
 
+/// With a weaker model than namespaces in force, raise the user's ancestry flag
+/// ([`abx_home::paths::ancestry_flag`]) before any sandbox runs: its processes share the
+/// PID namespace of every daemon of the user, which then checks each peer's ancestry. Every
+/// broker calls it at start (the socket daemon through [`scan_for_host_sandbox_processes`]).
+pub fn announce_weaker_model() {
+    if super::isolate::model() == super::isolate::Model::Namespaces {
+        return;
+    }
+    if let Err(e) = abx_home::paths::raise_ancestry_flag() {
+        tracing::warn!(error = %e, "cannot raise the user's ancestry flag");
+    }
+}
+
 /// At daemon start: whether processes of a weaker model's sandboxes may be left in this PID
 /// namespace, and if so whether any is (then peers are checked by ancestry from now on).
 /// `data/local/host-processes` says `maybe` after a daemon ran a weaker model or found such
@@ -52,6 +65,7 @@ pub fn scan_for_host_sandbox_processes(data_dir: &std::path::Path, any_sandboxes
     };
     if super::isolate::model() != super::isolate::Model::Namespaces {
         record("maybe\n");
+        announce_weaker_model();
         return;
     }
     let maybe = match fs::read_to_string(&file) {
@@ -99,8 +113,38 @@ struct Stat {
     ppid: i32,
 }
 
+/// The most read of one `/proc/<pid>/` file listing a process: the kernel bounds `stat`
+/// (well under this), a process's own `cmdline` only by its argument space (about 2 MB
+/// each, with an 8 MiB stack limit: a sandbox of 900 such processes once made
+/// `process/list` read 1.7 GB).
+const STAT_MAX: usize = 4096;
+/// Bytes of a command line shown (then cut at a character, with an ellipsis).
+pub const MAX_COMMAND: usize = 4096;
+/// Bytes of command lines one listing shows in all: past them each command is cut to
+/// [`SHORT_COMMAND`] bytes.
+pub const MAX_COMMANDS_TOTAL: usize = 1024 * 1024;
+/// A command's share once a listing's [`MAX_COMMANDS_TOTAL`] is spent.
+pub const SHORT_COMMAND: usize = 128;
+/// Processes one listing shows at most (the lowest pids; a sandbox's default `pids` limit
+/// is 1024).
+pub const MAX_LISTED: usize = 4096;
+
+/// At most `max` bytes of a file (a `/proc` file: never more, whatever it holds), and
+/// whether there was more.
+fn read_capped(path: &str, max: usize) -> Option<(Vec<u8>, bool)> {
+    use std::io::Read;
+    let f = fs::File::open(path).ok()?;
+    let mut buf = Vec::with_capacity(max.min(64 * 1024) + 1);
+    f.take(max as u64 + 1).read_to_end(&mut buf).ok()?;
+    let more = buf.len() > max;
+    buf.truncate(max);
+    Some((buf, more))
+}
+
 fn read_stat(pid: i32) -> Option<Stat> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Bytes: a `comm` that is not UTF-8 (a process names itself) must not hide it.
+    let (b, _) = read_capped(&format!("/proc/{pid}/stat"), STAT_MAX)?;
+    let s = String::from_utf8_lossy(&b);
     // `pid (comm) S ppid pgrp ...`: comm may hold spaces and parentheses.
     let open = s.find('(')?;
     let close = s.rfind(')')?;
@@ -128,18 +172,56 @@ fn status_name(state: char) -> &'static str {
     }
 }
 
-/// Whether the environment of `pid` holds exactly `ABX_SANDBOX_ID=<sandbox_id>`.
-fn has_marker(pid: i32, sandbox_id: &str) -> bool {
-    let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+/// Call `f` with each entry of `/proc/<pid>/environ` (read in pieces, never whole: a
+/// process's environment can be megabytes), its first `keep` bytes and its full length,
+/// until `f` returns true. False when the file cannot be read.
+fn env_entries(pid: i32, keep: usize, mut f: impl FnMut(&[u8], usize) -> bool) -> bool {
+    use std::io::Read;
+    let Ok(mut file) = fs::File::open(format!("/proc/{pid}/environ")) else {
         return false;
     };
+    let mut chunk = [0u8; 8192];
+    let (mut entry, mut len) = (Vec::with_capacity(keep), 0usize);
+    loop {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        for &b in &chunk[..n] {
+            if b == 0 {
+                if f(&entry, len) {
+                    return true;
+                }
+                entry.clear();
+                len = 0;
+            } else {
+                if entry.len() < keep {
+                    entry.push(b);
+                }
+                len += 1;
+            }
+        }
+    }
+    if len > 0 {
+        f(&entry, len);
+    }
+    true
+}
+
+/// Whether the environment of `pid` holds exactly `ABX_SANDBOX_ID=<sandbox_id>`.
+fn has_marker(pid: i32, sandbox_id: &str) -> bool {
     let want_len = MARKER.len() + 1 + sandbox_id.len();
-    env.split(|b| *b == 0).any(|entry| {
-        entry.len() == want_len
+    let mut found = false;
+    env_entries(pid, want_len, |entry, len| {
+        found = len == want_len
             && entry.starts_with(MARKER.as_bytes())
             && entry[MARKER.len()] == b'='
-            && &entry[MARKER.len() + 1..] == sandbox_id.as_bytes()
-    })
+            && &entry[MARKER.len() + 1..] == sandbox_id.as_bytes();
+        found
+    });
+    found
 }
 
 fn all_pids() -> Vec<i32> {
@@ -211,55 +293,100 @@ fn is_member(
     answer
 }
 
-fn command_of(pid: i32, stat: &Stat) -> String {
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let parts: Vec<String> = cmdline
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect();
-    if parts.is_empty() {
-        format!("[{}]", stat.comm)
-    } else {
-        parts.join(" ")
+/// What one listing has left of [`MAX_COMMANDS_TOTAL`].
+struct Shown(usize);
+
+impl Shown {
+    fn new() -> Shown {
+        Shown(MAX_COMMANDS_TOTAL)
+    }
+
+    /// The most bytes the next command may show.
+    fn cap(&self) -> usize {
+        if self.0 >= MAX_COMMAND {
+            MAX_COMMAND
+        } else {
+            SHORT_COMMAND
+        }
+    }
+
+    fn spend(&mut self, n: usize) {
+        self.0 = self.0.saturating_sub(n);
     }
 }
 
-/// The processes of a sandbox, sorted by pid (zombies included, as `zombie`).
+/// The command line of `pid` (its arguments joined with spaces), at most `max` bytes of it
+/// read; cut at a character with an ellipsis when longer. `[comm]` when it has none.
+fn command_of(pid: i32, stat: &Stat, max: usize) -> String {
+    let (cmdline, more) = read_capped(&format!("/proc/{pid}/cmdline"), max).unwrap_or_default();
+    let mut s = String::with_capacity(cmdline.len() + 3);
+    for part in cmdline.split(|b| *b == 0).filter(|p| !p.is_empty()) {
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(&String::from_utf8_lossy(part));
+    }
+    if s.is_empty() {
+        return format!("[{}]", stat.comm);
+    }
+    // Invalid bytes grew into U+FFFD (3 bytes each): cut to `max` again.
+    let long = more || s.len() > max;
+    if long {
+        let mut cut = s.len().min(max);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// The processes of a sandbox, sorted by pid (zombies included, as `zombie`): at most
+/// [`MAX_LISTED`], each command line at most [`MAX_COMMAND`] bytes (fewer once the listing
+/// showed [`MAX_COMMANDS_TOTAL`]).
 pub fn list(sandbox_id: &str) -> Vec<ProcInfo> {
     let snap = snapshot();
+    let mut shown = Shown::new();
     members(&snap, sandbox_id)
         .into_iter()
         .filter_map(|pid| {
             let stat = snap.get(&pid)?;
             // Re-read: the state may have changed since the snapshot, and the process may be gone.
             let fresh = read_stat(pid).unwrap_or_else(|| stat.clone());
+            let command = command_of(pid, &fresh, shown.cap());
+            shown.spend(command.len());
             Some(ProcInfo {
                 pid,
                 ppid: fresh.ppid,
-                command: command_of(pid, &fresh),
+                command,
                 status: status_name(fresh.state).to_owned(),
             })
         })
+        .take(MAX_LISTED)
         .collect()
 }
 
 /// The processes of a sandbox with its own PID namespace, from (host pid, pid inside)
 /// pairs: pids and parent pids as the sandbox sees them (a parent outside the list is the
-/// sandbox's init, pid 1).
+/// sandbox's init, pid 1). Bounded as [`list`] is.
 pub fn list_members(members: &[(i32, i32)]) -> Vec<ProcInfo> {
     let inner: HashMap<i32, i32> = members.iter().copied().collect();
+    let mut shown = Shown::new();
     members
         .iter()
         .filter_map(|&(host, pid)| {
             let stat = read_stat(host)?;
+            let command = command_of(host, &stat, shown.cap());
+            shown.spend(command.len());
             Some(ProcInfo {
                 pid,
                 ppid: inner.get(&stat.ppid).copied().unwrap_or(1),
-                command: command_of(host, &stat),
+                command,
                 status: status_name(stat.state).to_owned(),
             })
         })
+        .take(MAX_LISTED)
         .collect()
 }
 
@@ -383,12 +510,18 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
     None
 }
 
+/// The sandbox id a process's environment names, if any (its first 512 bytes: whatever
+/// its length, an entry `ABX_SANDBOX_ID=...` is a marker).
 fn marker_of(pid: i32) -> Option<String> {
-    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
-    env.split(|b| *b == 0).find_map(|entry| {
-        let rest = entry.strip_prefix(MARKER.as_bytes())?.strip_prefix(b"=")?;
-        Some(String::from_utf8_lossy(rest).into_owned())
-    })
+    let mut id = None;
+    env_entries(pid, MARKER.len() + 1 + 512, |entry, _| {
+        id = entry
+            .strip_prefix(MARKER.as_bytes())
+            .and_then(|r| r.strip_prefix(b"="))
+            .map(|r| String::from_utf8_lossy(r).into_owned());
+        id.is_some()
+    });
+    id
 }
 
 #[cfg(test)]
@@ -535,6 +668,61 @@ mod tests {
         assert!(!has_marker(sleep, id));
         assert_eq!(sandbox_of(sleep).as_deref(), Some(id));
         assert_eq!(sandbox_of(std::process::id() as i32), None);
+    }
+
+    #[test]
+    fn huge_command_lines_and_environments_are_read_in_bounded_pieces() {
+        // 10 arguments of 128,000 bytes (1.3 MB), and a marker behind 0.5 MB of
+        // environment: the listing shows 4 KiB of the command, cut with an ellipsis, and
+        // the marker is still found (the environment is scanned, never held whole).
+        let id = "procs-huge-1";
+        let mut script = String::from("exec env -i");
+        for i in 0..4 {
+            script.push_str(&format!(" PAD{i}=$(head -c 128000 /dev/zero | tr '\\0' p)"));
+        }
+        script.push_str(&format!(" {MARKER}={id} sh -c 'sleep 30' sh"));
+        for _ in 0..10 {
+            script.push_str(" $(head -c 128000 /dev/zero | tr '\\0' a)");
+        }
+        let tree = start(Model::Unconfined, id, &script);
+        let pid = tree.child.id() as i32;
+        wait_for("the sleep listed", || {
+            list(id).iter().any(|p| p.command == "sleep 30")
+        });
+        let sh = list(id).into_iter().find(|p| p.pid == pid).expect("listed");
+        assert!(
+            sh.command.starts_with("sh -c sleep 30 sh aaaa"),
+            "{}",
+            &sh.command[..40]
+        );
+        assert_eq!(sh.command.len(), MAX_COMMAND + '…'.len_utf8());
+        assert!(sh.command.ends_with('…'));
+        assert!(has_marker(pid, id));
+        assert_eq!(marker_of(pid).as_deref(), Some(id));
+        assert!(!has_marker(pid, "procs-huge"));
+        // A listing's commands are bounded in all: past the total, each is short.
+        let mut shown = Shown::new();
+        shown.spend(MAX_COMMANDS_TOTAL - 100);
+        let stat = read_stat(pid).unwrap();
+        let short = command_of(pid, &stat, shown.cap());
+        assert_eq!(short.len(), SHORT_COMMAND + '…'.len_utf8());
+    }
+
+    #[test]
+    fn a_process_whose_name_is_not_utf8_is_still_seen() {
+        use std::os::unix::ffi::OsStrExt;
+        let t = tempfile::tempdir().unwrap();
+        let link = t
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"\xff\xfesleeper"));
+        std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
+        let mut child = std::process::Command::new(&link).arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let stat = read_stat(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        let stat = stat.expect("its stat is read");
+        assert!(stat.comm.contains("sleeper"), "{}", stat.comm);
     }
 
     #[test]

@@ -467,6 +467,71 @@ struct Inner {
     events: abx_core::events::Events,
     /// The sandboxes' code contexts (`code/*`).
     code: super::code::Contexts,
+    /// What creates under way hold of the caps (see [`Slot`]).
+    reserved: Mutex<Reserved>,
+    /// The most processes the live sandboxes' limits may add up to.
+    pids_budget: PidsBudget,
+}
+
+/// What the creates under way hold of the caps: sandboxes being built, and their process
+/// limits.
+#[derive(Debug, Default)]
+struct Reserved {
+    count: usize,
+    pids: u64,
+}
+
+/// The budget of processes across all live sandboxes (the sum of their `pids` limits): half
+/// of the host's `pid_max`, so that sandboxes together cannot take the host's last pids (the
+/// defaults, 64 sandboxes of 1024, are twice a `pid_max` of 32768).
+#[derive(Clone, Copy, Debug)]
+struct PidsBudget {
+    /// `/proc/sys/kernel/pid_max` (of the daemon's PID namespace) when it was read.
+    pid_max: Option<u64>,
+    /// Half of it (unbounded when it could not be read).
+    budget: u64,
+}
+
+impl PidsBudget {
+    fn of_host() -> PidsBudget {
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|n| *n > 0);
+        PidsBudget {
+            pid_max,
+            budget: pid_max.map_or(u64::MAX, |n| n / 2),
+        }
+    }
+}
+
+/// A slot among the live sandboxes, taken before a sandbox is built and counted with them
+/// against `max_sandboxes` and the process budget, so the caps hold however many creates run
+/// at once (issue 42: checked before and counted after, 150 concurrent creates made 102
+/// sandboxes against a cap of 64). Dropped (the create failed), it is given back;
+/// [`Slot::fill`] turns it into the sandbox.
+struct Slot<'a> {
+    inner: &'a Inner,
+    pids: u64,
+}
+
+impl Slot<'_> {
+    /// The sandbox is built: it takes the slot's place among the live ones.
+    fn fill(self, id: String, sb: Arc<Sandbox>) {
+        let inner = self.inner;
+        let mut map = inner.sandboxes.lock().expect("sandboxes");
+        map.insert(id, sb);
+        // Given back while the map is held: the sandbox is never counted twice, nor missed.
+        drop(self);
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut r = self.inner.reserved.lock().expect("reserved");
+        r.count -= 1;
+        r.pids -= self.pids;
+    }
 }
 
 /// `ABX_TEST_HOOKS=1` with `ABX_TEST_OVERLAY=refused`: image sandboxes take the fallback
@@ -664,6 +729,22 @@ impl Inner {
     }
 
     fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
+        Inner::start_with_budget(data_dir, settings, events, PidsBudget::of_host())
+    }
+
+    fn start_with_budget(
+        data_dir: &Path,
+        mut settings: Settings,
+        events: abx_core::events::Events,
+        pids_budget: PidsBudget,
+    ) -> Arc<Inner> {
+        // The default process limit shares the budget among the cap's sandboxes, so the cap
+        // stays reachable with default limits (256 each under a pid_max of 32768); a limit
+        // set in the config or at create is kept as given.
+        if settings.limits.pids == limits::DEFAULT.pids {
+            let share = (pids_budget.budget / settings.max_sandboxes.max(1) as u64).max(64);
+            settings.limits.pids = limits::DEFAULT.pids.map(|d| d.min(share));
+        }
         let root = data_dir.join("local/sandboxes");
         let _ = std::fs::create_dir_all(&root);
         let templates = Arc::new(
@@ -694,7 +775,10 @@ impl Inner {
             reaper: Arc::new(Notify::new()),
             events,
             code: Default::default(),
+            reserved: Mutex::new(Reserved::default()),
+            pids_budget,
         });
+        info!(budget = p.pids_budget.budget, pid_max = ?p.pids_budget.pid_max, "process budget of all local sandboxes");
         p.load();
         let weak = Arc::downgrade(&p);
         tokio::spawn(async move { reaper(weak).await });
@@ -819,19 +903,8 @@ impl Inner {
             Some(v) => limits::parse(v)?,
         }
         .resolve(&self.settings.limits)?;
-        let live = self.sandboxes.lock().expect("sandboxes").len();
-        if live >= self.settings.max_sandboxes {
-            return Err(AbxError::new(
-                ErrorCode::SandboxLimitReached,
-                &[(
-                    "detail",
-                    &format!(
-                        "{live} live local sandboxes, the broker's cap is {}",
-                        self.settings.max_sandboxes
-                    ),
-                )],
-            ));
-        }
+        // Counted from here on: given back if anything below fails.
+        let slot = self.reserve(limits.pids.unwrap_or(self.default_pids()))?;
         let id = format!("sb-{}", rand_id());
         let dirs = SandboxDirs::new(self.root.join(&id));
         let mk = |d: &Path| std::fs::create_dir_all(d);
@@ -894,12 +967,68 @@ impl Inner {
             let _ = std::fs::remove_dir_all(&sb.dirs.root);
             return Err(e);
         }
-        self.sandboxes
-            .lock()
-            .expect("sandboxes")
-            .insert(id, sb.clone());
+        slot.fill(id, sb.clone());
         self.reaper.notify_one();
         Ok(sb.view())
+    }
+
+    /// The process limit a sandbox without one counts for (records of older versions).
+    fn default_pids(&self) -> u64 {
+        self.settings
+            .limits
+            .pids
+            .or(limits::DEFAULT.pids)
+            .unwrap_or(0)
+    }
+
+    /// Take a slot for a sandbox of `pids` processes: E2006 when it would make more live
+    /// sandboxes than `max_sandboxes`, or their process limits add up past the budget.
+    fn reserve(&self, pids: u64) -> Result<Slot<'_>, AbxError> {
+        let map = self.sandboxes.lock().expect("sandboxes");
+        let default = self.default_pids();
+        let live_pids: u64 = map
+            .values()
+            .map(|s| s.rec.lock().expect("record").limits.pids.unwrap_or(default))
+            .fold(0, u64::saturating_add);
+        let mut r = self.reserved.lock().expect("reserved");
+        let live = map.len() + r.count;
+        let max = self.settings.max_sandboxes;
+        if live >= max {
+            let building = match r.count {
+                0 => String::new(),
+                n => format!(" ({n} of them being created)"),
+            };
+            return Err(AbxError::new(
+                ErrorCode::SandboxLimitReached,
+                &[(
+                    "detail",
+                    &format!("{live} live local sandboxes{building}, the broker's cap is {max}"),
+                )],
+            ));
+        }
+        let taken = live_pids.saturating_add(r.pids);
+        let budget = self.pids_budget;
+        if taken.saturating_add(pids) > budget.budget {
+            let of = budget.pid_max.map_or(String::new(), |m| {
+                format!(", half of the host's pid_max ({m})")
+            });
+            return Err(AbxError::new(
+                ErrorCode::SandboxLimitReached,
+                &[(
+                    "detail",
+                    &format!(
+                        "the live local sandboxes may run {taken} processes and this one {pids} more, past the budget of {}{of}",
+                        budget.budget
+                    ),
+                )],
+            )
+            .with_suggestion(
+                "Ask for fewer processes (limits.pids, 'abx create --pids 256', or [local] pids in the broker config for every sandbox), or kill sandboxes you no longer need ('abx list', 'abx kill ID').",
+            ));
+        }
+        r.count += 1;
+        r.pids += pids;
+        Ok(Slot { inner: self, pids })
     }
 
     /// The stored image a template names, pulled on first use (a tag then stays pinned to
@@ -1091,17 +1220,25 @@ impl Inner {
                 } else {
                     layer_dirs(&sb.dirs).0
                 };
-                // Writes in flight would make a torn layer: freeze the sandbox meanwhile.
-                let cg = sb.cgroup.lock().expect("cgroup").clone();
-                if let Some(c) = &cg {
-                    c.freeze(true);
-                }
                 let _g = store.lock.lock().await;
+                // Writes in flight would make a torn layer, and a directory swapped for a
+                // symlink must not lead the walk out of the layer: the sandbox is stopped
+                // meanwhile (its cgroup frozen, else each of its processes stopped) and the
+                // layer is read through descriptors only (templates::build). A paused
+                // sandbox is stopped already, and stays so.
+                let paused = sb.rec.lock().expect("record").status == "paused";
+                let cg = sb.cgroup.lock().expect("cgroup").clone();
+                let frozen = !paused && cg.as_ref().is_some_and(|c| c.freeze(true));
+                let pidns = match sb.container.lock().await.clone() {
+                    Some(c) if !paused && !frozen => Some(c.pidns()),
+                    _ => None,
+                };
                 let st = store.clone();
-                let res = tokio::task::spawn_blocking(move || st.build(&name, &base_img, &upper))
-                    .await
-                    .map_err(AbxError::internal);
-                if let Some(c) = &cg {
+                let res =
+                    tokio::task::spawn_blocking(move || st.build(&name, &base_img, &upper, pidns))
+                        .await
+                        .map_err(AbxError::internal);
+                if let (true, Some(c)) = (frozen, &cg) {
                     c.freeze(false);
                 }
                 let img = res??;
@@ -1440,12 +1577,14 @@ impl Inner {
                         .default_for(&p.sandbox, Lang::parse(p.language.as_deref())?)?,
                 };
                 let parts = sb.exec_parts().await?;
+                // The reply stays counted in the budget until it is queued (issue 42).
                 let r = ctx
-                    .run(
+                    .run_held(
                         parts.site(&sb, &p.sandbox),
                         cell,
                         cx.conn.clone(),
                         cx.cancel.clone(),
+                        &cx.hold,
                     )
                     .await?;
                 value(r)
@@ -1834,5 +1973,58 @@ mod settings_tests {
         let l = s("[local]\ntemplate_max_bytes = \"lots\"\ntemplate_max_entries = -1\n")
             .template_limits;
         assert_eq!(l, templates::Limits::default());
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    fn inner(max_sandboxes: usize, budget: u64) -> (tempfile::TempDir, Arc<Inner>) {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings {
+            max_sandboxes,
+            ..Settings::default()
+        };
+        let budget = PidsBudget {
+            pid_max: Some(budget * 2),
+            budget,
+        };
+        let p = Inner::start_with_budget(dir.path(), settings, Default::default(), budget);
+        (dir, p)
+    }
+
+    /// Slots count against both caps while held, whether or not a sandbox is made yet, and a
+    /// dropped one (a create that failed) is given back.
+    #[tokio::test]
+    async fn slots_hold_the_caps_and_are_given_back() {
+        let (_d, p) = inner(2, 1000);
+        let a = p.reserve(400).unwrap();
+        let b = p.reserve(400).unwrap();
+        let e = p.reserve(10).err().expect("a third is past the cap");
+        assert_eq!(e.code, ErrorCode::SandboxLimitReached);
+        assert!(
+            e.message.contains("2 of them being created"),
+            "{}",
+            e.message
+        );
+        drop(a);
+        // Room again for one, but not for one past the process budget (400 + 700 > 1000).
+        let e = p.reserve(700).err().expect("past the budget");
+        assert_eq!(e.code, ErrorCode::SandboxLimitReached);
+        assert!(e.message.contains("pid_max (2000)"), "{}", e.message);
+        assert!(e.suggestion.contains("pids"), "{e:?}");
+        let c = p.reserve(600).unwrap();
+        drop((b, c));
+        let r = p.reserved.lock().unwrap();
+        assert_eq!((r.count, r.pids), (0, 0));
+    }
+
+    #[test]
+    fn the_budget_is_half_of_pid_max() {
+        let b = PidsBudget::of_host();
+        if let Some(m) = b.pid_max {
+            assert_eq!(b.budget, m / 2);
+        }
     }
 }

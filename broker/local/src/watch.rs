@@ -1,4 +1,4 @@
-//! `files/watch` of the builtin `local` provider, through inotify (DESIGN §4, §8).
+//! `files/watch` of the builtin `local` provider, through inotify (docs/design.md#api, docs/design.md#local).
 //!
 //! [`Watch::start`] resolves the path beneath the sandbox exactly as the file operations
 //! do (`openat2` with `RESOLVE_BENEATH`), then watches the resolved inode through its
@@ -593,11 +593,10 @@ mod tests {
         expect(&mut rx, "/workspace/pre/existing/f", "created").await;
         std::fs::create_dir(ws.join("new")).unwrap();
         expect(&mut rx, "/workspace/new", "created").await;
-        // Give the watcher a moment to add the new directory, then use it.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Used at once: what lands in a new directory before the watcher added it is found
+        // by the scan it makes when it adds it, what lands after by the new watch.
         std::fs::create_dir(ws.join("new/deeper")).unwrap();
         expect(&mut rx, "/workspace/new/deeper", "created").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
         std::fs::write(ws.join("new/deeper/g"), "y").unwrap();
         expect(&mut rx, "/workspace/new/deeper/g", "created").await;
         // A tree created at once (mkdir -p + file) is reported fully.
@@ -607,7 +606,6 @@ mod tests {
         // Moves inside the tree keep being tracked under the new name.
         std::fs::rename(ws.join("new"), ws.join("moved")).unwrap();
         expect(&mut rx, "/workspace/moved", "renamed").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
         std::fs::write(ws.join("moved/deeper/k"), "k").unwrap();
         expect(&mut rx, "/workspace/moved/deeper/k", "created").await;
         std::fs::remove_file(ws.join("moved/deeper/k")).unwrap();

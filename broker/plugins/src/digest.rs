@@ -1,4 +1,4 @@
-//! The content digest of a plugin tree and its verification (DESIGN §6).
+//! The content digest of a plugin tree and its verification (docs/design.md#providers).
 //!
 //! The digest is `sha256:` + hex(sha256(listing)), where the listing has one line per
 //! regular file, `"{hex sha256 of the file} {x|-} {relative/path}\n"`, sorted by the

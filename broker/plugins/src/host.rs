@@ -1,4 +1,4 @@
-//! The EPP/1 host: one child process per provider, shared by every client (DESIGN §7).
+//! The EPP/1 host: one child process per provider, shared by every client (docs/design.md#epp).
 //!
 //! Three tasks per running child (after helix-lsp): a reader (stdout: replies and
 //! notifications), a stderr logger (secrets redacted, last lines kept for error details)
@@ -23,12 +23,11 @@
 
 use super::pace::{self, Pace, Spinner};
 use super::stream::{self, Route};
-use abx_core::outbound::Outbound;
+use abx_core::outbound::{Hold, Outbound, Pool};
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
 use abx_protocol::epp::{self, redact, PluginLine};
 use abx_protocol::message;
 use abx_protocol::{AbxError, ErrorCode, Id};
-use futures::StreamExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -39,15 +38,20 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::FramedRead;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 /// Largest line a plugin may send.
 const MAX_LINE: usize = 64 * 1024 * 1024;
-/// A read buffer grown past this by a large line is replaced once the line is handled.
-const READ_BUFFER_KEEP: usize = 1024 * 1024;
+/// Bytes of a plugin's output the host holds outside the broker-wide budget (a line up to
+/// this size, or the start of the next ones); a longer line is counted in the budget as it
+/// grows, before its bytes are read (issue 42).
+pub const LINE_ALLOWANCE: usize = 64 * 1024;
+/// The most one read of a plugin's stdout takes.
+const READ_CHUNK: usize = 256 * 1024;
+
 /// Lines of stderr kept for error details.
 const STDERR_TAIL: usize = 20;
 /// Longest stderr line kept (the rest of a longer line is dropped).
@@ -170,11 +174,24 @@ type ReplyTx = oneshot::Sender<Result<Box<RawValue>, AbxError>>;
 struct Pending {
     method: String,
     reply: ReplyTx,
+    /// The budget the call's request reserved for its reply, lent while the plugin answers:
+    /// the reader reads the reply (or, with the pool full, another line) into it.
+    counted: Lent,
     conn: Option<Outbound>,
     replied: Option<CancellationToken>,
     /// When the call fails E8008 if unanswered, and its time limit (for the message);
     /// None for the handshake, which has its own.
     deadline: Option<(Instant, Duration)>,
+}
+
+/// A call's reply budget, lent to the reader (see [`Pending::counted`]).
+#[derive(Default)]
+struct Lent {
+    /// What is left of it (the reader may have used some for a line).
+    permit: Option<OwnedSemaphorePermit>,
+    /// Where the reply's budget goes with the reply: the request's hold, so its reply is
+    /// queued against the bytes the line was read into.
+    back: Option<Hold>,
 }
 
 /// How long the sweeper stays awake with no call in flight before it parks until the next
@@ -439,7 +456,10 @@ impl Host {
     }
 
     /// Call a method on the plugin. `conn` and `replied` route the stream that the reply may
-    /// open (exec/start, files/watch) to the calling connection.
+    /// open (exec/start, files/watch) to the calling connection. `hold`: the request's reply
+    /// budget, lent while the plugin answers and given back with the reply's own (see
+    /// [`Pending::counted`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn call<P: serde::Serialize + ?Sized>(
         &self,
         method: &str,
@@ -448,14 +468,16 @@ impl Host {
         replied: Option<CancellationToken>,
         cancel: Option<CancellationToken>,
         timeout: Option<Duration>,
+        hold: Option<Hold>,
     ) -> Result<Box<RawValue>, AbxError> {
         let encode = |id: &Id| message::encode_request(id, method, Some(params));
-        self.call_encoded(method, encode, conn, replied, cancel, timeout)
+        self.call_encoded(method, encode, conn, replied, cancel, timeout, hold)
             .await
     }
 
     /// [`Host::call`] with params the host owns: they are freed once the request line
     /// is written, not held until the reply (a 64 MiB `files/write` is held once, briefly).
+    #[allow(clippy::too_many_arguments)]
     pub async fn call_owned(
         &self,
         method: &str,
@@ -464,12 +486,14 @@ impl Host {
         replied: Option<CancellationToken>,
         cancel: Option<CancellationToken>,
         timeout: Option<Duration>,
+        hold: Option<Hold>,
     ) -> Result<Box<RawValue>, AbxError> {
         let encode = move |id: &Id| message::encode_request(id, method, Some(&*params));
-        self.call_encoded(method, encode, conn, replied, cancel, timeout)
+        self.call_encoded(method, encode, conn, replied, cancel, timeout, hold)
             .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn call_encoded(
         &self,
         method: &str,
@@ -478,18 +502,24 @@ impl Host {
         replied: Option<CancellationToken>,
         cancel: Option<CancellationToken>,
         timeout: Option<Duration>,
+        hold: Option<Hold>,
     ) -> Result<Box<RawValue>, AbxError> {
         let r = self.running().await?;
         let id_num = r.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let spec_timeout = self.spec.lock().expect("spec").call_timeout;
         let limit = timeout.unwrap_or(spec_timeout).min(MAX_CALL_WAIT);
+        let counted = Lent {
+            permit: hold.as_ref().and_then(|h| h.lock().expect("hold").take()),
+            back: hold,
+        };
         let call = Pending {
             method: method.to_owned(),
             reply: tx,
             conn,
             replied,
             deadline: Some((Instant::now() + limit, limit)),
+            counted,
         };
         let n = track(&r.pending, &r.sweep, id_num, call);
         // `broker/status` counts it from now on (one uncontended lock, no allocation).
@@ -609,6 +639,7 @@ impl Host {
                 conn: None,
                 replied: None,
                 deadline: None,
+                counted: Lent::default(),
             },
         );
         let mut line = message::encode_request(&Id::Num(id_num), "shutdown", None::<&Value>);
@@ -1153,6 +1184,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
             conn: None,
             replied: None,
             deadline: None,
+            counted: Lent::default(),
         },
     );
     let params = json!({
@@ -1245,6 +1277,141 @@ struct PluginIo<'a> {
     events: &'a abx_core::events::Events,
 }
 
+/// A plugin's stdout as lines, each byte counted before it is read: up to
+/// [`LINE_ALLOWANCE`] the host's own, beyond it in the broker-wide budget, grown with the
+/// line (from what is free, else from the reply budget its calls in flight lent, else it
+/// waits, not reading). Cancel-safe.
+struct LineReader<R> {
+    io: R,
+    buf: bytes::BytesMut,
+    codec: FrameCodec,
+    /// Budget counted for the line in progress (it covers `covers` bytes beyond the
+    /// allowance).
+    held: Option<OwnedSemaphorePermit>,
+    eof: bool,
+}
+
+/// One line read, and the budget it was read into (a line longer than the allowance).
+type Line = (Frame, Option<OwnedSemaphorePermit>);
+
+impl<R: tokio::io::AsyncRead + Unpin> LineReader<R> {
+    fn new(io: R) -> Self {
+        LineReader {
+            io,
+            buf: bytes::BytesMut::with_capacity(LINE_ALLOWANCE),
+            codec: FrameCodec::with_framing(Framing::Line, MAX_LINE),
+            held: None,
+            eof: false,
+        }
+    }
+
+    fn covers(&self) -> usize {
+        self.held.as_ref().map_or(0, |h| h.num_permits())
+    }
+
+    async fn next(&mut self, pool: &Pool, pending: &Mutex<Calls>) -> Option<std::io::Result<Line>> {
+        use bytes::BufMut;
+        loop {
+            match self.codec.decode(&mut self.buf) {
+                Ok(Some(f)) => return Some(Ok(self.took(f))),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            if self.eof {
+                return match self.codec.decode_eof(&mut self.buf) {
+                    Ok(Some(f)) => Some(Ok(self.took(f))),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e)),
+                };
+            }
+            let mut room = (LINE_ALLOWANCE + self.covers()).saturating_sub(self.buf.len());
+            if room == 0 {
+                // Grow the line's count: as much again as it has (at least 1 MiB), from what
+                // the budget has free, else from what calls in flight lent; else wait.
+                let step = self
+                    .covers()
+                    .max(1024 * 1024)
+                    .min(MAX_LINE + 1 - self.covers().min(MAX_LINE));
+                loop {
+                    if let Some(more) = take_some(pool, pending, step) {
+                        match &mut self.held {
+                            Some(h) => h.merge(more),
+                            None => self.held = Some(more),
+                        }
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                room = (LINE_ALLOWANCE + self.covers()).saturating_sub(self.buf.len());
+            }
+            let want = room.min(READ_CHUNK);
+            if self.buf.capacity() - self.buf.len() < want {
+                self.buf.reserve(want);
+            }
+            match self.io.read_buf(&mut (&mut self.buf).limit(want)).await {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// A line is out: it takes what was counted for it (trimmed to its size), and gets its
+    /// buffer to itself when it is long (the next bytes go to a fresh one), so it is read in
+    /// place.
+    fn took(&mut self, f: Frame) -> Line {
+        let held = self.held.take();
+        let Frame::Message(bytes) = f else {
+            return (f, None);
+        };
+        let Some(mut held) = held else {
+            return (Frame::Message(bytes), None);
+        };
+        let keep = bytes.len().max(1);
+        if held.num_permits() > keep {
+            drop(held.split(held.num_permits() - keep));
+        }
+        let mut rest = bytes::BytesMut::with_capacity(LINE_ALLOWANCE.max(self.buf.len()));
+        rest.extend_from_slice(&self.buf);
+        self.buf = rest;
+        (Frame::Message(bytes), Some(held))
+    }
+}
+
+/// Up to `n` bytes of budget now: what the pool has free, else what the calls in flight
+/// lent (their replies then take their room when they are queued). `None`: nothing now.
+fn take_some(pool: &Pool, pending: &Mutex<Calls>, n: usize) -> Option<OwnedSemaphorePermit> {
+    let free = pool.available().min(n);
+    if free > 0 {
+        if let Some(p) = pool.try_take_exact(free) {
+            return Some(p);
+        }
+    }
+    let mut got: Option<OwnedSemaphorePermit> = None;
+    let mut calls = pending.lock().expect("pending");
+    for c in calls.values_mut() {
+        let have = got.as_ref().map_or(0, |g| g.num_permits());
+        if have >= n {
+            break;
+        }
+        let Some(lent) = c.counted.permit.as_mut() else {
+            continue;
+        };
+        let part = if lent.num_permits() <= n - have {
+            c.counted.permit.take()
+        } else {
+            lent.split(n - have)
+        };
+        if let Some(part) = part {
+            match &mut got {
+                Some(g) => g.merge(part),
+                None => got = Some(part),
+            }
+        }
+    }
+    got
+}
+
 /// Read the child's stdout until it ends or misbehaves. Returns why it ended.
 async fn read_loop(
     io: &PluginIo<'_>,
@@ -1255,36 +1422,33 @@ async fn read_loop(
     child: &mut tokio::process::Child,
 ) -> String {
     let (id, secrets, writer) = (io.id, io.secrets, io.writer);
-    let mut frames = FramedRead::new(stdout, FrameCodec::with_framing(Framing::Line, MAX_LINE));
+    let pool = io.events.pool();
+    let mut lines = LineReader::new(stdout);
     let mut log_limit = LogLimit::default();
     loop {
         let frame = tokio::select! {
-            f = frames.next() => f,
+            f = lines.next(&pool, pending) => f,
             _ = kill.cancelled() => {
                 let _ = child.start_kill();
                 return "it was stopped".into();
             }
         };
-        let bytes = match frame {
+        let (bytes, counted) = match frame {
             None => return "it exited".into(),
             Some(Err(e)) => return format!("sent unreadable output: {e}"),
-            Some(Ok(Frame::TooLarge { .. })) => {
+            Some(Ok((Frame::TooLarge { .. }, _))) => {
                 return format!("sent a line over {} bytes", MAX_LINE);
             }
-            Some(Ok(Frame::Message(b))) => b,
+            Some(Ok((Frame::Message(b), counted))) => (b, counted),
         };
         let size = bytes.len();
-        let line = epp::classify(&bytes, id, secrets);
-        drop(bytes);
-        if size > READ_BUFFER_KEEP {
-            // A large line grew the read buffer: give it back rather than keep it.
-            let buf = frames.read_buffer_mut();
-            if buf.capacity() > READ_BUFFER_KEEP && buf.len() < READ_BUFFER_KEEP / 2 {
-                let mut fresh = bytes::BytesMut::with_capacity(64 * 1024);
-                fresh.extend_from_slice(buf);
-                *buf = fresh;
-            }
-        }
+        // A long line has its buffer to itself: read in place (its result or params are that
+        // buffer, never a copy), what was counted for it covers them.
+        let line = if counted.is_some() {
+            epp::classify_owned(Vec::from(bytes), id, secrets)
+        } else {
+            epp::classify(&bytes, id, secrets)
+        };
         match line {
             PluginLine::Reply { id: n, outcome } => {
                 let Some(p) = pending.lock().expect("pending").remove(&n) else {
@@ -1328,7 +1492,28 @@ async fn read_loop(
                         }
                     }
                 }
-                let _ = p.reply.send(outcome);
+                // The reply's budget (the line's, and what its call lent) goes to the
+                // request with the reply: it is queued against those bytes.
+                let Pending {
+                    reply,
+                    counted: lent,
+                    ..
+                } = p;
+                if let Some(back) = &lent.back {
+                    let mut h = back.lock().expect("hold");
+                    for p in [counted, lent.permit].into_iter().flatten() {
+                        match h.as_mut() {
+                            Some(mine) => mine.merge(p),
+                            None => *h = Some(p),
+                        }
+                    }
+                }
+                let _ = reply.send(outcome);
+            }
+            PluginLine::Dropped { method, key, bytes } => {
+                if log_limit.allow().is_some() {
+                    warn!(provider = %id, method = %method, key, bytes, "plugin stream notification over 1 MiB dropped");
+                }
             }
             PluginLine::Stream { key, end, body } => {
                 // After its exit a stream takes nothing more; its route stays (parked)
@@ -1350,6 +1535,7 @@ async fn read_loop(
                     }
                     None => debug!(provider = %id, key, "notification for an unknown stream"),
                 }
+                drop(counted);
             }
             PluginLine::Log { level, message } => {
                 if let Some(dropped) = log_limit.allow() {
@@ -1367,13 +1553,17 @@ async fn read_loop(
             PluginLine::SandboxChanged {
                 sandbox,
                 change,
-                mut info,
+                info,
             } => {
-                // The broker's form: `provider` filled in, as its sandbox/* results have it.
-                if let Some(Value::Object(o)) = &mut info {
-                    o.insert("provider".into(), json!(id));
-                }
-                io.events.emit(id, &sandbox, &change, info.as_ref());
+                // The broker's form: `provider` set to the plugin's id (by the hub, as it
+                // writes the one copy every subscriber gets), as its sandbox/* results have it.
+                io.events.emit_info(
+                    id,
+                    &sandbox,
+                    &change,
+                    info.as_deref().map(abx_core::events::Info::Tagged),
+                );
+                drop(counted);
             }
             PluginLine::Ignore { method } => {
                 debug!(provider = %id, method = %method, "ignoring plugin notification")
@@ -1385,7 +1575,7 @@ async fn read_loop(
 
 /// An `exec/attach` result that says the exec still runs.
 fn still_running(raw: &RawValue) -> bool {
-    serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v["running"] != false)
+    message::bounded_value(raw.get(), 1024 * 1024).is_some_and(|v| v["running"] != false)
 }
 
 #[cfg(test)]
@@ -1434,6 +1624,7 @@ mod tests {
             conn: None,
             replied: None,
             deadline: Some((Instant::now() + limit, limit)),
+            counted: Lent::default(),
         };
         (p, rx)
     }

@@ -1,4 +1,4 @@
-//! Installed providers and their stored configuration (DESIGN §6).
+//! Installed providers and their stored configuration (docs/design.md#providers).
 //!
 //! Layout under the data dir:
 //!

@@ -1,5 +1,5 @@
 //! The plugin launcher: every plugin process starts as `<daemon binary> __abx-plugin-launch`
-//! (DESIGN §6, issue 19), a plain single-threaded program (never code run between `fork` and
+//! (docs/design.md#providers, issue 19), a plain single-threaded program (never code run between `fork` and
 //! `exec` of the multi-threaded daemon) that gives the plugin a world of its own and runs it
 //! from a verified private copy of its installed tree.
 //!
@@ -20,9 +20,11 @@
 //!   plugin to find), with the plugin's own data and temp directories bound back; a tmpfs at
 //!   the installed tree's path, filled with the copy made while hashing (digest.rs, one pass)
 //!   and compared with the recorded digest before anything runs, then made read-only; a fresh
-//!   `/proc` of the new PID namespace (the daemon's `/proc/<pid>/root` is not there). Then it
-//!   starts the plugin (capabilities dropped, no_new_privs, the seccomp filter and the Landlock
-//!   ruleset of its `[security]`, built here after the mounts so its rules name the copy),
+//!   `/proc` of the new PID namespace (the daemon's `/proc/<pid>/root` is not there; its
+//!   `keys` and `key-users` masked). Then it starts the plugin (a new session keyring instead
+//!   of the daemon's, capabilities dropped, no_new_privs, the seccomp filters (its socket rules,
+//!   the keyring calls refused: `abx_confine::keyring`) and the Landlock ruleset of its
+//!   `[security]`, built here after the mounts so its rules name the copy),
 //!   reaps every process of the namespace and exits with the plugin's status.
 //!
 //! The plugin sees its tree at the installed path (its cwd, `./` in `runtime.command`), so
@@ -156,17 +158,33 @@ fn parent_of(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The provider whose launcher `pid` descends from (or is), if any: the peer rule for
-/// plugins, also where namespaces are unavailable. A process cannot leave its ancestry while
-/// its launcher lives except by being orphaned, and orphans of a plugin are reparented to its
-/// launcher (a child subreaper).
+/// The plugin whose launcher `pid` descends from (or is), if any: the peer rule for
+/// plugins, also where namespaces are unavailable. A launcher this daemon started is named
+/// by its provider id; a launcher of any other daemon of the user (an editor's private
+/// `abx broker --stdio`, another `ABX_HOME`) by its command line: `argv[1]` is
+/// [`ARG`], written by the kernel at its `execve`, in a process the plugin cannot rewrite
+/// (the fallback's launcher is not dumpable, and Landlock confines the plugin's ptrace to
+/// its own domain). A process cannot leave its ancestry while its launcher lives except by
+/// being orphaned, and orphans of a plugin are reparented to its launcher (a child
+/// subreaper).
+///
+/// Launchers of other daemons are looked for only when [`abx_home::paths::ancestry_flag`] is
+/// raised (a launcher without namespaces raises it before its plugin runs); with namespaces
+/// a plugin is in another PID namespace, which the daemon refuses first.
 pub fn plugin_of(pid: i32) -> Option<String> {
     let guard = LAUNCHERS.lock().unwrap_or_else(|e| e.into_inner());
-    let map = guard.as_ref().filter(|m| !m.is_empty())?;
+    let map = guard.as_ref().filter(|m| !m.is_empty());
+    let others = abx_home::paths::ancestry_flag().exists();
+    if map.is_none() && !others {
+        return None;
+    }
     let mut p = pid;
     for _ in 0..256 {
-        if let Some(id) = map.get(&p) {
+        if let Some(id) = map.and_then(|m| m.get(&p)) {
             return Some(id.clone());
+        }
+        if others && is_launcher(p) {
+            return Some(format!("(a launcher of another daemon, pid {p})"));
         }
         match parent_of(p) {
             Some(pp) if pp > 1 && pp != p => p = pp,
@@ -174,6 +192,14 @@ pub fn plugin_of(pid: i32) -> Option<String> {
         }
     }
     None
+}
+
+/// Whether `pid` runs as a plugin launcher: its `argv[1]` is [`ARG`].
+fn is_launcher(pid: i32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    cmdline.split(|b| *b == 0).nth(1) == Some(ARG.as_bytes())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -494,13 +520,42 @@ fn compose(cfg: &Config) -> Result<Option<String>, Fail> {
     )
     .err()
     .map(|e| format!("{e}; the plugin sees the host's /proc (the peer rule still refuses it)"));
+    // The key lists name every key of the plugin's uid (the user's own keys): masked.
+    if warning.is_none() {
+        for keys in ["/proc/keys", "/proc/key-users"] {
+            if Path::new(keys).exists() {
+                mount(
+                    Some("/dev/null"),
+                    Path::new(keys),
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )
+                .map_err(setup)?;
+            }
+        }
+    }
     Ok(warning)
 }
 
 /// Without namespaces: copy to `copy_dir`, run from there, kill what is left when it exits.
 fn flat(cfg: &Config, why: &str) -> Result<i32, Fail> {
+    // A subreaper, so the plugin's orphans stay beneath this process (its mark, see
+    // [`plugin_of`]); not dumpable, so the plugin (same uid) can neither ptrace it nor
+    // rewrite its command line. Its children are dumpable again once they exec.
     // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+    // Every daemon of the user checks its peers' ancestry from now on (before the plugin
+    // runs: it shares their PID namespace).
+    abx_home::paths::raise_ancestry_flag().map_err(|e| {
+        Fail::Setup(format!(
+            "raising {}: {e}",
+            abx_home::paths::ancestry_flag().display()
+        ))
+    })?;
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -576,12 +631,16 @@ fn spawn(cfg: &Config, root: &Path, policy: &Policy) -> Result<i32, Fail> {
         .env_clear()
         .envs(cfg.env.iter().map(|(k, v)| (k, v)))
         .current_dir(root);
-    // SAFETY: system calls only: the status pipe and anything else stays out, capabilities
-    // go (a root daemon's plugin keeps none), then no_new_privs, seccomp and Landlock.
+    // SAFETY: system calls only: the status pipe and anything else stays out, a session
+    // keyring of its own (not the daemon's, a login's with the user's keys), capabilities go
+    // (a root daemon's plugin keeps none), then no_new_privs, seccomp (its socket rules and
+    // the keyring calls refused) and Landlock.
     unsafe {
         cmd.pre_exec(move || {
             libc::close(STATUS_FD);
             abx_confine::fds::close_inherited_in_child();
+            abx_confine::keyring::join_fresh_session()
+                .map_err(|_| io::Error::other("joining a new session keyring"))?;
             abx_confine::caps::drop_all(last_cap, false)
                 .map_err(|_| io::Error::other("dropping capabilities"))?;
             abx_confine::restrict_self(&prepared).map_err(|(_, e)| io::Error::from_raw_os_error(e))
@@ -659,5 +718,51 @@ mod tests {
         assert_eq!(plugin_of(me).as_deref(), Some("p"));
         forget(parent);
         assert_eq!(plugin_of(me), None);
+    }
+
+    /// A launcher no daemon of this process registered (another daemon's) is known by its
+    /// `argv[1]`, for every process beneath it, orphans included.
+    #[test]
+    fn a_launcher_of_another_daemon_is_known_by_its_command_line() {
+        let d = tempfile::tempdir().unwrap();
+        // `sh __abx-plugin-launch`: argv[1] is the launcher's argument. Its script starts a
+        // child and an orphan (reparented to a subreaper or init) and waits.
+        std::fs::write(
+            d.path().join(ARG),
+            "sleep 30 & echo $! > child\n(sleep 30 & echo $! > orphan) \nwait\n",
+        )
+        .unwrap();
+        let mut launcher = std::process::Command::new("/bin/sh")
+            .arg(ARG)
+            .current_dir(d.path())
+            .spawn()
+            .unwrap();
+        let pid_in = |f: &str| -> Option<i32> {
+            std::fs::read_to_string(d.path().join(f))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while (pid_in("child").is_none() || pid_in("orphan").is_none())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (child, orphan) = (pid_in("child").unwrap(), pid_in("orphan").unwrap());
+        let lpid = launcher.id() as i32;
+        assert!(is_launcher(lpid));
+        // What a launcher without namespaces does before its plugin runs.
+        abx_home::paths::raise_ancestry_flag().unwrap();
+        assert!(plugin_of(child).unwrap().contains(&format!("pid {lpid}")));
+        // This process is not beneath a launcher; the orphan left its launcher's ancestry
+        // (no subreaper here: a real launcher is one, so its orphans stay beneath it).
+        assert_eq!(plugin_of(std::process::id() as i32), None);
+        for p in [child, orphan] {
+            // SAFETY: signalling processes this test started.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        let _ = launcher.wait();
     }
 }

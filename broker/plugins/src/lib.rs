@@ -1,4 +1,4 @@
-//! abx-plugins: EPP/1 provider plugins (DESIGN §6, §7). The `provider/*` management
+//! abx-plugins: EPP/1 provider plugins (docs/design.md#providers, docs/design.md#epp). The `provider/*` management
 //! methods that drive them are the daemon's (`abx_broker::manage`).
 //!
 //! - `protocol::manifest`: `abx-provider.toml`.

@@ -1,4 +1,4 @@
-//! Enforcing what a plugin declares in `[security]` (DESIGN §6) with the broker's one
+//! Enforcing what a plugin declares in `[security]` (docs/design.md#providers) with the broker's one
 //! confinement mechanism ([`abx_confine`], also used for `local` sandboxes).
 //!
 //! A plugin process, from before its runtime starts:

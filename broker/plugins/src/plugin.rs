@@ -127,7 +127,7 @@ impl PluginProvider {
                 let p = json!({"execId": exec_id, "signal": name.trim_start_matches("SIG")});
                 tracing::debug!(exec = %exec_id, signal = %name, "exec/kill: escalating");
                 if host
-                    .call("exec/kill", &p, Some(conn.clone()), None, None, None)
+                    .call("exec/kill", &p, Some(conn.clone()), None, None, None, None)
                     .await
                     .is_err()
                 {
@@ -280,7 +280,15 @@ impl PluginProvider {
                     p["offset"] = json!(done);
                 }
                 self.host
-                    .call("files/write", &p, None, None, Some(cx.cancel.clone()), None)
+                    .call(
+                        "files/write",
+                        &p,
+                        None,
+                        None,
+                        Some(cx.cancel.clone()),
+                        None,
+                        None,
+                    )
                     .await?;
                 done += n as u64;
                 cx.conn
@@ -303,6 +311,7 @@ impl PluginProvider {
                         None,
                         Some(cx.cancel.clone()),
                         None,
+                        None,
                     )
                     .await?;
             }
@@ -316,7 +325,7 @@ impl PluginProvider {
                     let p = json!({"sandbox": sandbox, "path": target});
                     let _ = self
                         .host
-                        .call("files/remove", &p, None, None, None, None)
+                        .call("files/remove", &p, None, None, None, None, None)
                         .await;
                 }
                 Err(e)
@@ -345,7 +354,7 @@ impl PluginProvider {
         let result = async {
             loop {
                 let p = json!({"sandbox": sandbox, "path": path, "offset": off, "length": CHUNK, "encoding": "base64"});
-                let raw = self.host.call("files/read", &p, None, None, Some(cx.cancel.clone()), None).await?;
+                let raw = self.host.call("files/read", &p, None, None, Some(cx.cancel.clone()), None, None).await?;
                 let v: Value = serde_json::from_str(raw.get()).map_err(AbxError::internal)?;
                 let bytes = abx_protocol::b64::decode(v["data"].as_str().unwrap_or_default())
                     .map_err(|e| AbxError::new(ErrorCode::BadPluginReply, &[("provider", &self.record.id), ("detail", &e.to_string())]))?;
@@ -436,14 +445,34 @@ fn spec_for(
         call_timeout,
         permissions: Arc::new(permissions),
         digest: rec.digest.clone(),
-        hide: vec![
+        hide: [
             paths.runtime_dir.clone(),
             paths.config_dir.clone(),
             paths.data_dir.clone(),
-        ],
+        ]
+        .into_iter()
+        .chain(user_runtime_dirs(paths))
+        .collect(),
         copies: paths.runtime_dir.join("plugins"),
         events: events.clone(),
     })
+}
+
+/// Every directory where a daemon of this user may put its socket (any data dir: an
+/// editor's private broker, another `ABX_HOME`, the default daemon), made where its parent
+/// exists, so the plugin's mount namespace can cover it with a tmpfs before a daemon
+/// started later puts a socket there.
+fn user_runtime_dirs(paths: &Paths) -> Vec<std::path::PathBuf> {
+    paths
+        .user_runtime_dirs
+        .iter()
+        .filter(|d| {
+            d.is_dir()
+                || d.parent().is_some_and(|p| p.is_dir())
+                    && abx_home::paths::ensure_private_dir(d).is_ok()
+        })
+        .cloned()
+        .collect()
 }
 
 /// Tag the sandboxes of a `sandbox/*` reply that is still text with their provider: each
@@ -606,6 +635,7 @@ impl Provider for PluginProvider {
                             Some(cx.replied.clone()),
                             Some(cx.cancel.clone()),
                             timeout,
+                            Some(cx.hold.clone()),
                         )
                         .await?;
                     if escalate {
@@ -643,9 +673,13 @@ impl Provider for PluginProvider {
                 _ => false,
             };
             if own {
-                let v: Value = serde_json::from_str(params.get())
-                    .map_err(|e| AbxError::invalid_params(method, e))?;
-                return self.call(cx, method, v).await;
+                // A tree of the params (these methods read them): its cost counted before it
+                // is built, its largest string made of the request's own buffer.
+                let (v, counted) =
+                    abx_core::dispatch::params_value(method, params, cx.conn.pool())?;
+                let r = self.call(cx, method, v).await;
+                drop(counted);
+                return r;
             }
             self.verify().await?;
             // Only a reply that opens a stream needs the connection and the reply's signal.
@@ -661,6 +695,7 @@ impl Provider for PluginProvider {
                     stream.then(|| cx.replied.clone()),
                     None,
                     None,
+                    Some(cx.hold.clone()),
                 )
                 .await?;
             if !method.starts_with("sandbox/") {

@@ -1,6 +1,6 @@
 //! Benchmark (not a test): `abx list` against a warm daemon, next to what a Node CLI pays
 //! just to start (`node -e 0`, run without NODE_EXTRA_CA_CERTS), and a cold first call that
-//! starts the daemon. Bar (DESIGN §13): warm `abx list` <= 0.1x node; goal (issue 20) 0.05x.
+//! starts the daemon. Bar (docs/design.md#bars): warm `abx list` <= 0.1x node; goal (issue 20) 0.05x.
 //! And the client's own process start, `abx --version`, beside a Rust hello-world built with
 //! `rustc -O` (what any Rust binary pays to start: the thin client's floor).
 //!
@@ -20,7 +20,7 @@ use common::{cmd, have, setup, show, stats, time_one, Home, Stats};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Warm `abx list` / `node -e 0`: the bar (DESIGN §13) and the goal (issue 20).
+/// Warm `abx list` / `node -e 0`: the bar (docs/design.md#bars) and the goal (issue 20).
 const BAR: f64 = 0.1;
 const GOAL: f64 = 0.05;
 

@@ -2,6 +2,7 @@
 
 use crate::remote::{self, Remote};
 use crate::spawn;
+use abx_home::lock::Record;
 use abx_home::{Paths, SocketRead, SocketWrite};
 use abx_protocol::api::{methods, InitializeResult, PeerInfo};
 use abx_protocol::codec::{Frame, FrameCodec, Framing};
@@ -14,6 +15,7 @@ use interprocess::local_socket::GenericFilePath;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::VecDeque;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
@@ -53,10 +55,79 @@ pub struct Client {
 /// The most a client keeps to send again while no reply has come (more: no replay).
 const REPLAY_MAX: usize = 1 << 20;
 
-/// Connect to a running daemon, without starting one.
+/// Connect to the running daemon that serves `paths.data_dir`, without starting one: the
+/// runtime dir's socket when the record beside it says its daemon serves our data dir (an
+/// older daemon's record says nothing: taken as ours, and replaced for its version), else
+/// the socket recorded in the data dir by the daemon that holds it (a daemon started from
+/// another context: no `XDG_RUNTIME_DIR`, or another one). The daemon must run as this user.
 pub async fn connect_raw(paths: &Paths) -> std::io::Result<Stream> {
-    let name = paths.socket.as_path().to_fs_name::<GenericFilePath>()?;
-    Stream::connect(name).await
+    let record = Record::read(&paths.daemon_lock);
+    let first = match &record {
+        Some(r) if !r.serves(&paths.data_dir) => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "the daemon on {} serves another data dir",
+                paths.socket.display()
+            ),
+        )),
+        _ => connect_checked(&paths.socket).await,
+    };
+    let Err(e) = first else { return first };
+    match recorded_elsewhere(paths) {
+        Some(socket) => connect_checked(&socket).await,
+        None => Err(e),
+    }
+}
+
+/// Whether a daemon that serves `paths.data_dir` answers (see [`connect_raw`]; blocking).
+pub fn answers(paths: &Paths) -> bool {
+    let ours = Record::read(&paths.daemon_lock).is_none_or(|r| r.serves(&paths.data_dir));
+    (ours && std::os::unix::net::UnixStream::connect(&paths.socket).is_ok())
+        || recorded_elsewhere(paths)
+            .is_some_and(|s| std::os::unix::net::UnixStream::connect(s).is_ok())
+}
+
+/// The socket the data dir's record names, when it is not ours, a daemon holds the data
+/// dir's lock, and the record beside that socket says its daemon serves our data dir.
+fn recorded_elsewhere(paths: &Paths) -> Option<std::path::PathBuf> {
+    let socket = Record::read(&paths.data_lock)?.socket?;
+    if socket == paths.socket || !socket.is_absolute() {
+        return None;
+    }
+    let beside = Record::read(&socket.parent()?.join("broker.lock"))?;
+    if beside.data_dir.as_deref() != Some(paths.data_dir.as_path()) {
+        return None;
+    }
+    // The socket and its directory are this user's (the daemon made them 0600 / 0700).
+    let me = unsafe { libc::geteuid() };
+    let ok = |p: &std::path::Path, socket: bool| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| {
+            m.uid() == me
+                && (if socket {
+                    m.file_type().is_socket()
+                } else {
+                    m.is_dir()
+                })
+        })
+    };
+    (ok(&socket, true) && ok(socket.parent()?, false)).then_some(socket)
+}
+
+/// Connect to `socket` and check that the daemon behind it runs as this user.
+async fn connect_checked(socket: &std::path::Path) -> std::io::Result<Stream> {
+    let name = socket.to_fs_name::<GenericFilePath>()?;
+    let s = Stream::connect(name).await?;
+    let me = unsafe { libc::geteuid() };
+    match s.peer_creds().map(|c| c.euid()) {
+        Ok(Some(uid)) if uid == me => Ok(s),
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is served by another user ({other:?}), not uid {me}",
+                socket.display()
+            ),
+        )),
+    }
 }
 
 fn unreachable(paths: &Paths, detail: impl std::fmt::Display) -> AbxError {
@@ -130,13 +201,15 @@ impl Client {
     /// another version.
     ///
     /// When the lock file says the running daemon answers with our version, the handshake
-    /// would tell us nothing (`initialize` is optional, DESIGN §3): its round trip is
+    /// would tell us nothing (`initialize` is optional, docs/design.md#wire): its round trip is
     /// skipped. A daemon that is going away can still accept a connection and drop it; what
     /// was sent before its first reply is then sent again on a connection made the careful
     /// way ([`Client::connect_handshake`]), so callers see one answer either way.
     pub async fn connect(paths: &Paths) -> Result<Client, AbxError> {
         if remote::current()?.is_none()
-            && abx_home::lock::recorded_version(paths).as_deref() == Some(abx_home::VERSION)
+            && Record::read(&paths.daemon_lock).is_some_and(|r| {
+                r.version.as_deref() == Some(abx_home::VERSION) && r.serves(&paths.data_dir)
+            })
         {
             if let Ok(s) = connect_raw(paths).await {
                 let mut c = Client::from_stream(s, paths)?;

@@ -123,7 +123,7 @@ pub async fn start_daemon(paths: &Paths) -> Result<Option<u32>, AbxError> {
 
 fn start_blocking(paths: &Paths) -> Result<Option<u32>, AbxError> {
     let _spawn_lock = FileLock::acquire(&paths.spawn_lock).map_err(|e| err(paths, e))?;
-    if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+    if crate::client::answers(paths) {
         return Ok(None); // someone else started it while we waited
     }
     let exe = daemon_binary().map_err(|e| err(paths, e))?;
@@ -179,7 +179,7 @@ fn start_blocking(paths: &Paths) -> Result<Option<u32>, AbxError> {
                 .take(3)
                 .collect::<Vec<_>>()
                 .join(" | ");
-            if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+            if crate::client::answers(paths) {
                 return Ok(None);
             }
             Err(err(paths, format!("the daemon did not start: {tail}")))

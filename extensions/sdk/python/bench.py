@@ -7,7 +7,7 @@
    warm daemon) against ``python -c pass``: the start-up cost the SDK adds.
 
 Its own ABX_HOME and daemon (started by the SDK, so it inherits this process's CPU
-affinity): run it as is and under ``taskset -c 0`` for the pinned figures (DESIGN §13).
+affinity): run it as is and under ``taskset -c 0`` for the pinned figures (docs/design.md#bars).
 
     ABX_BIN=target/debug/abx python extensions/sdk/python/bench.py      # ABX_BENCH_N=2000
 """

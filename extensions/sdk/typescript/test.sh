@@ -5,7 +5,8 @@
 #
 # ABX_BIN: the abx binary the tests drive (default: target/debug/abx of the repository; a
 # relative path is taken from the directory test.sh is run from); its abx-broker sits beside
-# it. Every test file runs its own daemon under a fresh ABX_HOME and stops it at the end. The
+# it. Every test file runs its own daemon under a fresh ABX_HOME and stops it at the end
+# (test/one-daemon.test.mjs: its daemons under temp HOMEs, no ABX_HOME). The
 # ssh suite starts its own sshd (/usr/sbin/sshd, Debian's openssh-server) on a loopback port.
 #
 # Installs what it needs on a fresh Debian 12: Node.js >= 18 and npm (apt), then the locked
@@ -60,6 +61,13 @@ cleanup() {
   for h in "$TEST_TMP"/abxts-*; do
     [ -d "$h" ] && [ -d "$h/run" ] || continue
     ABX_HOME="$h" "$ABX_BIN" broker stop >/dev/null 2>&1 || true
+  done
+  # one-daemon.test.mjs's temp HOMEs, if it could not stop their daemons itself: found from
+  # HOME alone (the data dir's record), and their /tmp/abx-<uid>/<key> runtime dirs.
+  for h in "$TEST_TMP"/abx-home-*; do
+    [ -d "$h/.local/share/abx" ] || continue
+    env -i HOME="$h" PATH="$PATH" "$ABX_BIN" broker stop >/dev/null 2>&1 || true
+    rm -rf "/tmp/abx-$(id -u)/$(printf %s "$h/.local/share/abx" | sha256sum | cut -c1-16)"
   done
   rm -rf "$TEST_TMP"
 }

@@ -75,8 +75,9 @@ pub struct CodeResult {
     /// time, or the interpreter ended.
     #[serde(default)]
     pub restarted: bool,
-    /// Some output (beyond 16 MiB a stream) or results (beyond 64 MiB) were left out of
-    /// this reply; the `code/output` notifications carried all of it.
+    /// Some output (beyond 16 MiB a stream, 8 MiB a frame) or results (beyond an estimated
+    /// 32 MiB) were left out of this reply; the `code/output` notifications carried what
+    /// the budget allowed (issue 42).
     #[serde(default)]
     pub truncated: bool,
 }

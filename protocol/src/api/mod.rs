@@ -5,9 +5,10 @@
 //! from them.
 //!
 //! They describe the wire as docs/broker-api.md does: field names, optionality, defaults and
-//! aliases are what the broker accepts. Unknown members of params are ignored (except where a
-//! type says otherwise); a provider may add fields of its own to results (clients must ignore
-//! unknown fields).
+//! aliases are what the broker accepts. The broker refuses params members a method's type
+//! does not name (E1004), but for the few methods whose params are open ([`params`]; each
+//! method's params and result types are its entry in [`crate::catalogue`]); a provider may
+//! add fields of its own to results (clients must ignore unknown fields).
 //!
 //! With the `schema` feature, param types are inlined in the OpenRPC document (each field
 //! becomes one by-name param); result types and the types they contain are shared under
@@ -20,6 +21,7 @@ pub mod broker;
 pub mod code;
 pub mod exec;
 pub mod files;
+pub mod params;
 pub mod ports;
 pub mod process;
 pub mod provider;
@@ -36,33 +38,13 @@ pub use provider::*;
 pub use sandbox::*;
 pub use templates::*;
 
-/// Method names of the broker API (DESIGN §4) handled by the broker itself.
-pub mod methods {
-    /// LSP-style handshake (optional for scripts).
-    pub const INITIALIZE: &str = "initialize";
-    /// Notification after `initialize`.
-    pub const INITIALIZED: &str = "initialized";
-    /// LSP shutdown request: the connection accepts no more requests.
-    pub const SHUTDOWN: &str = "shutdown";
-    /// LSP exit notification: the connection closes.
-    pub const EXIT: &str = "exit";
-    /// Cancel an in-flight request.
-    pub const CANCEL_REQUEST: &str = "$/cancelRequest";
-    /// Liveness.
-    pub const PING: &str = "broker/ping";
-    /// Daemon status.
-    pub const STATUS: &str = "broker/status";
-    /// Stop the daemon.
-    pub const BROKER_SHUTDOWN: &str = "broker/shutdown";
-    /// This connection receives `sandbox/changed` from now on (idempotent).
-    pub const SUBSCRIBE: &str = "sandbox/subscribe";
-    /// This connection stops receiving `sandbox/changed` (idempotent).
-    pub const UNSUBSCRIBE: &str = "sandbox/unsubscribe";
-    /// Notification: a sandbox of some provider changed (to subscribed connections).
-    pub const SANDBOX_CHANGED: &str = "sandbox/changed";
-}
+/// A constant per method and notification name of the broker API (docs/design.md#api),
+/// written by the catalogue ([`crate::catalogue::names`]): `methods::PING` is
+/// `"broker/ping"`, `methods::SANDBOX_CHANGED` is `"sandbox/changed"`.
+pub use crate::catalogue::names as methods;
 
-/// A method without params (unknown members are ignored, like everywhere).
+/// A method without params (a member is refused, unless the method's params are open: see
+/// [`params`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "schema", schemars(inline))]

@@ -17,7 +17,7 @@ pub struct ProviderSummary {
     pub kind: String,
     /// `builtin`, `pinned`, `unpinned` or `local`.
     pub trust: String,
-    /// Declared features (DESIGN §5), e.g. `sandbox.lifecycle`.
+    /// Declared features (docs/design.md#features), e.g. `sandbox.lifecycle`.
     pub features: Vec<String>,
     /// Whether it is the default provider.
     pub default: bool,

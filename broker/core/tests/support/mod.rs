@@ -111,6 +111,13 @@ impl Drop for DropFlag {
     }
 }
 
+/// The members the test provider reads beside the API's (below): the brokers of these tests
+/// let them through ([`Settings::extra_members`]); any other member a method does not take
+/// is refused as in the daemon.
+pub const CONTROL: &[&str] = &[
+    "do", "tag", "gate", "seq", "spin", "size", "stream", "execId", "id",
+];
+
 /// A provider answering from its params:
 /// - `do: "now"` (or nothing): answers at once with `{method, params}`;
 /// - `do: "hang"`: keeps its cancellation token (under `tag`) and never answers by itself;
@@ -309,6 +316,7 @@ pub fn broker_with(
     let dir = tempfile::tempdir().expect("tempdir");
     let settings = Settings {
         memory_budget,
+        extra_members: CONTROL,
         ..Settings::default()
     };
     let broker = Broker::new(

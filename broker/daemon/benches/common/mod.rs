@@ -1240,7 +1240,7 @@ impl Out {
 
     /// The bars summary and the total time.
     pub fn finish(&mut self, started: Instant) {
-        let mut t = String::from("\nbars (DESIGN §13)\n");
+        let mut t = String::from("\nbars (docs/design.md#bars)\n");
         let all_ratios = self.bars.iter().all(|b| b.ratio);
         // As wide as the longest name, so a long one never runs into its mode.
         let w = self

@@ -1,7 +1,9 @@
 // The abx code/run driver for JavaScript (node): a long-lived interpreter that runs cells
 // read as JSON lines on stdin in one vm context (state persists; the value of the last
 // expression is a result) and answers with frames on fd 1 (a marker, one JSON object, a
-// newline). Embedded in the broker (broker/local/src/code/mod.rs).
+// newline). Embedded in the broker (broker/local/src/code/mod.rs), which starts `node -e`
+// with a short bootstrap that reads this file from stdin and runs it as `[abx-driver]` (so
+// it is not on the command line).
 'use strict';
 const vm = require('vm');
 const fs = require('fs');
@@ -23,8 +25,20 @@ function writeAll(fd, s) {
 }
 function send(o) { writeAll(1, MARK + JSON.stringify(o) + '\n'); }
 const text = (args) => util.formatWithOptions({ colors: false }, ...args) + '\n';
-const out = (...a) => send({ t: 'stdout', d: text(a) });
-const err = (...a) => send({ t: 'stderr', d: text(a) });
+// In pieces (the broker drops a frame past its size limit), never between the halves of a
+// surrogate pair.
+const PIECE = 1 << 20;
+function sendText(t, d) {
+  for (let i = 0; i < d.length;) {
+    let j = Math.min(i + PIECE, d.length);
+    const c = d.charCodeAt(j - 1);
+    if (j < d.length && c >= 0xd800 && c < 0xdc00) j -= 1;
+    send({ t, d: d.slice(i, j) });
+    i = j;
+  }
+}
+const out = (...a) => sendText('stdout', text(a));
+const err = (...a) => sendText('stderr', text(a));
 
 function bundle(v) {
   const b = {};
@@ -54,7 +68,9 @@ const ctx = vm.createContext(sandbox);
 let interrupt = null;
 process.on('SIGINT', () => { if (interrupt) interrupt(); });
 
-const ours = (l) => /node:vm|node:internal|\[eval\]/.test(l);
+// Frames of node itself (`node:events:524:28`, `node:internal/...`), of the bootstrap and
+// of this driver: not the user's.
+const ours = (l) => /\(?node:[\w/]+:\d+:\d+\)?$|\[eval\]|\[abx-driver\]/.test(l);
 const trim = (stack) => String(stack || '').split('\n').filter((l) => !ours(l)).join('\n');
 function error(e) {
   if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {

@@ -1,8 +1,10 @@
 # The abx code/run driver for Python: a long-lived interpreter that runs cells read as JSON
 # lines from a private copy of fd 0 and answers with frames on fd 1 (a marker, one JSON
 # object, a newline); whatever else appears on fd 1 or fd 2 is output of child processes.
-# Embedded in the broker (broker/local/src/code/mod.rs); needs nothing beyond the standard
-# library. Python 3.6+.
+# Embedded in the broker (broker/local/src/code/mod.rs), which starts `python3 -c` with a
+# short bootstrap that reads this file from stdin and runs it as `<abx-driver>` (so it is
+# not on the command line, and tracebacks can leave its frames out); needs nothing beyond
+# the standard library. Python 3.6+.
 import ast, base64, builtins, io, json, linecache, os, signal, sys, traceback, types
 
 _NONCE = os.environ.pop("ABX_CODE_NONCE", "")
@@ -13,6 +15,10 @@ os.dup2(_null, 0)
 os.close(_null)
 os.environ.setdefault("MPLBACKEND", "Agg")
 _st = {"running": False, "writing": False, "pending": False}
+# The longest text sent in one frame (characters).
+_PIECE = 1 << 20
+# The name of this file's code (the bootstrap compiles it so): tracebacks leave it out.
+_DRIVER = "<abx-driver>"
 
 
 def _on_int(sig, frame):
@@ -80,7 +86,9 @@ class _Stream(io.TextIOBase):
         if self._buf:
             text = "".join(self._buf)
             self._buf, self._n = [], 0
-            _send({"t": self.name, "d": text})
+            # In pieces: the broker drops a frame past its size limit.
+            for i in range(0, len(text), _PIECE):
+                _send({"t": self.name, "d": text[i : i + _PIECE]})
 
     @property
     def buffer(self):
@@ -256,14 +264,29 @@ def _await(v):
     return v
 
 
+def _clean(te, seen):
+    """Leave the driver's frames out of a traceback (and the bootstrap's, which come
+    first): the user sees their own code only, also in chained exceptions."""
+    if te is None or id(te) in seen:
+        return
+    seen.add(id(te))
+    stack = [f for f in te.stack if f.filename != _DRIVER]
+    while stack and stack[0].filename == "<string>":
+        stack.pop(0)
+    te.stack = traceback.StackSummary.from_list(stack)
+    _clean(te.__cause__, seen)
+    _clean(te.__context__, seen)
+    for sub in getattr(te, "exceptions", None) or ():
+        _clean(sub, seen)
+
+
 def _error(e):
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
-        tb = tb.tb_next
     if isinstance(e, SyntaxError):
         text = "".join(traceback.format_exception_only(type(e), e))
     else:
-        text = "".join(traceback.format_exception(type(e), e, tb))
+        te = traceback.TracebackException(type(e), e, e.__traceback__)
+        _clean(te, set())
+        text = "".join(te.format())
     _send({"t": "error", "name": type(e).__name__, "value": str(e), "traceback": text})
 
 

@@ -2,7 +2,10 @@
 # stdin (the code with backslash escapes, decoded by printf %b) at its top level, so
 # variables, functions and the working directory persist; the cell's stdout and stderr are
 # the shell's own, and a frame (a marker, one JSON object, a newline) on fd 1 ends each
-# cell with its exit status. Embedded in the broker (broker/local/src/code/mod.rs).
+# cell with its exit status. Embedded in the broker (broker/local/src/code/mod.rs), which
+# starts `bash -c` with a short bootstrap that reads this file from stdin into
+# `__abx_driver` and evals it (so it is not on the command line).
+unset __abx_driver
 __abx_mark=$'\x1f'"$ABX_CODE_NONCE"
 unset ABX_CODE_NONCE
 trap ':' INT

@@ -4,13 +4,26 @@
 //! A context is one interpreter process started like an exec (same confinement, same
 //! environment rules, its own session) running a small driver embedded in the binary:
 //! `driver.py` (python3), `driver.js` (node, one `vm` context), `driver.sh` (bash at its top
-//! level). The broker writes one cell per line to the driver's stdin; the driver answers on
-//! its stdout with frames, each a marker (`\x1f` and a random nonce given in the
-//! environment, which the driver removes) then one JSON object and a newline: `ready`,
-//! `stdout`/`stderr` (what the language's own print functions wrote, in order), `result`
-//! (a MIME bundle), `error` and `done`; after `done` it writes the marker and `E` on its
-//! stderr. Bytes outside frames on either pipe are output of child processes (or of the
-//! shell) and are reported as that pipe's stream. A context's cells run one at a time.
+//! level). The driver is not on the interpreter's command line (`ps` in the sandbox would
+//! show it): a short bootstrap (`python3 -c`, `node -e`, `bash -c`) reads it, its length
+//! known, from stdin, where the broker writes it first. Then the broker writes one cell per
+//! line to the driver's stdin; the driver answers on its stdout with frames, each a marker
+//! (`\x1f` and a random nonce given in the environment, which the driver removes) then one
+//! JSON object and a newline: `ready`, `stdout`/`stderr` (what the language's own print
+//! functions wrote, in order), `result` (a MIME bundle), `error` and `done`; after `done` it
+//! writes the marker and `E` on its stderr. Bytes outside frames on either pipe are output
+//! of child processes (or of the shell) and are reported as that pipe's stream. A context's
+//! cells run one at a time.
+//!
+//! What the driver writes is untrusted (code in the sandbox can write any frame) and is
+//! read within the broker-wide memory budget ([`abx_core::outbound::Pool`]), counted before
+//! it is read: the pipes are read only while a cell runs (between cells the interpreter
+//! waits on a full pipe, holding nothing of the daemon's), in reads whose bytes are taken
+//! from the budget first; a frame is split, parsed and passed on by [`frame`] (its envelope
+//! borrowed, a MIME bundle passed to the client as the JSON text it came as, never a tree
+//! of untrusted size); what a cell keeps for its reply is taken from the budget too. Nothing
+//! waits for the budget while holding some of it: what does not fit is dropped, and a note
+//! in its place says so (a `[abx]` line on stderr, or a result whose `text/plain` says it).
 //!
 //! Interrupts: a cancelled or timed-out cell gets SIGINT (its process group); if it has not
 //! finished [`GRACE`] later, or a run waiting behind an interrupted cell is cancelled too,
@@ -18,18 +31,22 @@
 //! type `restarted` says so, and the run's result has `restarted: true`. A context dies
 //! with its sandbox ([`Contexts::drop_sandbox`]).
 
+pub mod frame;
+
 use super::exec::{self, Site};
 use super::procs;
-use abx_core::outbound::Outbound;
-use abx_protocol::api::{CodeContext, CodeError, CodeOutput, CodeResult, MimeBundle};
+use abx_core::outbound::{Hold, Outbound, Pool, MSG_OVERHEAD, SMALL_MESSAGE};
+use abx_protocol::api::{CodeContext, CodeError, CodeResult, MimeBundle};
 use abx_protocol::{AbxError, ErrorCode};
-use serde_json::{json, Value};
+use frame::{Event, Kind, OutError, Output, Piece, Splitter, Why};
+use serde_json::json;
+use serde_json::value::RawValue;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -42,9 +59,6 @@ const BASH_DRIVER: &str = include_str!("driver.sh");
 pub const GRACE: Duration = Duration::from_secs(2);
 /// How long the output of an interpreter that ended is still read.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
-/// Events a context's pipe readers may have queued (then they wait: the pipes fill and the
-/// interpreter waits too, so a client that reads slowly bounds what is held).
-const EVENTS: usize = 64;
 
 /// The grace in force.
 pub fn grace_period() -> Duration {
@@ -58,12 +72,36 @@ pub fn grace_period() -> Duration {
 }
 /// How long an interpreter may take to start (its `ready` frame).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// Output kept per stream of one cell for the reply (the notifications carry all of it).
+/// Output kept per stream of one cell for the reply (the notifications carry all of it),
+/// within the broker-wide budget.
 const MAX_KEPT: usize = 16 * 1024 * 1024;
-/// Bytes of rich results kept for the reply of one cell (the notifications carry all).
-const MAX_RESULTS_KEPT: usize = 64 * 1024 * 1024;
-/// The longest frame read from an interpreter (a larger one is dropped, never held).
-const MAX_FRAME: usize = 48 * 1024 * 1024;
+/// Rich results kept for the reply of one cell, as the memory their parsed trees take
+/// ([`frame::tree_cost`]), within the broker-wide budget (the notifications carry all).
+const MAX_RESULTS_KEPT: usize = 32 * 1024 * 1024;
+/// The longest frame read from an interpreter (a larger one is dropped as it streams in,
+/// never held, and a marker says so). Its notification must fit in the connection's
+/// outbound budget (16 MiB) beside what the requests in flight on it hold, or it would
+/// wait for ever (a result of 20 MB hung its `code/run` before issue 42): half of it.
+const MAX_FRAME: usize = 8 * 1024 * 1024;
+/// The largest `code/output` sent (a result's bundle and its envelope; a longer one is not
+/// sent, and the reply says so).
+const MAX_NOTE: usize = MAX_FRAME + 64 * 1024;
+/// The longest frame read before the interpreter is ready (its `ready` is a few bytes).
+const START_FRAME: usize = 2 * 1024;
+/// A read of a pipe when the budget has room.
+const READ: usize = 64 * 1024;
+/// A read of a pipe when it has not: every cell can always read this much (so its `done`
+/// is always read), without counting it.
+const PROBE: usize = 4 * 1024;
+/// Bytes a pipe's buffer may hold without counting them (a probe and a short frame: a
+/// `done`, an end marker, so a cell always ends); beyond it every byte is counted twice (the
+/// frame, and the text or the notification it becomes).
+const FREE: usize = 8 * 1024;
+/// Bytes of an error's name, value or traceback kept for the reply when the budget cannot
+/// hold it whole.
+const ERROR_KEPT: usize = 64 * 1024;
+/// What the interpreter said before it failed to start, kept for the error (its tail).
+const SAID: usize = 4 * 1024;
 /// Contexts one sandbox may have at once.
 pub const MAX_CONTEXTS: usize = 64;
 
@@ -102,18 +140,73 @@ impl Lang {
         }
     }
 
+    /// Its driver's source, written to the interpreter's stdin before anything else.
+    fn driver(self) -> &'static str {
+        match self {
+            Lang::Python => PYTHON_DRIVER,
+            Lang::JavaScript => NODE_DRIVER,
+            Lang::Bash => BASH_DRIVER,
+        }
+    }
+
+    /// The interpreter's command line: a bootstrap that reads the driver (exactly its
+    /// length, so the cells that follow stay in the pipe) from stdin and runs it.
     fn argv(self, interpreter: Option<&str>) -> Vec<String> {
-        let (prog, args): (&str, &[&str]) = match self {
-            Lang::Python => ("python3", &["-c", PYTHON_DRIVER]),
-            Lang::JavaScript => ("node", &["-e", NODE_DRIVER]),
-            Lang::Bash => ("bash", &["--noprofile", "--norc", "-c", BASH_DRIVER]),
+        let n = self.driver().len();
+        let (prog, args): (&str, Vec<String>) = match self {
+            // The driver's frames are named `<abx-driver>`: tracebacks leave them out.
+            Lang::Python => (
+                "python3",
+                vec!["-c".into(), PY_BOOT.replace("{n}", &n.to_string())],
+            ),
+            Lang::JavaScript => (
+                "node",
+                vec!["-e".into(), JS_BOOT.replace("{n}", &n.to_string())],
+            ),
+            Lang::Bash => (
+                "bash",
+                vec![
+                    "--noprofile".into(),
+                    "--norc".into(),
+                    "-c".into(),
+                    format!("IFS= read -r -N {n} __abx_driver && eval \"$__abx_driver\""),
+                ],
+            ),
         };
-        std::iter::once(interpreter.unwrap_or(prog))
-            .chain(args.iter().copied())
-            .map(str::to_owned)
+        std::iter::once(interpreter.unwrap_or(prog).to_owned())
+            .chain(args)
             .collect()
     }
 }
+
+/// Python's bootstrap: reads exactly `{n}` bytes (the driver) from stdin and runs them
+/// as `<abx-driver>` (tracebacks leave its frames out).
+const PY_BOOT: &str = "import os
+def _abx_driver(n):
+    b = b''
+    while len(b) < n:
+        c = os.read(0, n - len(b))
+        if not c:
+            raise SystemExit('abx: no driver on stdin')
+        b += c
+    return compile(b, '<abx-driver>', 'exec')
+exec(_abx_driver({n}))
+";
+
+/// node's bootstrap: reads exactly `{n}` bytes (the driver) from stdin and runs them as
+/// `[abx-driver]` (stack traces leave its frames out).
+const JS_BOOT: &str = "const fs = require('fs');
+const n = {n}, b = Buffer.alloc(n);
+let o = 0;
+while (o < n) {
+  let k = -1;
+  try { k = fs.readSync(0, b, o, n - o, null); } catch (e) { if (e.code !== 'EAGAIN') throw e; }
+  if (k === 0) process.exit(1);
+  if (k > 0) o += k;
+}
+require('vm').runInThisContext('(function (require) {' + b.toString('utf8') + '\\n})',
+  { filename: '[abx-driver]' })(require);
+";
 
 /// One cell to run.
 pub struct Cell {
@@ -127,25 +220,171 @@ pub struct Cell {
     pub run_id: Option<String>,
 }
 
-/// What the pipe readers report, in order per pipe.
-enum Ev {
-    Out(String),
-    Err(String),
-    Frame(Value),
-    ErrEnd,
-    /// One pipe reached its end.
-    Eof,
-    Exited,
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+type Permit = OwnedSemaphorePermit;
+
+/// Pool bytes held.
+fn have(p: &Option<Permit>) -> usize {
+    p.as_ref().map_or(0, |p| p.num_permits())
 }
 
-type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+/// Hold at least `to` bytes of `pool` in `p`, taking the difference if it is free now
+/// (never waiting). False when it is not (or `to` is more than the pool).
+fn grow(p: &mut Option<Permit>, pool: &Pool, to: usize) -> bool {
+    let h = have(p);
+    if to <= h {
+        return true;
+    }
+    if to > pool.cap() {
+        return false;
+    }
+    match pool.try_take(to - h) {
+        Some(more) => {
+            match p {
+                Some(p) => p.merge(more),
+                None => *p = Some(more),
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+/// Hold `by` bytes more of `pool` in `p`, if they are free now.
+fn grow_by(p: &mut Option<Permit>, pool: &Pool, by: usize) -> bool {
+    let to = have(p).saturating_add(by);
+    grow(p, pool, to)
+}
+
+/// Hold at most `to` bytes in `p`, giving the rest back.
+fn trim(p: &mut Option<Permit>, to: usize) {
+    let h = have(p);
+    if h > to {
+        match p {
+            Some(x) if to > 0 => drop(x.split(h - to)),
+            _ => *p = None,
+        }
+    }
+}
+
+/// Take `n` bytes (or all there are, when fewer) out of `p`.
+fn take_out(p: &mut Option<Permit>, n: usize) -> Option<Permit> {
+    let h = have(p);
+    if n == 0 || h == 0 {
+        None
+    } else if n >= h {
+        p.take()
+    } else {
+        p.as_mut().and_then(|x| x.split(n))
+    }
+}
+
+/// Bytes a pipe's buffer of `len` bytes is counted as (see [`FREE`]).
+fn cover(len: usize) -> usize {
+    2 * len.saturating_sub(FREE)
+}
+
+/// One of the interpreter's pipes, read only while a cell runs (or until it is ready).
+struct Pipe {
+    r: Box<dyn AsyncRead + Send + Unpin>,
+    split: Splitter,
+    /// Pool bytes counting what `split` holds (see [`cover`]).
+    held: Option<Permit>,
+    /// Raw bytes that end inside a UTF-8 character (at most 3), until the rest arrives.
+    partial: Vec<u8>,
+    eof: bool,
+}
+
+impl Pipe {
+    fn new(r: Box<dyn AsyncRead + Send + Unpin>, mark: &[u8]) -> Pipe {
+        Pipe {
+            r,
+            split: Splitter::new(mark, START_FRAME),
+            held: None,
+            partial: Vec::new(),
+            eof: false,
+        }
+    }
+
+    /// How much the next read may bring, counted first: a full read when the budget
+    /// has room for it, else a probe (uncounted); a partial frame that can grow no more is
+    /// dropped (its newline is then looked for by probes).
+    fn room(&mut self, pool: Option<&Pool>) -> usize {
+        let len = self.split.buf.len();
+        for want in [READ, PROBE] {
+            let need = cover(len + want);
+            if need <= have(&self.held) || pool.is_some_and(|p| grow(&mut self.held, p, need)) {
+                return want;
+            }
+        }
+        self.split.abandon();
+        self.shrink();
+        PROBE
+    }
+
+    /// Read into the splitter's buffer (0: the end). Cancel-safe: a read that did not
+    /// complete took nothing, and what `room` took stays counted for the next.
+    async fn fill(&mut self, pool: Option<&Pool>) -> usize {
+        use bytes::BufMut;
+        let want = self.room(pool);
+        let buf = &mut self.split.buf;
+        buf.reserve(want);
+        let mut lim = buf.limit(want);
+        self.r.read_buf(&mut lim).await.unwrap_or(0)
+    }
+
+    /// The pieces complete after a read of `n` bytes.
+    fn pieces(&mut self, n: usize) -> Vec<Piece> {
+        if n == 0 {
+            self.eof = true;
+        }
+        let mut pieces = self.split.take(self.eof);
+        if self.eof && !self.partial.is_empty() {
+            // The end inside a character: what there is of it, replaced.
+            pieces.push(Piece::Raw(Vec::new()));
+        }
+        pieces
+    }
+
+    /// Give back what the buffer no longer needs.
+    fn shrink(&mut self) {
+        trim(&mut self.held, cover(self.split.buf.len()));
+        if self.split.buf.capacity() > 4 * FREE && self.split.buf.len() <= FREE {
+            self.split.buf.shrink_to(FREE);
+        }
+    }
+
+    /// The text of raw bytes: a character cut by the end of a read waits for the rest
+    /// (unless at the end), invalid bytes become U+FFFD.
+    fn text(&mut self, mut raw: Vec<u8>) -> String {
+        if !self.partial.is_empty() {
+            let mut p = std::mem::take(&mut self.partial);
+            p.extend_from_slice(&raw);
+            raw = p;
+        }
+        if !self.eof {
+            if let Err(e) = std::str::from_utf8(&raw) {
+                if e.error_len().is_none() {
+                    self.partial = raw.split_off(e.valid_up_to());
+                }
+            }
+        }
+        match String::from_utf8(raw) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
 
 /// A running interpreter.
 struct Live {
     /// Its host pid (= its process group) while it runs, 0 once it ended.
     pid: Arc<AtomicI32>,
     stdin: Writer,
-    rx: mpsc::Receiver<Ev>,
+    out: Pipe,
+    err: Pipe,
+    /// Becomes true when the interpreter has ended.
+    exited: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Drop for Live {
@@ -219,7 +458,10 @@ impl Context {
         }
     }
 
-    /// Start the interpreter and wait for its `ready`.
+    /// Start the interpreter, hand it its driver and wait for its `ready`. Nothing is
+    /// counted in the budget here (there may be no client to count it for): frames are at
+    /// most [`START_FRAME`] bytes until `ready`, reads a probe each, and of what the
+    /// interpreter says meanwhile only the last [`SAID`] bytes are kept.
     async fn start(&self, site: Site<'_>) -> Result<Live, AbxError> {
         let nonce = format!("{:016x}{:016x}", rand64(), rand64());
         let mut env = self.env.clone();
@@ -233,37 +475,60 @@ impl Context {
         };
         let mut sp = exec::spawn(site, &p, true).await?;
         let pid = Arc::new(AtomicI32::new(sp.pid));
-        let mark: Arc<[u8]> = format!("\x1f{nonce}").into_bytes().into();
-        let (tx, rx) = mpsc::channel(EVENTS);
-        let stdout = sp.stdout.take().expect("piped");
-        let stderr = sp.stderr.take().expect("piped");
-        tokio::spawn(read_pipe(stdout, mark.clone(), tx.clone(), false));
-        tokio::spawn(read_pipe(stderr, mark, tx.clone(), true));
+        let mark = format!("\x1f{nonce}").into_bytes();
+        let (tx, exited) = tokio::sync::watch::channel(false);
         let mut child = sp.child;
         let pid2 = pid.clone();
         tokio::spawn(async move {
             let _ = child.wait().await;
             pid2.store(0, Ordering::SeqCst);
-            let _ = tx.send(Ev::Exited).await;
+            let _ = tx.send(true);
         });
         let mut live = Live {
             pid: pid.clone(),
             stdin: sp.stdin.take().expect("piped"),
-            rx,
+            out: Pipe::new(sp.stdout.take().expect("piped"), &mark),
+            err: Pipe::new(sp.stderr.take().expect("piped"), &mark),
+            exited,
         };
         *self.pid.lock().expect("pid") = pid;
+        // The driver first (it fits in the pipe: this never waits for the interpreter).
+        let _ = live.stdin.write_all(self.lang.driver().as_bytes()).await;
+        let _ = live.stdin.flush().await;
         // Until `ready`: anything the interpreter says is why it did not start.
         let mut said = String::new();
         let ready = tokio::time::timeout(START_TIMEOUT, async {
-            while let Some(ev) = live.rx.recv().await {
-                match ev {
-                    Ev::Frame(v) if v["t"] == "ready" => return true,
-                    Ev::Out(s) | Ev::Err(s) => said.push_str(&s),
-                    Ev::Exited => return false,
-                    _ => {}
+            let Live {
+                out, err, exited, ..
+            } = &mut live;
+            // Once it ended, what it wrote last is still read (its error), for a moment.
+            let mut drain: Option<Instant> = None;
+            loop {
+                let (pipe, n) = tokio::select! {
+                    n = out.fill(None), if !out.eof => (&mut *out, n),
+                    n = err.fill(None), if !err.eof => (&mut *err, n),
+                    _ = exited.changed(), if drain.is_none() => {
+                        drain = Some(Instant::now() + DRAIN_GRACE);
+                        continue;
+                    }
+                    _ = until(drain), if drain.is_some() => return false,
+                    else => return false,
+                };
+                for piece in pipe.pieces(n) {
+                    match piece {
+                        Piece::Frame(f) if matches!(frame::parse(&f), Some(Event::Ready)) => {
+                            return true
+                        }
+                        Piece::Raw(b) => {
+                            said.push_str(&pipe.text(b));
+                            if said.len() > 2 * SAID {
+                                said = tail(&said, SAID).to_owned();
+                            }
+                        }
+                        _ => {}
+                    }
                 }
             }
-            false
         })
         .await
         .unwrap_or(false);
@@ -285,17 +550,48 @@ impl Context {
                 "Check that the interpreter is installed in the sandbox (python3, node, bash on its PATH, or the context's `interpreter`).",
             ));
         }
+        for pipe in [&mut live.out, &mut live.err] {
+            pipe.split.set_max(MAX_FRAME);
+        }
         Ok(live)
     }
 
     /// Run a cell: notifications to `conn` as it runs, the whole execution as the result.
-    /// `cancel` interrupts it.
+    /// `cancel` interrupts it. What the cell kept for its reply is counted in the
+    /// broker-wide budget while it runs and given back when it returns; see
+    /// [`Context::run_held`] to keep it counted until the reply is queued.
     pub async fn run(
         self: &Arc<Self>,
         site: Site<'_>,
         cell: Cell,
         conn: Outbound,
         cancel: CancellationToken,
+    ) -> Result<CodeResult, AbxError> {
+        self.run_with(site, cell, conn, cancel, None).await
+    }
+
+    /// [`Context::run`] that deposits in `hold` (the request's, [`abx_core::provider::CallCx`])
+    /// the budget's bytes counting its reply (the output and results it kept, and their
+    /// copies while the reply is built), so the reply is queued against them.
+    pub async fn run_held(
+        self: &Arc<Self>,
+        site: Site<'_>,
+        cell: Cell,
+        conn: Outbound,
+        cancel: CancellationToken,
+        hold: &Hold,
+    ) -> Result<CodeResult, AbxError> {
+        self.run_with(site, cell, conn, cancel, Some(hold.clone()))
+            .await
+    }
+
+    async fn run_with(
+        self: &Arc<Self>,
+        site: Site<'_>,
+        cell: Cell,
+        conn: Outbound,
+        cancel: CancellationToken,
+        hold: Option<Hold>,
     ) -> Result<CodeResult, AbxError> {
         check_cell(&cell)?;
         self.queued.fetch_add(1, Ordering::Relaxed);
@@ -323,7 +619,7 @@ impl Context {
         let me = self.clone();
         tokio::spawn(async move {
             let live = g.as_mut().expect("started");
-            let mut r = me.cell(live, cell, conn, cancel).await;
+            let (mut r, kept) = me.cell(live, cell, conn, cancel).await;
             if r.restarted {
                 *g = None;
                 me.count.store(0, Ordering::Relaxed);
@@ -333,36 +629,49 @@ impl Context {
             me.second_cancel.store(false, Ordering::SeqCst);
             drop(g);
             r.restarted |= restarted;
+            if let (Some(h), Some(p)) = (hold, kept) {
+                *h.lock().expect("hold") = Some(p);
+            }
             let _ = tx.send(r);
         });
         rx.await
             .map_err(|_| AbxError::internal("the code/run task ended without an answer"))
     }
 
+    /// Run one cell on `live`. Returns its result and the budget's bytes that count what
+    /// the reply will take (for a hold).
     async fn cell(
         &self,
         live: &mut Live,
         cell: Cell,
         conn: Outbound,
         cancel: CancellationToken,
-    ) -> CodeResult {
+    ) -> (CodeResult, Option<Permit>) {
         let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut r = CodeResult {
-            results: Vec::new(),
-            stdout: String::new(),
-            stderr: String::new(),
-            error: None,
-            execution_count: n,
-            context: self.id.clone(),
-            timed_out: false,
-            restarted: false,
-            truncated: false,
-        };
-        let note = Note {
+        let pool = conn.pool().clone();
+        let mut run = Run {
+            r: CodeResult {
+                results: Vec::new(),
+                stdout: String::new(),
+                stderr: String::new(),
+                error: None,
+                execution_count: n,
+                context: self.id.clone(),
+                timed_out: false,
+                restarted: false,
+                truncated: false,
+            },
             conn: &conn,
+            pool: &pool,
+            cancel: &cancel,
             sandbox: &self.sandbox,
             context: &self.id,
             run_id: cell.run_id.as_deref(),
+            kept: None,
+            results_cost: 0,
+            quiet: false,
+            kept_short: false,
+            unsent: 0,
         };
         let line = request_line(self.lang, &cell);
         let wrote =
@@ -371,90 +680,48 @@ impl Context {
             .timeout
             .map(|t| Instant::now() + Duration::from_secs_f64(t));
         let mut grace: Option<Instant> = None;
-        let (mut done, mut err_end, mut dead, mut hung, mut cancelled) =
-            (false, false, !wrote, false, false);
+        let (mut done, mut err_end, mut dead, mut hung) = (false, false, !wrote, false);
         // Once the interpreter ended: what it wrote last is still read, until both pipes
         // end or for DRAIN_GRACE (a child of it may hold them open).
-        let (mut eofs, mut drain): (u8, Option<Instant>) = (0, None);
-        let mut results_kept = 0usize;
-        while !(done && err_end) && !(dead && (eofs >= 2 || !wrote)) {
+        let mut drain: Option<Instant> = None;
+        while !(done && err_end) && !(dead && ((live.out.eof && live.err.eof) || !wrote)) {
+            let Live {
+                out, err, exited, ..
+            } = &mut *live;
+            // Timers and the cancel first: a cell that writes without pause must not keep
+            // its timeout from firing.
             tokio::select! {
                 biased;
-                ev = live.rx.recv() => match ev {
-                    None => (dead, eofs) = (true, 2),
-                    Some(Ev::Exited) => {
-                        dead = true;
-                        drain.get_or_insert(Instant::now() + DRAIN_GRACE);
-                    }
-                    Some(Ev::Eof) => eofs += 1,
-                    Some(Ev::ErrEnd) => err_end = true,
-                    Some(Ev::Out(s)) => r.truncated |= note.text(&mut r.stdout, "stdout", s, cancelled).await,
-                    Some(Ev::Err(s)) => r.truncated |= note.text(&mut r.stderr, "stderr", s, cancelled).await,
-                    Some(Ev::Frame(v)) => match v["t"].as_str().unwrap_or_default() {
-                        "stdout" => r.truncated |= note.text(&mut r.stdout, "stdout", text(&v["d"]), cancelled).await,
-                        "stderr" => r.truncated |= note.text(&mut r.stderr, "stderr", text(&v["d"]), cancelled).await,
-                        "result" => {
-                            let size = v["n"].as_u64().unwrap_or(0) as usize;
-                            let b: MimeBundle = match v {
-                                Value::Object(mut o) => match o.remove("b") {
-                                    Some(Value::Object(b)) => b,
-                                    _ => MimeBundle::new(),
-                                },
-                                _ => MimeBundle::new(),
-                            };
-                            if !cancelled {
-                                note.send("result", None, Some(b.clone()), None).await;
-                            }
-                            if results_kept + size <= MAX_RESULTS_KEPT {
-                                results_kept += size;
-                                r.results.push(b);
-                            } else {
-                                r.truncated = true;
-                            }
-                        }
-                        "error" => {
-                            let e = CodeError {
-                                name: text(&v["name"]),
-                                value: text(&v["value"]),
-                                traceback: text(&v["traceback"]),
-                            };
-                            if !cancelled {
-                                note.send("error", None, None, Some(e.clone())).await;
-                            }
-                            r.error = Some(e);
-                        }
-                        "done" => {
-                            done = true;
-                            let status = v["status"].as_i64().unwrap_or(0);
-                            if status != 0 && r.error.is_none() {
-                                let e = CodeError {
-                                    name: "ExitStatus".into(),
-                                    value: format!("exit status {status}"),
-                                    traceback: String::new(),
-                                };
-                                if !cancelled {
-                                    note.send("error", None, None, Some(e.clone())).await;
-                                }
-                                r.error = Some(e);
-                            }
-                        }
-                        _ => {}
-                    },
-                },
                 _ = cancel.cancelled(), if grace.is_none() => {
-                    cancelled = true;
+                    run.quiet = true;
                     self.interrupting.store(true, Ordering::SeqCst);
                     self.interrupt();
                     grace = Some(Instant::now() + grace_period());
                 }
                 _ = until(deadline), if grace.is_none() && deadline.is_some() => {
-                    r.timed_out = true;
+                    run.r.timed_out = true;
                     self.interrupting.store(true, Ordering::SeqCst);
                     self.interrupt();
                     grace = Some(Instant::now() + grace_period());
                 }
                 _ = until(grace), if grace.is_some() && !dead => hung = true,
                 _ = until(drain), if drain.is_some() => break,
+                _ = exited.changed(), if !dead => {
+                    dead = true;
+                    drain.get_or_insert(Instant::now() + DRAIN_GRACE);
+                }
+                n = out.fill(Some(&pool)), if !out.eof => {
+                    for piece in out.pieces(n) {
+                        done |= run.stdout_piece(piece, out).await;
+                    }
+                    out.shrink();
+                }
+                n = err.fill(Some(&pool)), if !err.eof => {
+                    for piece in err.pieces(n) {
+                        err_end |= run.stderr_piece(piece, err).await;
+                    }
+                    err.shrink();
+                }
             }
             if hung {
                 break;
@@ -463,7 +730,7 @@ impl Context {
         // Ended with its cell done (an `exit` in the last line): still a restart.
         dead |= live.pid.load(Ordering::SeqCst) == 0 && !(done && err_end);
         if dead || hung {
-            r.restarted = true;
+            run.r.restarted = true;
             let reason = if hung {
                 format!(
                     "the cell did not stop within {} ms of an interrupt: the {} context was restarted and its state is lost",
@@ -481,9 +748,9 @@ impl Context {
                     self.lang.name()
                 )
             };
-            if r.error.is_none() || hung {
-                r.error = Some(CodeError {
-                    name: if r.timed_out {
+            if run.r.error.is_none() || hung {
+                run.r.error = Some(CodeError {
+                    name: if run.r.timed_out {
                         "TimeoutError"
                     } else if hung {
                         "KeyboardInterrupt"
@@ -495,9 +762,344 @@ impl Context {
                     traceback: String::new(),
                 });
             }
-            note.send("restarted", Some(reason), None, None).await;
+            run.note("restarted", &reason).await;
         }
-        r
+        run.finish()
+    }
+}
+
+/// One cell while it runs: its result, what it keeps for its reply (counted in the
+/// broker-wide budget), where its notifications go.
+struct Run<'a> {
+    r: CodeResult,
+    conn: &'a Outbound,
+    pool: &'a Pool,
+    cancel: &'a CancellationToken,
+    sandbox: &'a str,
+    context: &'a str,
+    run_id: Option<&'a str>,
+    /// Pool bytes counting what `r` keeps: its text, its results' trees, its error.
+    kept: Option<Permit>,
+    /// The memory of the results kept (their trees, estimated before they were built).
+    results_cost: usize,
+    /// Cancelled: nothing more is sent (the client was answered already).
+    quiet: bool,
+    /// Output was left out of the reply because the budget could not hold it.
+    kept_short: bool,
+    /// Bytes of notifications not sent because the budget could not hold them.
+    unsent: usize,
+}
+
+impl<'a> Run<'a> {
+    /// A piece of the interpreter's stdout; true when it was the cell's `done`.
+    async fn stdout_piece(&mut self, piece: Piece, pipe: &mut Pipe) -> bool {
+        match piece {
+            Piece::Raw(b) => {
+                let t = pipe.text(b);
+                self.text("stdout", &t, &mut pipe.held).await;
+                false
+            }
+            Piece::Frame(f) => self.frame(f, &mut pipe.held).await,
+            Piece::Dropped(d) => {
+                self.dropped(d).await;
+                false
+            }
+        }
+    }
+
+    /// A piece of the interpreter's stderr; true when it was the end marker.
+    async fn stderr_piece(&mut self, piece: Piece, pipe: &mut Pipe) -> bool {
+        match piece {
+            Piece::Raw(b) => {
+                let t = pipe.text(b);
+                self.text("stderr", &t, &mut pipe.held).await;
+                false
+            }
+            Piece::Frame(f) => f == b"E",
+            Piece::Dropped(_) => false,
+        }
+    }
+
+    /// One frame of the driver; true when it was `done`. `held` counts it (twice its size
+    /// beyond [`FREE`]: the frame, and what it becomes while it is passed on).
+    async fn frame(&mut self, mut f: Vec<u8>, held: &mut Option<Permit>) -> bool {
+        frame::mend(&mut f);
+        let Some(ev) = frame::parse(&f) else {
+            return false;
+        };
+        match ev {
+            Event::Text { stderr, text } => {
+                let kind = if stderr { "stderr" } else { "stdout" };
+                match text {
+                    std::borrow::Cow::Borrowed(t) => self.text(kind, t, held).await,
+                    std::borrow::Cow::Owned(t) => {
+                        // Decoded: the frame goes before the notification is built.
+                        drop(f);
+                        self.text(kind, &t, held).await;
+                    }
+                }
+            }
+            Event::Result(bundle) => self.result(bundle, held).await,
+            Event::Error {
+                name,
+                value,
+                traceback,
+            } => {
+                let e = CodeError {
+                    name: name.into_owned(),
+                    value: value.into_owned(),
+                    traceback: traceback.into_owned(),
+                };
+                drop(f);
+                self.error(e, held).await;
+            }
+            Event::Done(status) => {
+                if status != 0 && self.r.error.is_none() {
+                    let e = CodeError {
+                        name: "ExitStatus".into(),
+                        value: format!("exit status {status}"),
+                        traceback: String::new(),
+                    };
+                    self.error(e, &mut None).await;
+                }
+                return true;
+            }
+            Event::Ready | Event::Other => {}
+        }
+        false
+    }
+
+    /// Text of `kind` (`stdout`, `stderr`): kept for the reply (within [`MAX_KEPT`] and the
+    /// budget) and sent.
+    async fn text(&mut self, kind: &str, t: &str, held: &mut Option<Permit>) {
+        if t.is_empty() {
+            return;
+        }
+        let kept = if kind == "stdout" {
+            &mut self.r.stdout
+        } else {
+            &mut self.r.stderr
+        };
+        let mut cut = t.len().min(MAX_KEPT.saturating_sub(kept.len()));
+        while !t.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut < t.len() {
+            self.r.truncated = true;
+        }
+        if cut > 0 {
+            if grow_by(&mut self.kept, self.pool, cut) {
+                kept.reserve_exact(cut);
+                kept.push_str(&t[..cut]);
+            } else {
+                self.r.truncated = true;
+                self.kept_short = true;
+            }
+        }
+        let o = self.output(kind, Some(t), None, None);
+        self.send(&o, held).await;
+    }
+
+    /// A rich result: sent as the JSON text it came as; kept for the reply as a tree when
+    /// the tree's estimated memory fits ([`MAX_RESULTS_KEPT`], the budget), else a marker in
+    /// its place.
+    async fn result(&mut self, bundle: &RawValue, held: &mut Option<Permit>) {
+        let o = self.output("result", None, Some(bundle), None);
+        self.send(&o, held).await;
+        let json = bundle.get();
+        let cost = frame::tree_cost(json);
+        if self.results_cost + cost <= MAX_RESULTS_KEPT && grow_by(&mut self.kept, self.pool, cost)
+        {
+            if let Ok(b) = serde_json::from_str::<MimeBundle>(json) {
+                self.results_cost += cost;
+                self.r.results.push(b);
+                return;
+            }
+        }
+        self.r.truncated = true;
+        let why = format!(
+            "This result ({} bytes of JSON) is too large to keep in the reply: its code/output notification carried it.",
+            json.len()
+        );
+        self.r
+            .results
+            .push(marker(frame::plain_text(bundle).as_deref(), &why));
+    }
+
+    /// The cell's error: sent, and kept (cut short when the budget cannot hold it).
+    async fn error(&mut self, mut e: CodeError, held: &mut Option<Permit>) {
+        let o = Output {
+            error: Some(OutError {
+                name: &e.name,
+                value: &e.value,
+                traceback: &e.traceback,
+            }),
+            ..self.output("error", None, None, None)
+        };
+        self.send(&o, held).await;
+        let size = e.name.len() + e.value.len() + e.traceback.len();
+        if !grow_by(&mut self.kept, self.pool, size) {
+            for s in [&mut e.name, &mut e.value, &mut e.traceback] {
+                let mut cut = s.len().min(ERROR_KEPT);
+                while !s.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                s.truncate(cut);
+                s.shrink_to_fit();
+            }
+            self.r.truncated = true;
+            self.kept_short = true;
+        }
+        self.r.error = Some(e);
+    }
+
+    /// A frame that was not kept: a marker where it was (a result whose `text/plain` says
+    /// so, or a line on stderr).
+    async fn dropped(&mut self, d: frame::Dropped) {
+        let why = match d.why {
+            Why::TooLarge => format!("too large (one output may take {} MiB)", MAX_FRAME >> 20),
+            Why::Memory => "the broker-wide memory budget was in use".into(),
+            Why::Cut => "cut off by the end of the interpreter's output".into(),
+        };
+        self.r.truncated = true;
+        match d.kind {
+            Kind::Result => {
+                let m = marker(
+                    None,
+                    &format!("A result of {} bytes was dropped: {why}.", d.bytes),
+                );
+                if let Ok(raw) = serde_json::value::to_raw_value(&m) {
+                    let o = self.output("result", None, Some(&raw), None);
+                    self.send(&o, &mut None).await;
+                }
+                self.r.results.push(m);
+            }
+            Kind::Other => {
+                let line = format!("\n[abx] {} bytes of output were dropped: {why}.\n", d.bytes);
+                self.text("stderr", &line, &mut None).await;
+            }
+        }
+    }
+
+    /// A small notification (`restarted` and why), sent even after a cancel (the client
+    /// learns its context restarted).
+    async fn note(&mut self, kind: &str, text: &str) {
+        let o = self.output(kind, Some(text), None, None);
+        if let Some((body, p)) = self.counted(&o, &mut None) {
+            send_note(self.conn, body, p).await;
+        }
+    }
+
+    fn output<'o>(
+        &self,
+        kind: &'o str,
+        text: Option<&'o str>,
+        result: Option<&'o RawValue>,
+        error: Option<OutError<'o>>,
+    ) -> Output<'o>
+    where
+        'a: 'o,
+    {
+        Output {
+            sandbox: self.sandbox,
+            context: self.context,
+            run_id: self.run_id,
+            kind,
+            text,
+            result,
+            error,
+        }
+    }
+
+    /// Send a notification (unless cancelled), its bytes counted before it is built: from
+    /// `held` (what counts the frame it comes from) and the budget. When they cannot be
+    /// counted it is not sent (unless small: a connection's own allowance takes it), and
+    /// the reply says so.
+    async fn send(&mut self, o: &Output<'_>, held: &mut Option<Permit>) {
+        if self.quiet || self.cancel.is_cancelled() {
+            return;
+        }
+        if let Some((body, p)) = self.counted(o, held) {
+            tokio::select! {
+                _ = send_note(self.conn, body, p) => {}
+                _ = self.cancel.cancelled() => {}
+            }
+        }
+    }
+
+    /// The body of a notification and the pool bytes counting it, counted before it is
+    /// built (see [`Run::send`]).
+    fn counted(
+        &mut self,
+        o: &Output<'_>,
+        held: &mut Option<Permit>,
+    ) -> Option<(Vec<u8>, Option<Permit>)> {
+        let size = o.size() + MSG_OVERHEAD;
+        if size > MAX_NOTE {
+            self.unsent += size;
+            return None;
+        }
+        let mut p = take_out(held, size);
+        if !grow(&mut p, self.pool, size) && size > SMALL_MESSAGE {
+            if let Some(p) = p {
+                match held {
+                    Some(h) => h.merge(p),
+                    None => *held = Some(p),
+                }
+            }
+            self.unsent += size;
+            return None;
+        }
+        Some((frame::output_body(o), p))
+    }
+
+    /// The result, notes added for what the budget made it leave out, and the budget's
+    /// bytes counting the reply (what it keeps, its copy while it is converted, its JSON).
+    fn finish(mut self) -> (CodeResult, Option<Permit>) {
+        if self.unsent > 0 {
+            self.r.stderr.push_str(&format!(
+                "\n[abx] {} bytes of code/output notifications were not sent: the broker-wide memory budget was in use (this reply keeps what it could).\n",
+                self.unsent
+            ));
+            self.r.truncated = true;
+        }
+        if self.kept_short {
+            self.r.stderr.push_str(
+                "\n[abx] Output was left out of this reply: the broker-wide memory budget was in use (the code/output notifications carried it).\n",
+            );
+        }
+        let text = |s: &str| 2 * s.len() + frame::escaped_len(s);
+        let need = text(&self.r.stdout)
+            + text(&self.r.stderr)
+            + 2 * self.results_cost
+            + self
+                .r
+                .error
+                .as_ref()
+                .map_or(0, |e| text(&e.name) + text(&e.value) + text(&e.traceback))
+            + 4096;
+        grow(&mut self.kept, self.pool, need);
+        (self.r, self.kept)
+    }
+}
+
+/// A MIME bundle standing for a result that is not there: its `text/plain` (when short)
+/// and why, as `[abx] ...`.
+fn marker(plain: Option<&str>, why: &str) -> MimeBundle {
+    let text = match plain {
+        Some(p) if p.len() <= 4096 => format!("{p}\n[abx] {why}"),
+        _ => format!("[abx] {why}"),
+    };
+    let mut m = MimeBundle::new();
+    m.insert("text/plain".into(), json!(text));
+    m
+}
+
+/// Queue a notification whose pool bytes `hold` counts (waiting only for the connection's
+/// own budget, while its client reads).
+async fn send_note(conn: &Outbound, body: Vec<u8>, hold: Option<Permit>) {
+    if let Some(r) = conn.reserve(0).await {
+        conn.send_reserved(body, r, hold).await;
     }
 }
 
@@ -547,61 +1149,6 @@ impl Drop for Waiting {
             }
         }
     }
-}
-
-/// Where a cell's notifications go.
-struct Note<'a> {
-    conn: &'a Outbound,
-    sandbox: &'a str,
-    context: &'a str,
-    run_id: Option<&'a str>,
-}
-
-impl Note<'_> {
-    async fn send(
-        &self,
-        kind: &str,
-        text: Option<String>,
-        result: Option<MimeBundle>,
-        error: Option<CodeError>,
-    ) {
-        let n = CodeOutput {
-            sandbox: self.sandbox.into(),
-            context: self.context.into(),
-            run_id: self.run_id.map(str::to_owned),
-            kind: kind.into(),
-            text,
-            result,
-            error,
-        };
-        let mut v = serde_json::to_value(&n).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.retain(|_, x| !x.is_null());
-        }
-        self.conn.notify("code/output", &v).await;
-    }
-
-    /// Keep `s` (within [`MAX_KEPT`]) and send it; true when some of it was not kept.
-    async fn text(&self, kept: &mut String, kind: &str, s: String, quiet: bool) -> bool {
-        if s.is_empty() {
-            return false;
-        }
-        let room = MAX_KEPT.saturating_sub(kept.len());
-        let mut cut = s.len().min(room);
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        kept.push_str(&s[..cut]);
-        let short = cut < s.len();
-        if !quiet {
-            self.send(kind, Some(s), None, None).await;
-        }
-        short
-    }
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
 }
 
 async fn until(t: Option<Instant>) {
@@ -670,178 +1217,6 @@ fn bash_escape(code: &str) -> String {
         }
     }
     s
-}
-
-/// Read one of the interpreter's pipes: raw text and frames (stdout), raw text and the end
-/// marker (stderr), in order, until EOF.
-async fn read_pipe(
-    mut r: Box<dyn AsyncRead + Send + Unpin>,
-    mark: Arc<[u8]>,
-    tx: mpsc::Sender<Ev>,
-    stderr: bool,
-) {
-    let mut split = Splitter::new(mark, MAX_FRAME);
-    let mut raw: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let n = r.read(&mut chunk).await.unwrap_or(0);
-        let eof = n == 0;
-        for piece in split.push(&chunk[..n], eof) {
-            match piece {
-                Piece::Raw(b) => raw.extend_from_slice(&b),
-                Piece::Frame(f) => {
-                    flush_raw(&mut raw, &tx, stderr, true).await;
-                    let ev = if stderr {
-                        (f == b"E").then_some(Ev::ErrEnd)
-                    } else {
-                        serde_json::from_slice::<Value>(&f).ok().map(|mut v| {
-                            if v.is_object() {
-                                v["n"] = json!(f.len());
-                            }
-                            Ev::Frame(v)
-                        })
-                    };
-                    if let Some(ev) = ev {
-                        let _ = tx.send(ev).await;
-                    }
-                }
-            }
-        }
-        flush_raw(&mut raw, &tx, stderr, eof).await;
-        if eof {
-            let _ = tx.send(Ev::Eof).await;
-            return;
-        }
-    }
-}
-
-/// Send the complete UTF-8 text of `raw` (all of it, lossily, when `all`).
-async fn flush_raw(raw: &mut Vec<u8>, tx: &mpsc::Sender<Ev>, stderr: bool, all: bool) {
-    if raw.is_empty() {
-        return;
-    }
-    let cut = match std::str::from_utf8(raw) {
-        Ok(_) => raw.len(),
-        Err(e) if e.error_len().is_none() && !all => e.valid_up_to(),
-        Err(_) => raw.len(),
-    };
-    if cut == 0 {
-        return;
-    }
-    let rest = raw.split_off(cut);
-    let s = String::from_utf8_lossy(raw).into_owned();
-    *raw = rest;
-    let _ = tx.send(if stderr { Ev::Err(s) } else { Ev::Out(s) }).await;
-}
-
-/// What a [`Splitter`] finds in a pipe's bytes.
-#[derive(Debug, PartialEq)]
-enum Piece {
-    Raw(Vec<u8>),
-    Frame(Vec<u8>),
-}
-
-/// Splits a pipe's bytes into raw bytes and frames (marker .. newline), each byte looked at
-/// about once however a frame is cut into reads. A partial frame, or a tail that may begin a
-/// marker, waits for more (unless at the end); a frame longer than `max` is dropped as it
-/// comes (never held whole).
-struct Splitter {
-    buf: Vec<u8>,
-    mark: Arc<[u8]>,
-    max: usize,
-    /// `buf` starts with a frame's marker; no newline in `buf[..scanned]`.
-    in_frame: bool,
-    scanned: usize,
-    /// Inside a frame that grew past `max`: bytes are dropped up to its newline.
-    dropping: bool,
-}
-
-impl Splitter {
-    fn new(mark: Arc<[u8]>, max: usize) -> Splitter {
-        Splitter {
-            buf: Vec::new(),
-            mark,
-            max,
-            in_frame: false,
-            scanned: 0,
-            dropping: false,
-        }
-    }
-
-    fn push(&mut self, mut bytes: &[u8], eof: bool) -> Vec<Piece> {
-        let mut out = Vec::new();
-        if self.dropping {
-            match bytes.iter().position(|&b| b == b'\n') {
-                Some(i) => {
-                    self.dropping = false;
-                    bytes = &bytes[i + 1..];
-                }
-                None => bytes = &[],
-            }
-        }
-        self.buf.extend_from_slice(bytes);
-        let m = self.mark.len();
-        loop {
-            if self.in_frame {
-                let from = self.scanned.max(m);
-                match self.buf[from..].iter().position(|&b| b == b'\n') {
-                    Some(j) => {
-                        let end = from + j;
-                        out.push(Piece::Frame(self.buf[m..end].to_vec()));
-                        self.buf.drain(..=end);
-                        (self.in_frame, self.scanned) = (false, 0);
-                        continue;
-                    }
-                    None if eof => {
-                        self.buf.clear();
-                        self.in_frame = false;
-                    }
-                    None if self.buf.len() > self.max => {
-                        tracing::warn!(
-                            bytes = self.buf.len(),
-                            "code: dropping an interpreter frame too large to keep"
-                        );
-                        self.buf.clear();
-                        (self.in_frame, self.dropping) = (false, true);
-                    }
-                    None => self.scanned = self.buf.len(),
-                }
-                return out;
-            }
-            match find(&self.buf, &self.mark) {
-                Some(i) => {
-                    if i > 0 {
-                        out.push(Piece::Raw(self.buf[..i].to_vec()));
-                        self.buf.drain(..i);
-                    }
-                    (self.in_frame, self.scanned) = (true, 0);
-                }
-                None => {
-                    let keep = if eof {
-                        0
-                    } else {
-                        (1..m.min(self.buf.len() + 1))
-                            .rev()
-                            .find(|&k| self.buf.ends_with(&self.mark[..k]))
-                            .unwrap_or(0)
-                    };
-                    let upto = self.buf.len() - keep;
-                    if upto > 0 {
-                        out.push(Piece::Raw(self.buf[..upto].to_vec()));
-                        self.buf.drain(..upto);
-                    }
-                    return out;
-                }
-            }
-        }
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
-    }
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn gone(sandbox: &str, id: &str) -> AbxError {
@@ -1034,63 +1409,90 @@ impl Contexts {
 mod tests {
     use super::*;
 
-    #[test]
-    fn split_takes_frames_and_raw_text_in_order() {
-        let mut sp = Splitter::new(b"\x1fNN".to_vec().into(), 1 << 20);
-        let p = sp.push(b"ab\x1fNN{\"t\":1}\ncd\x1fN", false);
-        assert_eq!(
-            p,
-            vec![
-                Piece::Raw(b"ab".to_vec()),
-                Piece::Frame(b"{\"t\":1}".to_vec()),
-                Piece::Raw(b"cd".to_vec())
-            ]
-        );
-        assert_eq!(sp.buf, b"\x1fN", "a tail that may begin a marker waits");
-        assert!(sp.push(b"N{}", false).is_empty(), "a partial frame waits");
-        assert!(sp.push(b"[1,", false).is_empty(), "still");
-        assert_eq!(
-            sp.push(b"2]\nz", false),
-            vec![Piece::Frame(b"{}[1,2]".to_vec()), Piece::Raw(b"z".to_vec())]
-        );
-        let mut sp = Splitter::new(b"\x1fNN".to_vec().into(), 1 << 20);
-        assert_eq!(
-            sp.push(b"x\x1fN", true),
-            vec![Piece::Raw(b"x\x1fN".to_vec())]
-        );
-        // Longer than the bound: dropped through its newline, what follows is kept.
-        let mut sp = Splitter::new(b"\x1fNN".to_vec().into(), 8);
-        assert_eq!(
-            sp.push(b"a\x1fNN0123456789", false),
-            vec![Piece::Raw(b"a".to_vec())]
-        );
-        assert!(sp.buf.is_empty());
-        assert!(sp.push(b"more", false).is_empty());
-        assert_eq!(
-            sp.push(b"end\nb\x1fNN{}\n", false),
-            vec![Piece::Raw(b"b".to_vec()), Piece::Frame(b"{}".to_vec())]
-        );
+    fn mark() -> Vec<u8> {
+        b"\x1fNN".to_vec()
+    }
+
+    /// What a pipe yields for `bytes`, read as a cell reads it, with `pool`; checks that
+    /// every read was counted before it was made.
+    async fn read_all(bytes: Vec<u8>, pool: &Pool, max: usize) -> Vec<String> {
+        let mut pipe = Pipe::new(Box::new(std::io::Cursor::new(bytes)), &mark());
+        pipe.split.set_max(max);
+        let mut seen = Vec::new();
+        while !pipe.eof {
+            let n = pipe.fill(Some(pool)).await;
+            assert!(
+                have(&pipe.held) >= cover(pipe.split.buf.len()),
+                "{} bytes held for a buffer of {}",
+                have(&pipe.held),
+                pipe.split.buf.len()
+            );
+            for p in pipe.pieces(n) {
+                seen.push(match p {
+                    Piece::Raw(b) => format!("raw {}", pipe.text(b)),
+                    Piece::Frame(f) => match frame::parse(&f) {
+                        Some(Event::Done(_)) => "done".into(),
+                        Some(Event::Result(_)) => format!("result {}", f.len()),
+                        _ => "frame".into(),
+                    },
+                    Piece::Dropped(d) => format!("dropped {:?} {:?}", d.why, d.kind),
+                });
+            }
+            pipe.shrink();
+        }
+        drop(pipe);
+        assert_eq!(pool.available(), pool.cap(), "everything given back");
+        seen
+    }
+
+    fn big_result(n: usize) -> Vec<u8> {
+        let mut bytes = b"a\x1fNN{\"t\": \"result\", \"b\": {\"text/plain\": \"".to_vec();
+        bytes.resize(bytes.len() + n, b'x');
+        bytes.extend_from_slice(b"\"}}\nb\x1fNN{\"t\":\"done\"}\n");
+        bytes
     }
 
     #[tokio::test]
     async fn a_frame_too_large_is_dropped_and_what_follows_is_read() {
-        let mark: Arc<[u8]> = b"\x1fNN".to_vec().into();
-        let mut bytes = b"a\x1fNN{\"t\":\"result\",\"b\":\"".to_vec();
-        bytes.resize(bytes.len() + MAX_FRAME + 256 * 1024, b'x');
-        bytes.extend_from_slice(b"\"}\nb\x1fNN{\"t\":\"done\"}\n");
-        let (tx, mut rx) = mpsc::channel(EVENTS);
-        let reader: Box<dyn AsyncRead + Send + Unpin> = Box::new(std::io::Cursor::new(bytes));
-        tokio::spawn(read_pipe(reader, mark, tx, false));
+        let pool = Pool::new(512 << 20);
+        let seen = read_all(big_result(MAX_FRAME + 256 * 1024), &pool, MAX_FRAME).await;
+        assert_eq!(
+            seen,
+            ["raw a", "dropped TooLarge Result", "raw b", "done"],
+            "{seen:?}"
+        );
+        // Within the bound: read whole.
+        let seen = read_all(big_result(3 << 20), &pool, MAX_FRAME).await;
+        assert_eq!(seen[1], format!("result {}", (3 << 20) + 40));
+    }
+
+    #[tokio::test]
+    async fn a_frame_the_budget_cannot_hold_is_dropped_and_said_so() {
+        // A pool of 1 MiB (the least there is) cannot count a frame of 3 MiB: dropped as
+        // it streams in, what follows read, everything given back.
+        let pool = Pool::new(1 << 20);
+        let seen = read_all(big_result(3 << 20), &pool, MAX_FRAME).await;
+        assert_eq!(
+            seen,
+            ["raw a", "dropped Memory Result", "raw b", "done"],
+            "{seen:?}"
+        );
+        // Short frames need nothing of it.
+        let none = Pool::new(1 << 20);
+        let _all = none.try_take(1 << 20).unwrap();
+        let mut bytes = b"x\x1fNN{\"t\":\"stdout\",\"d\":\"hi\"}\n".to_vec();
+        bytes.extend_from_slice(b"\x1fNN{\"t\":\"done\"}\n");
+        let mut pipe = Pipe::new(Box::new(std::io::Cursor::new(bytes)), &mark());
         let mut seen = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            seen.push(match ev {
-                Ev::Out(s) => format!("out {s}"),
-                Ev::Frame(v) => format!("frame {}", v["t"]),
-                Ev::Eof => "eof".into(),
-                _ => "other".into(),
-            });
+        while !pipe.eof {
+            let n = pipe.fill(Some(&none)).await;
+            seen.extend(
+                pipe.pieces(n)
+                    .into_iter()
+                    .map(|p| matches!(p, Piece::Frame(_))),
+            );
         }
-        assert_eq!(seen, ["out a", "out b", "frame \"done\"", "eof"]);
+        assert_eq!(seen, [false, true, true]);
     }
 
     #[test]
@@ -1117,5 +1519,60 @@ mod tests {
         assert_eq!(Lang::parse(Some("shell")).unwrap(), Lang::Bash);
         let e = Lang::parse(Some("cobol")).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidParams);
+    }
+
+    /// Each interpreter's bootstrap (short: `ps` shows it) reads its driver from stdin and
+    /// runs the cell that follows it there.
+    #[test]
+    fn the_bootstraps_run_the_driver_from_stdin() {
+        use std::io::Write;
+        for (lang, prog, code, want) in [
+            (Lang::Python, "python3", "print(6 * 7)", "42"),
+            (Lang::JavaScript, "node", "console.log(6 * 7)", "42"),
+            (Lang::Bash, "bash", "echo $((6 * 7))", "42"),
+        ] {
+            let Ok(found) = std::process::Command::new("which").arg(prog).output() else {
+                continue;
+            };
+            if !found.status.success() {
+                eprintln!("{prog} not installed: skipped");
+                continue;
+            }
+            let argv = lang.argv(None);
+            assert!(
+                argv.iter().map(String::len).sum::<usize>() < 800,
+                "{argv:?}"
+            );
+            let mut child = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .env("ABX_CODE_NONCE", "NN")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let cell = Cell {
+                code: code.into(),
+                env: BTreeMap::new(),
+                timeout: None,
+                run_id: None,
+            };
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(lang.driver().as_bytes()).unwrap();
+            stdin
+                .write_all(request_line(lang, &cell).as_bytes())
+                .unwrap();
+            drop(stdin);
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                stdout.contains("\x1fNN{\"t\": \"ready\"")
+                    || stdout.contains("\x1fNN{\"t\":\"ready\""),
+                "{lang:?}: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(stdout.contains(want), "{lang:?}: {stdout}");
+            assert!(stdout.contains("\"done\""), "{lang:?}: {stdout}");
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The `files/*` operations of the builtin `local` provider, confined beneath the sandbox
-//! (DESIGN §4, §8).
+//! (docs/design.md#api, docs/design.md#local).
 //!
 //! Every function is synchronous (the caller runs it in `spawn_blocking`) and takes
 //! sandbox-view paths: `/workspace/a.txt`, `/tmp/x`, or `a.txt` (= `/workspace/a.txt`).

@@ -5,11 +5,31 @@
 //! Every blob is checked: an OCI layout's blobs against the digests that name them, a
 //! `docker save` archive's layers against the config's `rootfs.diff_ids` (the sha256 of the
 //! uncompressed layer) and its config against its file name where that is a digest.
+//!
+//! What the directory holds is untrusted (an archive unpacked here, or a layout someone
+//! downloaded): every file in it is opened through the directory's descriptor with
+//! `openat2(RESOLVE_BENEATH)`, never by path, and must be a regular file (a FIFO, a device
+//! or a directory is refused before it is read: `O_NONBLOCK`, then `fstat`). An OCI layout's
+//! files are opened with `RESOLVE_NO_SYMLINKS` and `O_NOFOLLOW` (a blob that is a symlink to
+//! `/dev/zero` or to a host file is refused); a `docker save` archive's layers may be
+//! relative symlinks that stay beneath it (the legacy format links a repeated layer to its
+//! first copy). Every copy is capped: a blob by the size its descriptor declares (and it
+//! must have that size), a layer by the store's caps, manifests and configs by
+//! [`super::manifest::MAX_MANIFEST`] / [`super::manifest::MAX_CONFIG`]. An archive is
+//! unpacked as an archive ([`unpack::Root::extract`]): whiteout names in it are not acted on.
+//! Errors name the user's path and which item is wrong, never what the files hold.
 
-use super::{digest_hex, mismatch, unpack, Image, ImageConfig, Store};
+use super::manifest::{self, MAX_CONFIG, MAX_LAYERS, MAX_MANIFEST};
+use super::unpack::{
+    self, fstat, openat2, RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS,
+};
+use super::{digest_hex, mismatch, read_capped, Image, ImageConfig, Store};
 use abx_protocol::{AbxError, ErrorCode};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 fn bad(path: &Path, detail: impl std::fmt::Display) -> AbxError {
@@ -23,9 +43,76 @@ fn bad(path: &Path, detail: impl std::fmt::Display) -> AbxError {
     .with_suggestion("Give a 'docker save' archive or an OCI image layout directory.")
 }
 
-fn read_json(p: &Path) -> Result<Value, AbxError> {
-    let b = std::fs::read(p).map_err(|e| bad(p, e))?;
-    serde_json::from_slice(&b).map_err(|e| bad(p, e))
+/// A directory of an image (a `docker save` archive unpacked, or an OCI layout), its files
+/// opened beneath its descriptor only.
+struct Dir {
+    fd: OwnedFd,
+    /// The path the user named (for errors).
+    shown: PathBuf,
+}
+
+impl Dir {
+    fn open(path: &Path, shown: &Path) -> Result<Dir, AbxError> {
+        let f = File::open(path).map_err(|e| bad(shown, e))?;
+        if !f.metadata().map_err(|e| bad(shown, e))?.is_dir() {
+            return Err(bad(shown, "not a directory"));
+        }
+        Ok(Dir {
+            fd: f.into(),
+            shown: shown.to_path_buf(),
+        })
+    }
+
+    /// The regular file `rel` beneath the directory and its size: symlinks only where
+    /// `symlinks` (and then only ones that stay beneath), `what` names it in errors.
+    fn file(&self, rel: &str, symlinks: bool, what: &str) -> Result<(File, u64), AbxError> {
+        let clean = unpack::clean(Path::new(rel))
+            .filter(|c| !c.as_os_str().is_empty())
+            .ok_or_else(|| bad(&self.shown, format!("{what}: its path leaves the archive")))?;
+        let mut resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+        let mut flags = libc::O_RDONLY | libc::O_NONBLOCK;
+        if !symlinks {
+            resolve |= RESOLVE_NO_SYMLINKS;
+            flags |= libc::O_NOFOLLOW;
+        }
+        let fd = openat2(self.fd.as_raw_fd(), &clean, flags, resolve).map_err(|e| {
+            let why = match e.raw_os_error() {
+                Some(libc::ELOOP) => "a symlink (refused)".to_owned(),
+                Some(libc::EXDEV) => "a link out of the archive (refused)".to_owned(),
+                _ => e.to_string(),
+            };
+            bad(&self.shown, format!("{what}: {why}"))
+        })?;
+        let st = fstat(fd.as_raw_fd()).map_err(|e| bad(&self.shown, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(bad(
+                &self.shown,
+                format!("{what}: not a regular file (refused)"),
+            ));
+        }
+        // Back to blocking reads (a regular file never blocks; the flag only kept a FIFO
+        // from holding the open).
+        // SAFETY: fcntl on our descriptor.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) };
+        Ok((File::from(fd), st.st_size.max(0) as u64))
+    }
+
+    /// Whether `rel` is a file of the directory (no symlink).
+    fn has(&self, rel: &str) -> bool {
+        self.file(rel, false, rel).is_ok()
+    }
+
+    /// The whole of a small file (at most `max` bytes).
+    fn read(&self, rel: &str, symlinks: bool, max: u64, what: &str) -> Result<Vec<u8>, AbxError> {
+        let (f, n) = self.file(rel, symlinks, what)?;
+        if n > max {
+            return Err(bad(
+                &self.shown,
+                format!("{what}: {n} bytes, over the {max} read of such a file"),
+            ));
+        }
+        read_capped(f, max).map_err(|e| bad(&self.shown, format!("{what}: {e}")))
+    }
 }
 
 /// Import `path` (a tar or a directory); `name` names it (default: the archive's own tag).
@@ -35,16 +122,25 @@ pub fn import(
     name: Option<&str>,
     tag: Option<&str>,
 ) -> Result<Image, AbxError> {
-    let md = std::fs::metadata(path).map_err(|e| bad(path, e))?;
+    // The path the user named is followed; nothing inside it is.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| bad(path, e))?;
+    let md = f.metadata().map_err(|e| bad(path, e))?;
     let _tmp;
-    let dir: PathBuf = if md.is_dir() {
-        path.to_path_buf()
-    } else {
-        let t =
-            tempfile::tempdir_in(store.dir.join("tmp").tap_mkdir()).map_err(|e| bad(path, e))?;
+    let dir = if md.is_dir() {
+        Dir::open(path, path)?
+    } else if md.is_file() {
+        // SAFETY: fcntl on our descriptor (blocking reads again).
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) };
+        let tmp = store.dir.join("tmp");
+        let _ = std::fs::create_dir_all(&tmp);
+        let t = tempfile::tempdir_in(&tmp).map_err(|e| bad(path, e))?;
         let root = unpack::Root::open(t.path(), None).map_err(|e| bad(path, e))?;
-        root.apply(
-            unpack::layer_reader(path).map_err(|e| bad(path, e))?,
+        root.extract(
+            super::layer_reader(f).map_err(|e| bad(path, e))?,
             &mut store.limits.budget(),
         )
         .map_err(|e| {
@@ -54,13 +150,15 @@ pub fn import(
                 bad(path, e)
             }
         })?;
-        let d = t.path().to_path_buf();
+        let d = Dir::open(t.path(), path)?;
         _tmp = t;
         d
+    } else {
+        return Err(bad(path, "neither a regular file nor a directory"));
     };
-    let res = if dir.join("manifest.json").is_file() {
+    let res = if dir.has("manifest.json") {
         docker_save(store, &dir, name)
-    } else if dir.join("index.json").is_file() {
+    } else if dir.has("index.json") {
         oci_layout(store, &dir, name, tag)
     } else {
         Err(bad(
@@ -75,62 +173,40 @@ pub fn import(
     res
 }
 
-trait MkDir {
-    fn tap_mkdir(self) -> Self;
-}
-impl MkDir for PathBuf {
-    fn tap_mkdir(self) -> Self {
-        let _ = std::fs::create_dir_all(&self);
-        self
-    }
-}
-
-fn inside(dir: &Path, rel: &str) -> Result<PathBuf, AbxError> {
-    let c = unpack::clean(Path::new(rel))
-        .ok_or_else(|| bad(dir, format!("path {rel:?} leaves the archive")))?;
-    Ok(dir.join(c))
-}
-
-/// The sha256 of a file, or of its decompressed content (at most `limit` bytes of it: E8012
-/// past that, so a decompression bomb is not hashed to its end).
-fn file_digest(store: &Store, p: &Path, decompress: bool) -> Result<String, AbxError> {
-    let mut r: Box<dyn std::io::Read> = if decompress {
-        unpack::layer_reader(p).map_err(|e| bad(p, e))?
-    } else {
-        Box::new(std::fs::File::open(p).map_err(|e| bad(p, e))?)
-    };
+/// The sha256 of a layer's decompressed content (at most the store's cap of it: E8012 past
+/// that, so a decompression bomb is not hashed to its end).
+fn diff_id(store: &Store, dir: &Dir, f: File, what: &str) -> Result<String, AbxError> {
+    let mut r = super::layer_reader(f).map_err(|e| bad(&dir.shown, format!("{what}: {e}")))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0u64;
     loop {
-        let n = r.read(&mut buf).map_err(|e| bad(p, e))?;
+        let n = r
+            .read(&mut buf)
+            .map_err(|e| bad(&dir.shown, format!("{what}: {e}")))?;
         if n == 0 {
             break;
         }
         total += n as u64;
-        if decompress && total > store.limits.max_bytes {
-            return Err(super::too_big(&p.display().to_string(), &store.limits));
+        if total > store.limits.max_bytes {
+            return Err(super::too_big(
+                &dir.shown.display().to_string(),
+                &store.limits,
+            ));
         }
         h.update(&buf[..n]);
     }
     Ok(format!("sha256:{}", super::hex(&h.finalize())))
 }
 
-fn docker_save(store: &Store, dir: &Path, name: Option<&str>) -> Result<Image, AbxError> {
-    let m = read_json(&dir.join("manifest.json"))?;
-    let first = m
-        .as_array()
-        .and_then(|a| a.first())
-        .ok_or_else(|| bad(dir, "manifest.json lists no image"))?;
-    let cfg_rel = first
-        .get("Config")
-        .and_then(|v| v.as_str())
-        .ok_or_else(|| bad(dir, "no Config"))?;
-    let cfg_path = inside(dir, cfg_rel)?;
-    let cfg_b = std::fs::read(&cfg_path).map_err(|e| bad(&cfg_path, e))?;
+fn docker_save(store: &Store, dir: &Dir, name: Option<&str>) -> Result<Image, AbxError> {
+    let mb = dir.read("manifest.json", false, MAX_MANIFEST, "manifest.json")?;
+    let m =
+        manifest::docker_save(&mb).map_err(|e| bad(&dir.shown, format!("manifest.json: {e}")))?;
+    let cfg_b = dir.read(&m.config, true, MAX_CONFIG, "the config")?;
     let cfg_digest = super::sha256_digest(&cfg_b);
     // The config is named by its digest (`<hex>.json` or `blobs/sha256/<hex>`).
-    let stem = cfg_path
+    let stem = Path::new(&m.config)
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("")
@@ -138,50 +214,39 @@ fn docker_save(store: &Store, dir: &Path, name: Option<&str>) -> Result<Image, A
     if digest_hex(&format!("sha256:{stem}")).is_some() && format!("sha256:{stem}") != cfg_digest {
         return Err(mismatch(&format!("sha256:{stem}"), &cfg_digest));
     }
-    let cv: Value = serde_json::from_slice(&cfg_b).map_err(|e| bad(&cfg_path, e))?;
-    let diff_ids: Vec<String> = cv
-        .pointer("/rootfs/diff_ids")
-        .and_then(|v| v.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    let layers = first
-        .get("Layers")
-        .and_then(|v| v.as_array())
-        .cloned()
-        .unwrap_or_default();
-    if diff_ids.len() != layers.len() {
+    let cfg = manifest::config(&cfg_b).map_err(|e| bad(&dir.shown, format!("the config: {e}")))?;
+    let diff_ids = cfg.diff_ids();
+    if diff_ids.len() != m.layers.0.len() {
         return Err(bad(
-            dir,
+            &dir.shown,
             format!(
                 "{} layers but {} diff_ids in the config",
-                layers.len(),
+                m.layers.0.len(),
                 diff_ids.len()
             ),
         ));
     }
     let mut stored = Vec::new();
-    for (l, want) in layers.iter().zip(&diff_ids) {
-        let p = inside(dir, l.as_str().unwrap_or(""))?;
-        let got = file_digest(store, &p, true)?;
+    for (i, (l, want)) in m.layers.0.iter().zip(diff_ids).enumerate() {
+        let what = format!("layer {}", i + 1);
+        let (f, n) = dir.file(l, true, &what)?;
+        if n > store.limits.max_bytes {
+            return Err(super::too_big(
+                &dir.shown.display().to_string(),
+                &store.limits,
+            ));
+        }
+        let got = diff_id(store, dir, f, &what)?;
         if &got != want {
             return Err(mismatch(want, &got));
         }
-        let blob = file_digest(store, &p, false)?;
-        let size = std::fs::metadata(&p).map_or(0, |m| m.len());
-        store.put_blob_file(&p, &blob)?;
+        // The blob is the file as it is, hashed as it is copied (at most its size).
+        let (mut f, n) = dir.file(l, true, &what)?;
+        let (_, blob, size) = store.put_blob_from(&mut f, None, n)?;
         stored.push((blob, size, want.clone()));
     }
-    let config = ImageConfig::from_blob(&cfg_b).map_err(|e| bad(&cfg_path, e))?;
-    let tag = first
-        .get("RepoTags")
-        .and_then(|v| v.as_array())
-        .and_then(|a| a.first())
-        .and_then(|v| v.as_str())
-        .map(str::to_owned);
+    let config = ImageConfig::from_config(&cfg);
+    let tag = m.repo_tags.as_ref().and_then(|t| t.0.first()).cloned();
     let name = name
         .map(str::to_owned)
         .or(tag)
@@ -191,88 +256,116 @@ fn docker_save(store: &Store, dir: &Path, name: Option<&str>) -> Result<Image, A
     Ok(img)
 }
 
-fn blob(store: &Store, dir: &Path, digest: &str) -> Result<PathBuf, AbxError> {
-    let h = digest_hex(digest).ok_or_else(|| bad(dir, format!("unsupported digest {digest:?}")))?;
-    let p = dir.join("blobs/sha256").join(h);
-    store.put_blob_file(&p, digest)
+/// Store the blob `d` of the layout: exactly the size it declares, at most `cap` bytes (a
+/// layer: the store's cap, E8012 past it).
+fn blob(
+    store: &Store,
+    dir: &Dir,
+    d: &manifest::Descriptor,
+    cap: Option<u64>,
+    what: &str,
+) -> Result<String, AbxError> {
+    let h = digest_hex(&d.digest)
+        .ok_or_else(|| bad(&dir.shown, format!("{what}: not a sha256 digest")))?;
+    if store.has_blob(&d.digest) {
+        return Ok(d.digest.clone());
+    }
+    let declared = d.size();
+    match cap {
+        None if declared > store.limits.max_bytes => {
+            return Err(super::too_big(
+                &dir.shown.display().to_string(),
+                &store.limits,
+            ))
+        }
+        Some(cap) if declared > cap => {
+            return Err(bad(
+                &dir.shown,
+                format!("{what}: {declared} bytes declared, over the {cap} read of such a blob"),
+            ))
+        }
+        _ => {}
+    }
+    let (mut f, n) = dir.file(&format!("blobs/sha256/{h}"), false, what)?;
+    if n != declared {
+        return Err(bad(
+            &dir.shown,
+            format!("{what}: {n} bytes where its descriptor declares {declared}"),
+        ));
+    }
+    store.put_blob_from(&mut f, Some(&d.digest), declared)?;
+    Ok(d.digest.clone())
 }
 
 fn oci_layout(
     store: &Store,
-    dir: &Path,
+    dir: &Dir,
     name: Option<&str>,
     tag: Option<&str>,
 ) -> Result<Image, AbxError> {
-    let index = read_json(&dir.join("index.json"))?;
-    let ms = index
-        .get("manifests")
-        .and_then(|v| v.as_array())
-        .cloned()
-        .unwrap_or_default();
-    let ref_name = |m: &Value| {
-        m.pointer("/annotations/org.opencontainers.image.ref.name")
-            .and_then(|v| v.as_str())
-            .map(str::to_owned)
-    };
+    let ib = dir.read("index.json", false, MAX_MANIFEST, "index.json")?;
+    let index = manifest::manifest(&ib).map_err(|e| bad(&dir.shown, format!("index.json: {e}")))?;
+    let ms = index.manifests.map(|m| m.0).unwrap_or_default();
     let pick = match tag {
-        Some(t) => ms.iter().find(|m| ref_name(m).as_deref() == Some(t)),
+        Some(t) => ms.iter().find(|m| m.ref_name() == Some(t)),
         None => ms.first(),
     }
-    .ok_or_else(|| bad(dir, format!("no image {} in index.json", tag.unwrap_or(""))))?;
-    let mut digest = pick
-        .get("digest")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_owned();
-    let mut manifest: Value;
+    .ok_or_else(|| {
+        bad(
+            &dir.shown,
+            match tag {
+                Some(t) => format!("no image {t} in index.json"),
+                None => "no image in index.json".to_owned(),
+            },
+        )
+    })?;
+    let mut desc = pick.clone();
+    let mut manifest: manifest::Manifest;
+    let mut depth = 0;
     loop {
-        let p = blob(store, dir, &digest)?;
-        manifest = read_json(&p)?;
-        let is_index = manifest.get("manifests").is_some();
-        if !is_index {
+        let digest = blob(store, dir, &desc, Some(MAX_MANIFEST), "a manifest")?;
+        let b = store.read_blob(&digest, MAX_MANIFEST)?;
+        manifest =
+            manifest::manifest(&b).map_err(|e| bad(&dir.shown, format!("a manifest: {e}")))?;
+        if manifest.manifests.is_none() {
             break;
         }
-        let next = manifest["manifests"]
-            .as_array()
-            .and_then(|a| {
-                a.iter().find(|e| {
-                    e.pointer("/platform/os").and_then(|v| v.as_str()) == Some("linux")
-                        && e.pointer("/platform/architecture").and_then(|v| v.as_str())
-                            == Some(super::registry::go_arch())
-                })
-            })
-            .and_then(|e| e.get("digest").and_then(|v| v.as_str()))
-            .ok_or_else(|| bad(dir, "no manifest for this platform in the index"))?;
-        digest = next.to_owned();
+        depth += 1;
+        if depth > 4 {
+            return Err(bad(&dir.shown, "indexes nested more than 4 deep"));
+        }
+        desc = manifest
+            .platform("linux", super::registry::go_arch())
+            .cloned()
+            .ok_or_else(|| bad(&dir.shown, "no manifest for this platform in the index"))?;
     }
-    let cfg_d = manifest
-        .pointer("/config/digest")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_owned();
-    let cfg_p = blob(store, dir, &cfg_d)?;
-    let cfg_b = std::fs::read(&cfg_p).map_err(|e| bad(&cfg_p, e))?;
-    let config = ImageConfig::from_blob(&cfg_b).map_err(|e| bad(&cfg_p, e))?;
+    let digest = desc.digest.clone();
+    let cfg_desc = manifest.config.clone().unwrap_or_default();
+    let cfg_d = blob(store, dir, &cfg_desc, Some(MAX_CONFIG), "the config")?;
+    let cfg_b = store.read_blob(&cfg_d, MAX_CONFIG)?;
+    let config =
+        ImageConfig::from_blob(&cfg_b).map_err(|e| bad(&dir.shown, format!("the config: {e}")))?;
+    let declared: u64 = manifest
+        .layers
+        .0
+        .iter()
+        .fold(0u64, |a, l| a.saturating_add(l.size()));
+    if declared > store.limits.max_bytes || manifest.layers.0.len() > MAX_LAYERS {
+        return Err(super::too_big(
+            &dir.shown.display().to_string(),
+            &store.limits,
+        ));
+    }
     let mut layers = Vec::new();
     let mut size = cfg_b.len() as u64;
-    for l in manifest
-        .get("layers")
-        .and_then(|v| v.as_array())
-        .cloned()
-        .unwrap_or_default()
-    {
-        let d = l
-            .get("digest")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_owned();
-        let p = blob(store, dir, &d)?;
-        size += std::fs::metadata(&p).map_or(0, |m| m.len());
+    for (i, l) in manifest.layers.0.iter().enumerate() {
+        let d = blob(store, dir, l, None, &format!("layer {}", i + 1))?;
+        size += l.size();
         layers.push(d);
     }
     let name = name
         .map(str::to_owned)
-        .or_else(|| ref_name(pick))
+        .or_else(|| pick.ref_name().map(str::to_owned))
         .unwrap_or_else(|| "imported".into());
     let img = Image {
         name: name.clone(),

@@ -13,10 +13,20 @@
 //!
 //! - [`registry`]: pulls from an OCI / Docker registry v2 (through `oci-client`).
 //! - [`archive`]: imports a `docker save` tar or an OCI layout directory.
+//! - [`tarstream`]: reads tar streams (layers, archives) with every header checked before
+//!   its data; the whiteout grammar.
+//! - [`manifest`]: the JSON of images (manifests, indexes, configs), typed and capped.
 //! - [`unpack`]: applies layers safely; tree copies.
+//! - [`build`]: a sandbox's layer read through descriptors, its processes stopped meanwhile.
+//!
+//! Nothing an image holds is quoted in an error or a log line: errors say where (a path of
+//! the host the user named, a byte offset, a line and column) and what, never the bytes.
 
 pub mod archive;
+pub mod build;
+pub mod manifest;
 pub mod registry;
+pub mod tarstream;
 pub mod unpack;
 
 use abx_home::util::{now_ms, replace_file, rfc3339};
@@ -53,34 +63,25 @@ pub struct ImageConfig {
 }
 
 impl ImageConfig {
-    /// From an OCI / Docker image config blob (its `config` object).
+    /// From an OCI / Docker image config blob (its `config` object; `Config` in older ones).
     pub fn from_blob(blob: &[u8]) -> Result<ImageConfig, String> {
-        let v: Value = serde_json::from_slice(blob).map_err(|e| format!("image config: {e}"))?;
-        let c = v
-            .get("config")
-            .or_else(|| v.get("Config"))
-            .cloned()
-            .unwrap_or(Value::Null);
-        let strs = |k: &str| {
-            c.get(k).and_then(|x| x.as_array()).map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_owned))
-                    .collect::<Vec<_>>()
-            })
+        let c = manifest::config(blob).map_err(|e| format!("image config: {e}"))?;
+        Ok(Self::from_config(&c))
+    }
+
+    /// From a parsed image config.
+    pub fn from_config(c: &manifest::Config) -> ImageConfig {
+        let Some(r) = c.run() else {
+            return ImageConfig::default();
         };
-        let s = |k: &str| {
-            c.get(k)
-                .and_then(|x| x.as_str())
-                .filter(|x| !x.is_empty())
-                .map(str::to_owned)
-        };
-        Ok(ImageConfig {
-            env: strs("Env").unwrap_or_default(),
-            working_dir: s("WorkingDir"),
-            user: s("User"),
-            entrypoint: strs("Entrypoint"),
-            cmd: strs("Cmd"),
-        })
+        let s = |v: &Option<String>| v.clone().filter(|x| !x.is_empty());
+        ImageConfig {
+            env: r.env.clone().map(|v| v.0).unwrap_or_default(),
+            working_dir: s(&r.working_dir),
+            user: s(&r.user),
+            entrypoint: r.entrypoint.clone().map(|v| v.0),
+            cmd: r.cmd.clone().map(|v| v.0),
+        }
     }
 }
 
@@ -322,23 +323,56 @@ impl Store {
         self.commit_blob(w, expected)
     }
 
-    /// Copy a file into the store as a blob under `expected` (checked).
-    pub fn put_blob_file(&self, src: &Path, expected: &str) -> Result<PathBuf, AbxError> {
-        if self.has_blob(expected) {
-            return Ok(self.blob_path(expected).expect("digest"));
+    /// Copy what `src` reads into the store as a blob, at most `max` bytes (a source that has
+    /// more is refused: E8012 when `max` is the store's cap, else a file error from the
+    /// caller), stored under `expected` when given (checked, E8013), else under its own
+    /// digest. Returns where it is stored, its digest and its size.
+    pub fn put_blob_from(
+        &self,
+        src: &mut dyn std::io::Read,
+        expected: Option<&str>,
+        max: u64,
+    ) -> Result<(PathBuf, String, u64), AbxError> {
+        if let Some(d) = expected.filter(|d| self.has_blob(d)) {
+            let p = self.blob_path(d).expect("digest");
+            let n = p.metadata().map_or(0, |m| m.len());
+            return Ok((p, d.to_owned(), n));
         }
-        let mut f = std::fs::File::open(src).map_err(|e| io_err(&src.display().to_string(), e))?;
         let mut w = self.blob_writer()?;
         let mut buf = vec![0u8; 256 * 1024];
         loop {
-            let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| io_err("reading", e))?;
+            let n = src.read(&mut buf).map_err(|e| io_err("reading", e))?;
             if n == 0 {
                 break;
+            }
+            if w.len + n as u64 > max {
+                return Err(AbxError::new(
+                    ErrorCode::Refused,
+                    &[(
+                        "detail",
+                        &format!("a blob is longer than the {max} bytes it may have (its declared size, or the store's caps); nothing of it was kept"),
+                    )],
+                ));
             }
             w.write(&buf[..n])
                 .map_err(|e| io_err("writing a blob", e))?;
         }
-        self.commit_blob(w, expected)
+        let len = w.len;
+        let digest = match expected {
+            Some(d) => d.to_owned(),
+            None => format!("sha256:{}", hex(&w.hash.clone().finalize())),
+        };
+        let p = self.commit_blob(w, &digest)?;
+        Ok((p, digest, len))
+    }
+
+    /// Read a stored blob whole, refused past `max` bytes (manifests, configs).
+    pub fn read_blob(&self, digest: &str, max: u64) -> Result<Vec<u8>, AbxError> {
+        let p = self
+            .blob_path(digest)
+            .ok_or_else(|| io_err("blob", format!("unsupported digest {digest:?}")))?;
+        let f = std::fs::File::open(&p).map_err(|e| io_err("blob", e))?;
+        read_capped(f, max).map_err(|e| io_err("blob", e))
     }
 
     fn image_dir(&self, digest: &str) -> Option<PathBuf> {
@@ -439,11 +473,11 @@ impl Store {
             unpack::Root::open(&tmp.join("rootfs"), self.owner).map_err(|e| io_err("rootfs", e))?;
         let mut budget = self.limits.budget();
         for l in &img.layers {
-            let p = self
+            let f = self
                 .blob_path(l)
-                .filter(|p| p.is_file())
+                .and_then(|p| std::fs::File::open(p).ok())
                 .ok_or_else(|| io_err("layer", format!("{l} is not stored")))?;
-            let r = unpack::layer_reader(&p).map_err(|e| io_err("layer", e))?;
+            let r = layer_reader(f).map_err(|e| io_err("layer", e))?;
             root.apply(r, &mut budget).map_err(|e| {
                 if unpack::is_over_budget(&e) {
                     too_big(&img.name, &self.limits)
@@ -656,18 +690,32 @@ impl Store {
     }
 
     /// Save a sandbox's upper layer as a new template on its base image: the upper dir is
-    /// turned into an OCI layer (overlay whiteouts become `.wh.` entries), stored as a
-    /// blob, and the new image's rootfs is the base's (hard-link clone) with it applied.
-    pub fn build(&self, name: &str, base: &Image, upper: &Path) -> Result<Image, AbxError> {
+    /// turned into an OCI layer (overlay whiteouts become `.wh.` entries) through descriptors
+    /// only, while the processes of `pidns` (the sandbox's PID namespace, where they are not
+    /// frozen already) are stopped ([`build`]); stored as a blob; the new image's rootfs is
+    /// the base's (hard-link clone) with it applied.
+    pub fn build(
+        &self,
+        name: &str,
+        base: &Image,
+        upper: &Path,
+        pidns: Option<u64>,
+    ) -> Result<Image, AbxError> {
         let mut w = self.blob_writer()?;
-        let mut hw = HashWriter(&mut w);
         {
+            let _stopped = pidns.map(|ns| build::stop_processes(ns, build::STOP_WAIT));
+            let mut hw = HashWriter(&mut w);
             let mut b = tar::Builder::new(&mut hw);
-            b.follow_symlinks(false);
-            layer_from_upper(&mut b, upper, Path::new(""))
-                .map_err(|e| io_err("saving the sandbox's layer", e))?;
-            b.finish()
-                .map_err(|e| io_err("saving the sandbox's layer", e))?;
+            let saved = build::write_layer(&mut b, upper, &mut self.limits.budget())
+                .and_then(|()| b.finish());
+            if let Err(e) = saved {
+                return Err(if unpack::is_over_budget(&e) {
+                    too_big(name, &self.limits)
+                } else {
+                    io_err("saving the sandbox's layer", e)
+                });
+            }
+            // The processes go on as soon as the layer is read.
         }
         let digest = format!("sha256:{}", hex(&w.hash.clone().finalize()));
         let size = w.len;
@@ -704,7 +752,8 @@ impl Store {
         let root =
             unpack::Root::open(&tmp.join("rootfs"), self.owner).map_err(|e| io_err("rootfs", e))?;
         if let Err(e) = root.apply(
-            unpack::layer_reader(&path).map_err(|e| io_err("layer", e))?,
+            layer_reader(std::fs::File::open(&path).map_err(|e| io_err("layer", e))?)
+                .map_err(|e| io_err("layer", e))?,
             &mut self.limits.budget(),
         ) {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -739,84 +788,62 @@ impl std::io::Write for HashWriter<'_> {
     }
 }
 
-/// The mount points the sandbox's init makes in an image root: not part of a saved layer
-/// when they are empty.
-const MOUNT_POINTS: &[&str] = &["workspace", "tmp", "dev", "proc"];
-
-/// Append the overlay upper dir `dir` (at `rel`) to a layer: a 0:0 character device is a
-/// whiteout, `user.overlay.opaque` (or `trusted.`) marks an opaque directory.
-fn layer_from_upper<W: std::io::Write>(
-    b: &mut tar::Builder<W>,
-    dir: &Path,
-    rel: &Path,
-) -> std::io::Result<()> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mut entries: Vec<_> = std::fs::read_dir(dir.join(rel))?.flatten().collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let name = e.file_name();
-        let r = rel.join(&name);
-        let m = std::fs::symlink_metadata(e.path())?;
-        let ft = m.file_type();
-        if rel.as_os_str().is_empty()
-            && ft.is_dir()
-            && MOUNT_POINTS.iter().any(|p| name == *p)
-            && std::fs::read_dir(e.path())
-                .map(|mut d| d.next().is_none())
-                .unwrap_or(true)
-        {
-            continue;
-        }
-        let mut h = tar::Header::new_ustar();
-        h.set_mtime(m.mtime().max(0) as u64);
-        h.set_mode(m.mode() & 0o7777);
-        h.set_uid(0);
-        h.set_gid(0);
-        if ft.is_char_device() && m.rdev() == 0 {
-            let wh = rel.join(format!(".wh.{}", name.to_string_lossy()));
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_size(0);
-            b.append_data(&mut h, &wh, &[][..])?;
-        } else if ft.is_dir() {
-            h.set_entry_type(tar::EntryType::Directory);
-            h.set_size(0);
-            b.append_data(&mut h, &r, &[][..])?;
-            if is_opaque(&e.path()) {
-                let mut oh = tar::Header::new_ustar();
-                oh.set_entry_type(tar::EntryType::Regular);
-                oh.set_size(0);
-                oh.set_mode(0o644);
-                b.append_data(&mut oh, r.join(".wh..wh..opq"), &[][..])?;
-            }
-            layer_from_upper(b, dir, &r)?;
-        } else if ft.is_symlink() {
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            b.append_link(&mut h, &r, std::fs::read_link(e.path())?)?;
-        } else if ft.is_file() {
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_size(m.len());
-            b.append_data(&mut h, &r, std::fs::File::open(e.path())?)?;
-        }
-    }
-    Ok(())
+/// The compression of a layer, from its first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// A plain tar.
+    None,
+    /// gzip.
+    Gzip,
+    /// zstd.
+    Zstd,
 }
 
-fn is_opaque(p: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    [c"user.overlay.opaque", c"trusted.overlay.opaque"]
-        .iter()
-        .any(|name| {
-            let mut v = [0u8; 4];
-            // SAFETY: lgetxattr into a local buffer.
-            let n = unsafe {
-                libc::lgetxattr(c.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len())
-            };
-            n >= 1 && v[0] == b'y'
-        })
+impl Compression {
+    /// Sniff the magic bytes of a blob.
+    pub fn sniff(head: &[u8]) -> Compression {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Compression::Gzip
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Compression::Zstd
+        } else {
+            Compression::None
+        }
+    }
+}
+
+/// A reader of the tar stream inside a (possibly compressed) layer or archive, an open file
+/// (read from its start).
+pub fn layer_reader(mut f: std::fs::File) -> std::io::Result<Box<dyn std::io::Read>> {
+    use std::io::{Read, Seek};
+    let mut head = [0u8; 4];
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    f.rewind()?;
+    let r = std::io::BufReader::with_capacity(256 * 1024, f);
+    Ok(match Compression::sniff(&head[..n]) {
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
+        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(r)?),
+        Compression::None => Box::new(r),
+    })
+}
+
+/// Read `r` whole, refused past `max` bytes (before they are read).
+pub fn read_capped(r: impl std::io::Read, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut v = Vec::new();
+    r.take(max + 1).read_to_end(&mut v)?;
+    if v.len() as u64 > max {
+        return Err(std::io::Error::other(format!(
+            "longer than the {max} bytes read of such a file"
+        )));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

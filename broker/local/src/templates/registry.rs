@@ -314,6 +314,16 @@ pub async fn pull(
     if total > store.limits.max_bytes || manifest.layers.len() as u64 > store.limits.max_entries {
         return Err(super::too_big(reference, &store.limits));
     }
+    if manifest.config.size.max(0) as u64 > super::manifest::MAX_CONFIG {
+        return Err(unreachable(
+            reference,
+            format!(
+                "its config declares {} bytes, over the {} read of an image config",
+                manifest.config.size,
+                super::manifest::MAX_CONFIG
+            ),
+        ));
+    }
     let mut done = 0u64;
     progress(0, total, "manifest");
     let mut blobs = vec![manifest.config.clone()];
@@ -373,8 +383,7 @@ pub async fn pull(
             progress(done, total, &d.digest);
         }
     }
-    let cfg_path = store.blob_path(&manifest.config.digest).expect("digest");
-    let cfg_b = std::fs::read(cfg_path).map_err(|e| AbxError::internal(e.to_string()))?;
+    let cfg_b = store.read_blob(&manifest.config.digest, super::manifest::MAX_CONFIG)?;
     let config = ImageConfig::from_blob(&cfg_b).map_err(|e| unreachable(reference, e))?;
     let img = Image {
         name: reference.to_owned(),
@@ -422,16 +431,16 @@ async fn manifest_is_platform_of(
     else {
         return false;
     };
-    if got != index || super::sha256_digest(&raw) != index {
+    if got != index
+        || raw.len() as u64 > super::manifest::MAX_MANIFEST
+        || super::sha256_digest(&raw) != index
+    {
         return false;
     }
-    serde_json::from_slice::<serde_json::Value>(&raw)
+    super::manifest::manifest(&raw)
         .ok()
-        .and_then(|v| v.get("manifests").and_then(|m| m.as_array()).cloned())
-        .is_some_and(|m| {
-            m.iter()
-                .any(|e| e.get("digest").and_then(|d| d.as_str()) == Some(platform))
-        })
+        .and_then(|m| m.manifests)
+        .is_some_and(|m| m.0.iter().any(|e| e.digest == platform))
 }
 
 /// Where a blob being pulled goes; never more than `limit` bytes (its declared size).

@@ -1,4 +1,4 @@
-//! Installing a provider plugin (DESIGN §6): sources, pinning, confirmation, atomic install.
+//! Installing a provider plugin (docs/design.md#providers): sources, pinning, confirmation, atomic install.
 //!
 //! **Sources.**
 //! - A local directory (trust `local`): its files are *copied*, never referenced.
@@ -73,7 +73,7 @@ pub const MAX_DOWNLOAD: u64 = 256 << 20;
 pub const MAX_FETCH: usize = 512 << 20;
 const MAX_MANIFEST: u64 = 1 << 20;
 
-/// The params of `provider/install` (DESIGN §4; `replace` for updates): the API type.
+/// The params of `provider/install` (docs/design.md#api; `replace` for updates): the API type.
 pub type Request = abx_protocol::api::ProviderInstallParams;
 
 /// An installed (or, for a dry run, installable) provider.

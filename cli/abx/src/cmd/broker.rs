@@ -56,6 +56,7 @@ pub async fn status(cx: &Ctx) -> Result<u8, Failure> {
         ("Connections", s("connections")),
         ("Sandboxes", s("sandboxes")),
         ("Socket", s("socket")),
+        ("Data", s("dataDir")),
         ("Log", s("logFile")),
     ]);
     Ok(0)

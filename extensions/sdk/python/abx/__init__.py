@@ -9,13 +9,15 @@ Sync::
 
 asyncio: ``from abx import AsyncSandbox`` (or ``abx.aio``). Providers: ``abx.providers``.
 Errors: :class:`AbxError` and its subclasses (``abx.errors``). ``host="ssh://user@host"``
-(or ``ABX_HOST``) reaches a broker on another machine over ssh.
+(or ``ABX_HOST``) reaches a broker on another machine over ssh. Where the local daemon is:
+:func:`socket_path` (the socket tried first) and :func:`resolve_socket` (the live daemon's).
 """
 
 from typing import Any
 
 from . import errors, providers
 from ._conn import Connection, RequestTimeoutError, default_connection
+from ._transport import resolve_socket, socket_path
 from ._types import ExecExit, ExecOutput, ExecResult, FileChange, Record, SandboxInfo, SandboxList
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
@@ -37,5 +39,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Sandbox", "AsyncSandbox", "Connection", "AsyncConnection", "default_connection", "ExecStream", "Watch",
     "Files", "Processes", "Ports", "ExecResult", "ExecOutput", "ExecExit", "FileChange", "Record", "SandboxInfo",
-    "SandboxList", "RequestTimeoutError", "aio", "errors", "providers", *_errors_all,
+    "SandboxList", "RequestTimeoutError", "aio", "errors", "providers", "socket_path", "resolve_socket",
+    *_errors_all,
 ]

@@ -1,4 +1,4 @@
-"""The synchronous connection: newline-delimited JSON-RPC 2.0 (DESIGN §3) over the broker's
+"""The synchronous connection: newline-delimited JSON-RPC 2.0 (docs/design.md#wire) over the broker's
 socket or an ssh child's stdio, safe to share between threads.
 
 No reader thread: whichever thread waits for something (a reply, a stream event) reads the

@@ -61,19 +61,14 @@ class AsyncConnection:
             c._reader, c._writer = c._proc.stdout, c._proc.stdin
             c._tasks.append(asyncio.ensure_future(c._drain_stderr()))
         else:
-            path = _transport.socket_path()
+            # Found as the CLI finds it (the runtime socket, else the one the data dir's record
+            # names), started through `abx broker start` when none answers: blocking, so off the loop.
+            sock = await asyncio.get_running_loop().run_in_executor(None, _transport.connect_socket, start)
             try:
-                c._reader, c._writer = await asyncio.open_unix_connection(path, limit=_LIMIT)
-            except OSError:
-                if not start:
-                    raise make_error("E1007", f"The abx broker is not reachable: {path}: not running",
-                                     "Run 'abx broker start'.") from None
-                await asyncio.get_running_loop().run_in_executor(None, _transport.start_daemon)
-                try:
-                    c._reader, c._writer = await asyncio.open_unix_connection(path, limit=_LIMIT)
-                except OSError as e:
-                    raise make_error("E1007", f"The abx broker is not reachable: {path}: {e}",
-                                     "Run 'abx broker start' and see its log.") from None
+                c._reader, c._writer = await asyncio.open_unix_connection(sock=sock, limit=_LIMIT)
+            except BaseException:
+                sock.close()
+                raise
         c._task = asyncio.ensure_future(c._read_loop())
         if c.host is not None:
             await c.call("broker/ping")

@@ -1,4 +1,4 @@
-"""Exceptions: one class per E-code family of the broker (DESIGN §14), and named classes for
+"""Exceptions: one class per E-code family of the broker (docs/design.md#errors), and named classes for
 the codes callers branch on.
 
 Every exception carries ``code`` (``"E2009"``), ``number`` (2009), ``message``, ``suggestion``

@@ -70,7 +70,11 @@ export interface BrokerOptions {
   sshPath?: string;
   /** Extra ssh arguments, before the host (`-F`, `-i`, `-o ...`). */
   sshOptions?: string[];
-  /** The daemon's socket (mode `socket`). Default: as the CLI finds it (ABX_HOME, XDG_RUNTIME_DIR). */
+  /**
+   * The daemon's socket (mode `socket`), used exactly as given. Default: the live daemon of the
+   * data dir of `env`, found as the CLI finds it (`resolveSocket`: the runtime dir's socket,
+   * else the one the data dir's `broker.lock` records).
+   */
   socket?: string;
   /** Mode `socket`: start the daemon when none answers (default true). */
   autoStart?: boolean;

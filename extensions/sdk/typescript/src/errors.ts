@@ -1,4 +1,4 @@
-//! Broker errors as exceptions: one class per E-code family of DESIGN §14 (and a few named
+//! Broker errors as exceptions: one class per E-code family of docs/design.md#errors (and a few named
 //! codes), each carrying the E-code (`abx`), the message and the suggestion. The wire form is
 //! `error.data = {abx: "E2009", suggestion: "..."}` (docs/broker-api.md "Errors").
 
@@ -82,7 +82,7 @@ export class AbxError extends Error {
   }
 }
 
-// ---- families (DESIGN §14)
+// ---- families (docs/design.md#errors)
 
 /** E1xxx: wire and usage (invalid params, message too large, broker unreachable, version mismatch). */
 export class ProtocolError extends AbxError {}

@@ -1,9 +1,11 @@
-//! How the SDK reaches a broker: the per-user daemon's Unix socket (found as the CLI finds
-//! it, the daemon started through `abx broker start` when none answers), a spawned `abx rpc`
+//! How the SDK reaches a broker: the daemon's Unix socket (found as the CLI finds it: the
+//! runtime dir's socket, else the one the data dir's `broker.lock` records; the daemon started
+//! through `abx broker start` when none answers), a spawned `abx rpc`
 //! or `abx broker --stdio`, or `ssh [-p PORT] [user@]host -- abx rpc` for a broker on another
 //! machine (`host` / ABX_HOST, like DOCKER_HOST=ssh://).
 
 import { ChildProcess, execFile, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -81,20 +83,264 @@ export function sshArgs(t: SshTarget, remoteBin: string, extra: string[] = []): 
   return args;
 }
 
-/** The daemon's socket, as the CLI resolves it (broker/home/src/paths.rs). */
-export function socketPath(env: NodeJS.ProcessEnv = process.env): string {
-  if (env.ABX_HOME) return path.join(env.ABX_HOME, 'run', 'broker.sock');
-  const xdg = env.XDG_RUNTIME_DIR;
-  if (xdg) {
+/** Where the daemon of a context's data dir lives (broker/home/src/paths.rs `Paths::from_env`). */
+export interface BrokerPaths {
+  /**
+   * `$ABX_HOME/run`; else `$XDG_RUNTIME_DIR/abx` when that variable is set, non-empty and a
+   * directory; else `$TMPDIR/abx-<euid>/<dataKey(dataDir)>` (TMPDIR as Rust's
+   * `std::env::temp_dir` takes it: `/tmp` when unset).
+   */
+  runtimeDir: string;
+  /** `$ABX_HOME/data`; else `${XDG_DATA_HOME:-$HOME/.local/share}/abx`. */
+  dataDir: string;
+  /** The runtime dir's `broker.sock`: the socket tried first. */
+  socket: string;
+  /** The runtime dir's `broker.lock`: the record of the daemon listening beside it. */
+  runtimeLock: string;
+  /** The data dir's `broker.lock`: the record of the daemon serving the data dir. */
+  dataLock: string;
+}
+
+/**
+ * Rust's `PathBuf::join`: no normalization (unlike `path.join`), since the fallback key hashes
+ * the data dir's path as the daemon computes it.
+ */
+function joinPath(base: string, ...parts: string[]): string {
+  let out = base;
+  for (const p of parts) {
+    if (p.startsWith('/')) out = p;
+    else if (out === '' || out.endsWith('/')) out += p;
+    else out += `/${p}`;
+  }
+  return out;
+}
+
+function euid(): number {
+  return typeof process.geteuid === 'function' ? process.geteuid() : os.userInfo().uid;
+}
+
+/**
+ * The key of a data dir in the temp-dir fallback: the first 16 hex digits of the SHA-256 of its
+ * path as given, not resolved (`printf %s PATH | sha256sum | cut -c1-16`).
+ */
+export function dataKey(dataDir: string): string {
+  return createHash('sha256').update(dataDir, 'utf8').digest('hex').slice(0, 16);
+}
+
+/** The runtime and data dirs of an environment, as the CLI resolves them (see {@link BrokerPaths}). */
+export function brokerPaths(env: NodeJS.ProcessEnv = process.env): BrokerPaths {
+  const v = (k: string) => env[k] || undefined;
+  let runtimeDir: string;
+  let dataDir: string;
+  const home = v('ABX_HOME');
+  if (home) {
+    runtimeDir = joinPath(home, 'run');
+    dataDir = joinPath(home, 'data');
+  } else {
+    dataDir = joinPath(v('XDG_DATA_HOME') ?? joinPath(v('HOME') ?? '/', '.local/share'), 'abx');
+    const xdg = v('XDG_RUNTIME_DIR');
+    let isDir = false;
     try {
-      if (fs.statSync(xdg).isDirectory()) return path.join(xdg, 'abx', 'broker.sock');
+      isDir = !!xdg && fs.statSync(xdg).isDirectory();
     } catch {
       /* not there: the temp dir */
     }
+    // std::env::temp_dir: TMPDIR as set (even empty), else /tmp.
+    runtimeDir = isDir ? joinPath(xdg!, 'abx') : joinPath(env.TMPDIR ?? '/tmp', `abx-${euid()}`, dataKey(dataDir));
   }
-  const tmp = env.TMPDIR || '/tmp';
-  const uid = typeof process.geteuid === 'function' ? process.geteuid() : os.userInfo().uid;
-  return path.join(tmp, `abx-${uid}`, 'broker.sock');
+  return {
+    runtimeDir,
+    dataDir,
+    socket: joinPath(runtimeDir, 'broker.sock'),
+    runtimeLock: joinPath(runtimeDir, 'broker.lock'),
+    dataLock: joinPath(dataDir, 'broker.lock'),
+  };
+}
+
+/**
+ * The socket tried first: `broker.sock` in the runtime dir of {@link brokerPaths}
+ * (`$ABX_HOME/run`, else `$XDG_RUNTIME_DIR/abx`, else `$TMPDIR/abx-<uid>/<key>`). The daemon may
+ * listen elsewhere (started from a context with another runtime dir): see {@link resolveSocket}.
+ */
+export function socketPath(env: NodeJS.ProcessEnv = process.env): string {
+  return brokerPaths(env).socket;
+}
+
+/**
+ * A daemon's `broker.lock` (broker/home/src/lock.rs `Record`): pid, version, socket and data dir
+ * lines, complete lines only (an older daemon wrote fewer).
+ */
+interface LockRecord {
+  pid: number;
+  version?: string;
+  socket?: string;
+  dataDir?: string;
+}
+
+const UTF8 = new TextDecoder('utf-8', { fatal: true });
+
+/** Rust's `str::trim().parse::<u32>()` of bytes. */
+function u32(b: Uint8Array): number | undefined {
+  let s: string;
+  try {
+    s = UTF8.decode(b).trim();
+  } catch {
+    return undefined;
+  }
+  const m = /^\+?([0-9]+)$/.exec(s);
+  if (!m) return undefined;
+  const n = Number(m[1]);
+  return n < 2 ** 32 ? n : undefined;
+}
+
+function readRecord(file: string): LockRecord | undefined {
+  let buf: Buffer;
+  try {
+    const fd = fs.openSync(file, 'r');
+    try {
+      const all = Buffer.alloc(16 << 10);
+      let n = 0;
+      for (;;) {
+        const k = fs.readSync(fd, all, n, all.length - n, null);
+        if (k <= 0) break;
+        n += k;
+        if (n === all.length) break;
+      }
+      buf = all.subarray(0, n);
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch {
+    return undefined;
+  }
+  const lines: Buffer[] = [];
+  let at = 0;
+  for (;;) {
+    const nl = buf.indexOf(0x0a, at);
+    if (nl < 0 || nl === at) break; // the rest is not a complete line, or an empty line ends it
+    lines.push(buf.subarray(at, nl));
+    at = nl + 1;
+  }
+  let pid = lines[0] ? u32(lines[0]) : undefined;
+  if (pid === undefined && !buf.includes(0x0a)) pid = u32(buf); // an older daemon's pid-only file
+  if (pid === undefined) return undefined;
+  let version: string | undefined;
+  try {
+    version = lines[1] ? UTF8.decode(lines[1]) : undefined;
+  } catch {
+    version = undefined;
+  }
+  return { pid, version, socket: lines[2]?.toString('utf8'), dataDir: lines[3]?.toString('utf8') };
+}
+
+/**
+ * Rust's `Path::components` on Unix (what `Path` equality compares): repeated and trailing
+ * separators and inner `.` do not count.
+ */
+function components(p: string): string[] {
+  const absolute = p.startsWith('/');
+  const out = absolute ? ['/'] : [];
+  p.split('/').forEach((c, i) => {
+    if (!c || (c === '.' && (i > 0 || absolute))) return;
+    out.push(c);
+  });
+  return out;
+}
+
+function samePath(a: string, b: string): boolean {
+  const x = components(a);
+  const y = components(b);
+  return x.length === y.length && x.every((c, i) => c === y[i]);
+}
+
+/** A record without a data dir (an older daemon) is taken as serving any, as the CLI does. */
+function serves(r: LockRecord, dataDir: string): boolean {
+  return r.dataDir === undefined || samePath(r.dataDir, dataDir);
+}
+
+/** `p` itself (not a symlink's target) is a socket / a directory of this euid. */
+function mine(p: string, kind: 'socket' | 'dir'): boolean {
+  try {
+    const st = fs.lstatSync(p);
+    return st.uid === euid() && (kind === 'socket' ? st.isSocket() : st.isDirectory());
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The socket the data dir's record names (a daemon started from another context), when it is
+ * absolute and not the runtime socket, the `broker.lock` beside it names exactly this data dir,
+ * and the socket and its directory belong to this euid (cli/client/src/client.rs
+ * `recorded_elsewhere`).
+ */
+function recordedElsewhere(p: BrokerPaths): string | undefined {
+  const sock = readRecord(p.dataLock)?.socket;
+  if (sock === undefined || !sock.startsWith('/') || samePath(sock, p.socket)) return undefined;
+  const comps = components(sock);
+  if (comps.length < 2) return undefined;
+  const parent = `/${comps.slice(1, -1).join('/')}`;
+  const beside = readRecord(joinPath(parent, 'broker.lock'));
+  if (beside?.dataDir === undefined || !samePath(beside.dataDir, p.dataDir)) return undefined;
+  return mine(sock, 'socket') && mine(parent, 'dir') ? sock : undefined;
+}
+
+/**
+ * Connects to `file` when it is a socket of this euid (Node has no peer credentials: the owner
+ * of a socket file is whoever bound it, so this stands in for the CLI's check that the daemon
+ * runs as this user).
+ */
+async function connectChecked(file: string): Promise<net.Socket> {
+  const st = fs.lstatSync(file);
+  if (st.uid !== euid()) {
+    throw Object.assign(new Error(`${file} is served by another user (uid ${st.uid}), not uid ${euid()}`), { code: 'EACCES' });
+  }
+  return connectSocket(file);
+}
+
+/**
+ * A connection to the live daemon that serves `p.dataDir`, without starting one
+ * (cli/client/src/client.rs `connect_raw`): the runtime socket unless the record beside it
+ * names another data dir, else the socket recorded in the data dir. Rejects when none answers.
+ */
+async function connectResolved(p: BrokerPaths): Promise<{ socket: net.Socket; file: string }> {
+  const r = readRecord(p.runtimeLock);
+  let first: Error;
+  if (r && !serves(r, p.dataDir)) {
+    first = Object.assign(new Error(`the daemon on ${p.socket} serves another data dir`), { code: 'ENOENT' });
+  } else {
+    try {
+      return { socket: await connectChecked(p.socket), file: p.socket };
+    } catch (e) {
+      first = e as Error;
+    }
+  }
+  const other = recordedElsewhere(p);
+  if (other === undefined) throw first;
+  return { socket: await connectChecked(other), file: other };
+}
+
+/**
+ * The socket of the live daemon that serves the data dir of `env`, found as the CLI finds it
+ * (cli/client/src/client.rs `connect_raw`), so that a process without XDG_RUNTIME_DIR (cron,
+ * ssh, an MCP host passing only HOME) reaches the daemon a shell with it started, and the
+ * reverse:
+ *
+ * 1. {@link socketPath}, unless the `broker.lock` beside it names another data dir;
+ * 2. else the socket named in the data dir's `broker.lock`, if it is absolute, the `broker.lock`
+ *    beside it names exactly this data dir, and the socket and its directory belong to this user.
+ *
+ * Undefined when no such daemon answers (nothing is started: mode `socket` of
+ * `BrokerClient.connect` starts one).
+ */
+export async function resolveSocket(env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
+  try {
+    const { socket, file } = await connectResolved(brokerPaths(env));
+    socket.destroy();
+    return file;
+  } catch {
+    return undefined;
+  }
 }
 
 function connectSocket(file: string): Promise<net.Socket> {
@@ -121,30 +367,14 @@ function run(file: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs: nu
   });
 }
 
-/**
- * The daemon's socket; when nothing answers there, `abx broker start` (which waits until
- * the daemon listens) and once more.
- */
-export async function openSocket(opts: { socket?: string; abxPath: string; env: NodeJS.ProcessEnv; autoStart?: boolean }): Promise<Link> {
-  const file = opts.socket ?? socketPath(opts.env);
-  const link = (s: net.Socket): Link => ({ input: s, output: s, socket: s, label: file });
+async function startDaemon(abxPath: string, env: NodeJS.ProcessEnv): Promise<void> {
   try {
-    return link(await connectSocket(file));
-  } catch (first) {
-    const code = (first as NodeJS.ErrnoException).code;
-    if (opts.autoStart === false || !(code === 'ENOENT' || code === 'ECONNREFUSED')) {
-      throw new BrokerUnreachableError('E1007', `The abx broker is not reachable: ${file}: ${(first as Error).message}`, {
-        suggestion: "Start it with 'abx broker start' (or let the SDK start it: autoStart), and check ABX_HOME.",
-      });
-    }
-  }
-  try {
-    await run(opts.abxPath, ['broker', 'start'], opts.env, 60_000);
+    await run(abxPath, ['broker', 'start'], env, 60_000);
   } catch (e) {
     const err = e as NodeJS.ErrnoException & { stderr?: string };
     const detail =
       err.code === 'ENOENT'
-        ? `the abx binary '${opts.abxPath}' was not found`
+        ? `the abx binary '${abxPath}' was not found`
         : (err.stderr || err.message || String(e)).trim().split('\n').slice(-3).join(' ');
     throw new BrokerUnreachableError('E1007', `The abx broker is not reachable: could not start it: ${detail}`, {
       suggestion:
@@ -153,12 +383,60 @@ export async function openSocket(opts: { socket?: string; abxPath: string; env: 
           : "Run 'abx broker start' in a shell to see why, and check its log (abx broker status).",
     });
   }
+}
+
+/**
+ * The daemon's socket: `opts.socket` exactly when given, else the live daemon of the data dir
+ * of `opts.env`, found as {@link resolveSocket} finds it. When none answers, `abx broker start`
+ * (which waits until the daemon listens; `autoStart: false`: E1007 instead) and once more.
+ */
+export async function openSocket(opts: { socket?: string; abxPath: string; env: NodeJS.ProcessEnv; autoStart?: boolean }): Promise<Link> {
+  const link = (s: net.Socket, file: string): Link => ({ input: s, output: s, socket: s, label: file });
+  if (opts.socket) {
+    const file = opts.socket;
+    try {
+      return link(await connectSocket(file), file);
+    } catch (first) {
+      const code = (first as NodeJS.ErrnoException).code;
+      if (opts.autoStart === false || !(code === 'ENOENT' || code === 'ECONNREFUSED')) {
+        throw new BrokerUnreachableError('E1007', `The abx broker is not reachable: ${file}: ${(first as Error).message}`, {
+          suggestion: "Start it with 'abx broker start' (or let the SDK start it: autoStart), and check ABX_HOME.",
+        });
+      }
+    }
+    await startDaemon(opts.abxPath, opts.env);
+    try {
+      return link(await connectSocket(file), file);
+    } catch (e) {
+      throw new BrokerUnreachableError('E1007', `The abx broker is not reachable: ${file}: ${(e as Error).message}`, {
+        suggestion: "Run 'abx broker status' and check ABX_HOME / XDG_RUNTIME_DIR.",
+      });
+    }
+  }
+  let p = brokerPaths(opts.env);
   try {
-    return link(await connectSocket(file));
+    const c = await connectResolved(p);
+    return link(c.socket, c.file);
+  } catch (first) {
+    if (opts.autoStart === false) {
+      throw new BrokerUnreachableError(
+        'E1007',
+        `The abx broker is not reachable: no daemon serving ${p.dataDir} answers (${p.socket}: ${(first as Error).message})`,
+        { suggestion: "Start it with 'abx broker start' (or let the SDK start it: autoStart), and check ABX_HOME." },
+      );
+    }
+  }
+  await startDaemon(opts.abxPath, opts.env);
+  p = brokerPaths(opts.env);
+  try {
+    const c = await connectResolved(p);
+    return link(c.socket, c.file);
   } catch (e) {
-    throw new BrokerUnreachableError('E1007', `The abx broker is not reachable: ${file}: ${(e as Error).message}`, {
-      suggestion: "Run 'abx broker status' and check ABX_HOME / XDG_RUNTIME_DIR.",
-    });
+    throw new BrokerUnreachableError(
+      'E1007',
+      `The abx broker is not reachable: started, but no daemon serving ${p.dataDir} answers (${p.socket}: ${(e as Error).message})`,
+      { suggestion: "Run 'abx broker status' in the same environment and check ABX_HOME / XDG_RUNTIME_DIR." },
+    );
   }
 }
 
