@@ -11,7 +11,7 @@
 //! | `decode` | `message::decode`, the request decoder every client frame goes through |
 //! | `manifest` | `manifest::parse` of an `abx-provider.toml` |
 //! | `epp_reply` | what the plugin host does with a plugin's stdout: `abx_protocol::epp` (the host's own line classification and handshake checks) over the host's codec |
-//! | `epp_notification` | the plugin host's handling of one notification line, large ones included (a `@` in the input becomes an array of up to 400,000 zeros): `epp::classify` and `epp::classify_owned` (in place) agree, nothing is built as a tree, a forwarded body keeps its params, a `sandboxInfo` is tagged as a map would be |
+//! | `epp_notification` | the plugin host's handling of one notification line, large ones included (a `@` in the input becomes an array of up to 150,000 zeros): `epp::classify` and `epp::classify_owned` (in place) agree, nothing is built as a tree, a forwarded body keeps its params, a `sandboxInfo` is tagged as a map would be |
 //! | `code_frame` | what the daemon does with a code driver's stdout (`broker/local/src/code/frame.rs`, compiled here as [`code_frame_impl`]): the splitter, the frame envelope, the `code/output` body, the tree-cost estimate |
 //! | `layer` | an image layer or archive tar stream through the daemon's reader and unpacker (`broker/local/src/templates/`, compiled here in [`images`]), applied into a temp root |
 //! | `image_json` | the JSON of images (OCI index and manifest, image config, `docker save` manifest) through the daemon's typed, capped parsers ([`images`]) |
@@ -478,7 +478,9 @@ pub fn epp_reply(data: &[u8]) {
                     Ok(Message::Response(_))
                 ));
             }
-            PluginLine::SandboxChanged { sandbox, change, .. } => {
+            PluginLine::SandboxChanged {
+                sandbox, change, ..
+            } => {
                 // Only checked reports pass: an id the broker can name, a known change.
                 assert!(!sandbox.is_empty() && !sandbox.contains(':'));
                 assert!(epp::SANDBOX_CHANGES.contains(&change.as_str()));
@@ -493,7 +495,7 @@ pub fn epp_reply(data: &[u8]) {
 /// `broker/plugins/src/host.rs`: `epp::classify` of a short line, `epp::classify_owned` of a
 /// long one). The first byte picks how the rest becomes a line: as it is, or as the params of
 /// a notification whose method it picks; every `@` in the input is replaced by a JSON array of
-/// zeros whose length it picks too (up to 400,000: lines of megabytes from small seeds).
+/// zeros whose length it picks too (up to 150,000: lines of hundreds of kilobytes from small seeds).
 /// Checks: no panic; the borrowed and the in-place readings agree; a stream notification is
 /// passed on as a valid notification of the same method with its params as they came, or
 /// dropped when larger than a stream takes; a log message is redacted and cut to its bound; a
@@ -504,8 +506,8 @@ pub fn epp_notification(data: &[u8]) {
         return;
     };
     let zeros: usize = match sel >> 5 {
-        7 => 400_000,
-        5 | 6 => 20_000,
+        7 => 150_000,
+        5 | 6 => 10_000,
         3 | 4 => 1000,
         1 | 2 => 3,
         _ => 0,
@@ -561,7 +563,11 @@ pub fn epp_notification(data: &[u8]) {
                 body: b2,
             },
         ) => {
-            assert_eq!((key, end, body), (k2, e2, b2), "in place and borrowed differ");
+            assert_eq!(
+                (key, end, body),
+                (k2, e2, b2),
+                "in place and borrowed differ"
+            );
             match message::decode_one(body) {
                 Ok(Message::Notification(n)) => {
                     assert_eq!(
@@ -588,7 +594,11 @@ pub fn epp_notification(data: &[u8]) {
             assert_eq!((level, message), (l2, m2));
             assert!(!message.contains("s3cret"), "a secret reached a log");
             assert!(level.len() <= 64);
-            assert!(message.len() <= epp::LOG_MESSAGE_MAX + 32, "{}", message.len());
+            assert!(
+                message.len() <= epp::LOG_MESSAGE_MAX + 32,
+                "{}",
+                message.len()
+            );
         }
         (
             PluginLine::SandboxChanged {
@@ -636,7 +646,11 @@ pub fn epp_notification(data: &[u8]) {
     if let Some(p) = params {
         if let Ok(cost) = message::value_cost(p.get()) {
             let strings: usize = p.get().matches('"').count() / 2;
-            assert!(cost + 2 * strings + 64 >= p.get().len() / 4, "cost {cost} of {}", p.get().len());
+            assert!(
+                cost + 2 * strings + 64 >= p.get().len() / 4,
+                "cost {cost} of {}",
+                p.get().len()
+            );
         }
     }
 }

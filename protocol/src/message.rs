@@ -221,7 +221,7 @@ fn parse_error(e: &serde_json::Error) -> Invalid {
 
 /// Decode a single message (not a batch).
 pub fn decode_one(raw: &[u8]) -> Result<Message, Invalid> {
-    parse_one(raw).map(|p| p.into_message(|params| params.to_owned()))
+    parse_one(raw, |params| params.to_owned())
 }
 
 /// Params at least this long are cut out of an owned frame in place ([`decode_owned`]), not
@@ -239,16 +239,14 @@ pub fn decode_owned(frame: Vec<u8>, max_batch: usize) -> Result<Incoming, usize>
     }
     let base = frame.as_ptr() as usize;
     let mut at = None;
-    let msg = parse_one(&frame).map(|p| {
-        p.into_message(|params| {
-            let text = params.get();
-            if text.len() < IN_PLACE {
-                return params.to_owned();
-            }
-            at = Some((text.as_ptr() as usize - base, text.len()));
-            // A placeholder, replaced below once the frame is no longer borrowed.
-            RawValue::from_string("null".to_owned()).expect("valid JSON")
-        })
+    let msg = parse_one(&frame, |params| {
+        let text = params.get();
+        if text.len() < IN_PLACE {
+            return params.to_owned();
+        }
+        at = Some((text.as_ptr() as usize - base, text.len()));
+        // A placeholder, replaced below once the frame is no longer borrowed.
+        RawValue::from_string("null".to_owned()).expect("valid JSON")
     });
     let mut msg = match msg {
         Ok(m) => m,
@@ -286,39 +284,13 @@ pub fn raw_in_place(buf: Vec<u8>, start: usize, len: usize) -> Option<Box<RawVal
     RawValue::from_string(text).ok()
 }
 
-/// One message as read from its frame, its params still borrowed.
-enum Parsed<'a> {
-    Call {
-        id: Option<Id>,
-        method: String,
-        params: Option<&'a RawValue>,
-    },
-    Response {
-        id: Option<Id>,
-        outcome: Result<&'a RawValue, RpcError>,
-    },
-}
-
-impl<'a> Parsed<'a> {
-    /// The message, its params (or result) made owned by `own`.
-    fn into_message(self, own: impl FnOnce(&'a RawValue) -> Box<RawValue>) -> Message {
-        match self {
-            Parsed::Call { id, method, params } => {
-                let params = params.map(own);
-                match id {
-                    Some(id) => Message::Request(Request { id, method, params }),
-                    None => Message::Notification(Notification { method, params }),
-                }
-            }
-            Parsed::Response { id, outcome } => Message::Response(Response {
-                id,
-                outcome: outcome.map(own),
-            }),
-        }
-    }
-}
-
-fn parse_one(raw: &[u8]) -> Result<Parsed<'_>, Invalid> {
+/// One message read from its frame, its params (or result) made owned by `own` (a copy, or
+/// the frame's own buffer: [`decode_owned`]).
+#[inline]
+fn parse_one<'a>(
+    raw: &'a [u8],
+    own: impl FnOnce(&'a RawValue) -> Box<RawValue>,
+) -> Result<Message, Invalid> {
     if first_byte(raw) != Some(b'{') {
         // Valid JSON that is not an object is an invalid request; anything else a parse error.
         return match serde_json::from_slice::<serde::de::IgnoredAny>(raw) {
@@ -383,15 +355,22 @@ fn parse_one(raw: &[u8]) -> Result<Parsed<'_>, Invalid> {
                 "a request id must be an integer or a string, not null",
             ));
         }
-        return Ok(Parsed::Call { id, method, params });
+        let params = params.map(own);
+        return Ok(match id {
+            Some(id) => Message::Request(Request { id, method, params }),
+            None => Message::Notification(Notification { method, params }),
+        });
     }
     match (f.result, f.error) {
-        (Some(r), None) => Ok(Parsed::Response { id, outcome: Ok(r) }),
+        (Some(r), None) => Ok(Message::Response(Response {
+            id,
+            outcome: Ok(own(r)),
+        })),
         (None, Some(e)) => match serde_json::from_str::<RpcError>(e.get()) {
-            Ok(err) => Ok(Parsed::Response {
+            Ok(err) => Ok(Message::Response(Response {
                 id,
                 outcome: Err(err),
-            }),
+            })),
             Err(_) => Err(invalid(id, "error must be {code, message, data?}")),
         },
         (Some(_), Some(_)) => Err(invalid(id, "a response has result or error, not both")),

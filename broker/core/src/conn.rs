@@ -13,12 +13,12 @@
 //!   whole line at once (see [`Reader::count`]): two half-read messages never wait on each
 //!   other; a client that stops mid-message holds only what it was counted.
 //! - The requests being served hold their messages' bytes: small ones from the connection's
-//!   own [`INBOUND_ALLOWANCE`], larger ones in the budget (what was counted while they were
-//!   read, with [`HEADROOM`] for their reply), and against an inbound budget of the message
-//!   size limit per connection: past it the reader waits too. A large message is decoded in
-//!   place (its params are its own buffer, never a copy), and a request holding budget for
-//!   its message never waits for more of it: its reply's room comes from its headroom or
-//!   what is free, else it is answered E1013.
+//!   own [`INBOUND_ALLOWANCE`] (then the budget), larger ones in the budget (what was counted
+//!   while they were read, with [`HEADROOM`] for their reply), and against an inbound budget
+//!   of the message size limit per connection: past it the reader waits too. A large message
+//!   is decoded in place (its params are its own buffer, never a copy), and a request whose
+//!   message was read into the budget never waits for more of it: its reply's room comes from
+//!   its headroom or what is free, else it is answered E1013.
 //! - Replies and notifications go through the connection's outbound queue, bounded in bytes
 //!   ([`OUTBOUND_BUDGET`]). A client that stops reading fills only its own queue: its own
 //!   handlers wait, nobody else's. A request reserves its reply's bytes
@@ -354,7 +354,10 @@ where
         // Serving a burst: take its next frame only if it is read already; otherwise send
         // the burst's replies (Outbound::uncork) before waiting for more.
         let ready = if cork.is_corked() && corked_frames < MAX_CORKED_FRAMES {
-            frames.next().now_or_never()
+            match frames.buffered() {
+                Some(f) => Some(Some(f)),
+                None => frames.next().now_or_never(),
+            }
         } else {
             None
         };
@@ -504,6 +507,17 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         &self.buf
     }
 
+    /// The next frame if it is read already (no read, no wait): a pipelined burst's frames
+    /// come out without a future each.
+    #[inline]
+    fn buffered(&mut self) -> Option<std::io::Result<(Frame, Counted)>> {
+        match self.codec.decode(&mut self.buf) {
+            Ok(Some(f)) => Some(Ok(self.took(f))),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// The next frame, with what counts it (a message larger than [`READ_ALLOWANCE`]: its
     /// budget); `None` at the end.
     async fn next(&mut self) -> Option<std::io::Result<(Frame, Counted)>> {
@@ -567,9 +581,11 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 }
                 (whole, self.need(whole))
             }
-            // Nothing in progress holds the buffer: it is being emptied.
+            // Nothing in progress holds the buffer (the codec empties it as it discards or
+            // skips): a full buffer here would be a codec bug; read on rather than spin.
             Partial::Nothing => {
-                self.covers = self.buf.len();
+                debug_assert!(false, "a full read buffer with no message in progress");
+                self.covers = self.buf.len() + READ_ALLOWANCE;
                 return;
             }
         };
@@ -601,6 +617,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// A frame is out: it takes its budget (its bytes, a batch's copies, its reply's
     /// headroom) and the rest goes back; a large one gets its buffer to itself (the next
     /// bytes are moved to a fresh one), so it is decoded in place.
+    #[inline]
     fn took(&mut self, f: Frame) -> (Frame, Counted) {
         let held = self.held.take();
         self.covers = 0;

@@ -105,14 +105,23 @@ pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
     // The core's and the composition root's methods: small params, whose names are read
     // here once more (a method nobody serves is E1003 below, whatever its params). At most
     // MAX_MEMBERS names are read; params that are not an object are left to the typed parse.
+    let served =
+        METHODS.contains(&method) || cx.broker.methods.as_ref().is_some_and(|m| m.serves(method));
     if let Some(raw) = p {
-        let served = METHODS.contains(&method)
-            || cx.broker.methods.as_ref().is_some_and(|m| m.serves(method));
         if served && raw.get().trim_start().starts_with('{') {
             let obj = Members::parse(method, raw)?;
             check_members(&cx.broker, method, obj.names(), false)?;
         }
     }
+    // Their handlers read params into types that may hold maps of any values
+    // (`provider/configure`'s `values`): large params are costed as a tree first, and that
+    // cost counted while the handler runs (see `Members::plan`).
+    let _counted = match p {
+        Some(raw) if served && raw.get().len() > VALUE_SMALL => {
+            tree_counted(method, raw, &cx.broker.pool)?
+        }
+        _ => None,
+    };
     match method {
         methods::INITIALIZE => initialize(cx, params(method, p)?),
         methods::SHUTDOWN => reply(&()),
@@ -141,6 +150,43 @@ pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
             )),
         },
     }
+}
+
+/// Params up to this size are read by a handler without being costed first.
+const VALUE_SMALL: usize = 64 * 1024;
+
+/// The budget a tree of `raw` takes while a handler holds it: E1005 beyond an eighth of the
+/// budget, E1013 when the budget has no room for it now (see [`Members::plan`]).
+fn tree_counted(
+    method: &str,
+    raw: &RawValue,
+    pool: &crate::outbound::Pool,
+) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, AbxError> {
+    let cost = abx_protocol::message::value_cost(raw.get())
+        .map_err(|e| AbxError::invalid_params(method, e))?;
+    let limit = pool.cap() / 8;
+    if cost > limit {
+        let mut e = AbxError::new(ErrorCode::MessageTooLarge, &[]);
+        e.message = format!(
+            "Params too large to read: '{method}' would hold {cost} bytes of them (the limit is {limit})."
+        );
+        e.suggestion = "Send fewer or smaller values.".into();
+        return Err(e.with_data("limit", limit).with_data("size", cost));
+    }
+    if cost <= VALUE_SMALL {
+        return Ok(None);
+    }
+    pool.try_take_exact(cost).map(Some).ok_or_else(|| {
+        AbxError::new(
+            ErrorCode::Busy,
+            &[(
+                "detail",
+                &format!(
+                    "the memory budget has no room now for the {cost} bytes the params of '{method}' take; it was not run"
+                ),
+            )],
+        )
+    })
 }
 
 /// Refuse the members `method` does not take (E1004 naming them), by the names of its params

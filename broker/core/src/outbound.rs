@@ -401,17 +401,6 @@ impl Outbound {
                 Err(permit) => permit,
             },
         };
-        self.push_bytes(Bytes::from(body), permit, report.map(Report::Body))
-            .map_err(Vec::from)
-    }
-
-    /// [`Outbound::push`] of a body that may be shared (its bytes are never copied here).
-    fn push_bytes(
-        &self,
-        body: Bytes,
-        permit: Permits,
-        report: Option<Report>,
-    ) -> Result<(), Bytes> {
         let w = self.shared.writer.as_deref();
         // Held until this message is queued, so the burst's end cannot pass it.
         let mut burst = w
@@ -435,9 +424,10 @@ impl Outbound {
                 self.queue_burst(b);
             }
         }
+        let body = Bytes::from(body);
         let ack = report.map(|r| Ack {
             body: body.clone(),
-            report: Some(r),
+            report: Some(Report::Body(r)),
         });
         let q = Queued {
             body,
@@ -452,7 +442,37 @@ impl Outbound {
         if let Some(mut a) = q.ack.take() {
             a.report = None;
         }
-        Err(q.body)
+        Err(Vec::from(q.body))
+    }
+
+    /// Queue a body shared with other connections, tracked (never joining a burst: what a
+    /// burst gathered goes first). False when the connection is gone (`done` not called).
+    fn push_shared(&self, body: Bytes, permit: Permits, done: Done) -> bool {
+        let w = self.shared.writer.as_deref();
+        let mut burst = w
+            .filter(|w| w.is_corked())
+            .map(|w| w.burst.lock().expect("burst lock"));
+        if let Some(b) = burst.as_deref_mut() {
+            self.queue_burst(b);
+        }
+        let ack = Ack {
+            body: body.clone(),
+            report: Some(Report::Done(done)),
+        };
+        let q = Queued {
+            body,
+            framed: false,
+            _permit: permit,
+            ack: Some(ack),
+        };
+        let Some(mut q) = self.enqueue(q) else {
+            return true;
+        };
+        drop(burst);
+        if let Some(mut a) = q.ack.take() {
+            a.report = None;
+        }
+        false
     }
 
     /// Hand one message to the write task; given back when the connection is gone.
@@ -812,8 +832,7 @@ impl Outbound {
             own: None,
             pool: None,
         };
-        self.push_bytes(body, permits, Some(Report::Done(done)))
-            .is_ok()
+        self.push_shared(body, permits, done)
     }
 
     /// [`Outbound::reserve_with`] for a request that holds pool bytes already (its message,
