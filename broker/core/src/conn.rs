@@ -337,7 +337,7 @@ where
     });
     debug!(conn = conn_id, "connection opened");
 
-    let mut frames = Reader::new(reader, broker.max_message, broker.pool.clone());
+    let mut frames = Reader::new(reader, broker.max_message, broker.pool.clone(), hung_up);
     // Made once per connection: polling fresh cancellation futures for every frame costs a
     // mutex each (a quarter of the daemon's CPU in the pipelined benchmark).
     let shutdown = broker.shutdown.clone().cancelled_owned();
@@ -376,6 +376,10 @@ where
         };
         match next {
             None => break ConnEnd::Eof,
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionAborted => {
+                debug!(conn = conn_id, error = %e, "client gone");
+                break ConnEnd::Broken;
+            }
             Some(Err(e)) => {
                 conn.handle.uncork();
                 warn!(conn = conn_id, error = %e, "closing connection: framing lost");
@@ -438,7 +442,7 @@ where
     conn.handle.uncork();
     debug!(conn = conn_id, ?end, "connection reader done");
     match end {
-        ConnEnd::Eof if hung_up.as_ref().is_some_and(|gone| gone()) => {
+        ConnEnd::Eof if frames.hung_up.as_ref().is_some_and(|gone| gone()) => {
             debug!(conn = conn_id, "client gone: cancelling its requests");
             conn.cancel_all();
             conn.handle.closed_token().cancel();
@@ -483,10 +487,16 @@ struct Reader<R> {
     held: Option<OwnedSemaphorePermit>,
     covers: usize,
     eof: bool,
+    /// Tells whether the client hung up (checked while a message waits for room: it reads
+    /// nothing then, so it would not see its end).
+    hung_up: Option<HungUp>,
 }
 
+/// How often a message waiting for room checks whether its client is still there.
+const HANGUP_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl<R: AsyncRead + Unpin> Reader<R> {
-    fn new(io: R, max: usize, pool: crate::outbound::Pool) -> Self {
+    fn new(io: R, max: usize, pool: crate::outbound::Pool, hung_up: Option<HungUp>) -> Self {
         Reader {
             io,
             buf: BytesMut::with_capacity(READ_ALLOWANCE),
@@ -496,6 +506,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             held: None,
             covers: 0,
             eof: false,
+            hung_up,
         }
     }
 
@@ -540,7 +551,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 .max(self.covers)
                 .saturating_sub(self.buf.len());
             if room == 0 {
-                self.count().await;
+                if let Err(e) = self.count().await {
+                    return Some(Err(e));
+                }
                 continue;
             }
             let want = room.min(READ_ALLOWANCE);
@@ -563,7 +576,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// not, it waits for the rest of a whole line. Growing never takes that last room, so a
     /// line waiting (holding what it read) can always complete once what others hold (replies,
     /// messages being served) is given back: half-read messages never wait on each other.
-    async fn count(&mut self) {
+    async fn count(&mut self) -> std::io::Result<()> {
         let have = self.held.as_ref().map_or(0, |h| h.num_permits());
         let (covers, need) = match self.codec.partial() {
             Partial::Body(len) => (len, self.need(len)),
@@ -577,7 +590,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     drop(p.split(margin));
                     self.add(p);
                     self.covers = next;
-                    return;
+                    return Ok(());
                 }
                 (whole, self.need(whole))
             }
@@ -586,10 +599,29 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             Partial::Nothing => {
                 debug_assert!(false, "a full read buffer with no message in progress");
                 self.covers = self.buf.len() + READ_ALLOWANCE;
-                return;
+                return Ok(());
             }
         };
-        let more = self.pool.take(need.saturating_sub(have)).await;
+        // Waiting for room, nothing is read: a client that hung up meanwhile is noticed by
+        // asking its socket, and its half-read message (and what it holds) let go.
+        let pool = self.pool.clone();
+        let take = pool.take(need.saturating_sub(have));
+        tokio::pin!(take);
+        let more = loop {
+            tokio::select! {
+                biased;
+                p = &mut take => break p,
+                _ = tokio::time::sleep(HANGUP_CHECK), if self.hung_up.is_some() => {
+                    if self.hung_up.as_ref().is_some_and(|gone| gone()) {
+                        self.held = None;
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "the client hung up with a message waiting for room",
+                        ));
+                    }
+                }
+            }
+        };
         self.add(more);
         self.covers = covers;
         if let Partial::Body(len) = self.codec.partial() {
@@ -599,6 +631,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 self.buf = exact;
             }
         }
+        Ok(())
     }
 
     /// The budget a message of `covers` bytes holds while it is read: its bytes, a batch's
@@ -1322,7 +1355,7 @@ mod tests {
     async fn a_declared_body_is_counted_whole_before_it_is_read() {
         let pool = Pool::new(16 * MIB);
         let (mut client, server) = tokio::io::duplex(MIB);
-        let mut r = Reader::new(server, 8 * MIB, pool.clone());
+        let mut r = Reader::new(server, 8 * MIB, pool.clone(), None);
         let len = 3 * MIB;
         let writer = tokio::spawn(async move {
             client
@@ -1360,7 +1393,7 @@ mod tests {
         let mut clients = Vec::new();
         for _ in 0..2 {
             let (client, server) = tokio::io::duplex(MIB);
-            readers.push(Reader::new(server, max, pool.clone()));
+            readers.push(Reader::new(server, max, pool.clone(), None));
             clients.push(client);
         }
         let line = |n: usize| {

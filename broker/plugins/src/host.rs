@@ -1294,7 +1294,7 @@ struct LineReader<R> {
 /// One line read, and the budget it was read into (a line longer than the allowance).
 type Line = (Frame, Option<OwnedSemaphorePermit>);
 
-impl<R: tokio::io::AsyncRead + Unpin> LineReader<R> {
+impl<R: tokio::io::AsyncRead + AsRawFd + Unpin> LineReader<R> {
     fn new(io: R) -> Self {
         LineReader {
             io,
@@ -1340,6 +1340,11 @@ impl<R: tokio::io::AsyncRead + Unpin> LineReader<R> {
                         }
                         break;
                     }
+                    // Not reading while it waits: a plugin that exited meanwhile is seen
+                    // by its pipe (its line can never end).
+                    if pipe_closed(self.io.as_raw_fd()) {
+                        return None;
+                    }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 room = (LINE_ALLOWANCE + self.covers()).saturating_sub(self.buf.len());
@@ -1376,6 +1381,18 @@ impl<R: tokio::io::AsyncRead + Unpin> LineReader<R> {
         self.buf = rest;
         (Frame::Message(bytes), Some(held))
     }
+}
+
+/// Whether every writer of the pipe `fd` reads from has closed it.
+fn pipe_closed(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on a descriptor the caller owns; no timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Up to `n` bytes of budget now: what the pool has free, else what the calls in flight
