@@ -366,8 +366,8 @@ catalogue! {
             "Run the provider contract kit against a provider.";
         SANDBOX_CREATE "sandbox/create": Routed("sandbox.lifecycle") in "sandboxes",
             SandboxCreateParams => Sandbox,
-            [SandboxCreateFailed, InvalidTimeout, TemplateNotFound, SourceUnreachable, DigestMismatch],
-            "Create a sandbox.";
+            [SandboxCreateFailed, InvalidTimeout, TemplateNotFound, SourceUnreachable, DigestMismatch, MountRefused],
+            "Create a sandbox (mounts: host directories in it, storage.mount).";
         SANDBOX_INFO "sandbox/info": Routed("sandbox.lifecycle") in "sandboxes",
             SandboxParams => Sandbox, [SandboxNotFound],
             "Show a sandbox.";
@@ -386,6 +386,18 @@ catalogue! {
         UNSUBSCRIBE "sandbox/unsubscribe": Broker in "sandboxes",
             NoParams => Empty, [],
             "This connection receives no more sandbox/changed (idempotent): nothing is sent after the reply.";
+        SANDBOX_DIFF "sandbox/diff": Routed("storage.mount") in "sandboxes",
+            DiffParams => DiffResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox],
+            "What the sandbox changed under its overlay mounts, against the host as it was at create (format patch: with unified diffs).";
+        SANDBOX_APPLY "sandbox/apply": Routed("storage.mount") in "sandboxes",
+            ApplyParams => ApplyResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox, ApplyConflict, FilePermissionDenied, DiskFull],
+            "Write the sandbox's changes (all, or the paths given) to the host, each file atomically; a path the host changed since create is a conflict unless force.";
+        SANDBOX_DISCARD "sandbox/discard": Routed("storage.mount") in "sandboxes",
+            DiscardParams => DiscardResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox],
+            "Drop the sandbox's changes under its overlay mounts (all, or the paths given): it sees the host's files again.";
+        SANDBOX_LOG "sandbox/log": Broker in "sandboxes",
+            LogParams => LogResult, [SandboxNotFound],
+            "Every command run in the sandbox (exec, pty, code cell) with the client that asked, kept by the broker for every provider (bounded).";
         SANDBOX_SET_TIMEOUT "sandbox/setTimeout": Routed("sandbox.timeout") in "sandboxes",
             SetTimeoutParams => Sandbox, [SandboxNotFound, InvalidTimeout],
             "The sandbox's lifetime ends timeout seconds from now.";
@@ -629,6 +641,7 @@ mod tests {
             "broker/shutdown",
             "sandbox/subscribe",
             "sandbox/unsubscribe",
+            "sandbox/log",
             "provider/list",
             "provider/info",
         ];
@@ -660,6 +673,7 @@ mod tests {
                 "sandbox/setTimeout" => "sandbox.timeout",
                 "sandbox/pause" | "sandbox/resume" => "sandbox.pause",
                 "sandbox/connect" => "sessions",
+                "sandbox/diff" | "sandbox/apply" | "sandbox/discard" => "storage.mount",
                 "exec/run" => "exec.run",
                 "exec/start" if pty => "pty",
                 "exec/start" | "exec/write" | "exec/kill" | "exec/attach" => "exec.stream",
@@ -690,7 +704,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(ROUTED.len(), 42);
+        assert_eq!(ROUTED.len(), 45);
         assert_eq!(features::for_method("no/such", false), None);
     }
 

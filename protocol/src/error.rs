@@ -151,6 +151,10 @@ error_codes! {
     SandboxNotFound = 2009, rpc 2009, exit 4,
         "Sandbox '{sandbox}' not found.",
         "Run 'abx list' to see the running sandboxes; a killed or expired sandbox cannot be reconnected.";
+    /// A host directory the sandbox may not mount, or no longer the one it mounted.
+    MountRefused = 2010, rpc 2010, exit 2,
+        "Mount of '{path}' refused: {reason}.",
+        "Mount a project directory of your own: not the home directory itself or one above it, a credential directory, a system directory or the broker's own (docs/local-sandboxes.md, \"Mounts\").";
 
     // E3xxx: exec
     /// The command ran out of time.
@@ -232,6 +236,14 @@ error_codes! {
     QuotaExceeded = 4013, rpc 4013, exit 1,
         "Disk quota exceeded writing '{path}'.",
         "Free space within the quota (remove files), then retry.";
+    /// A path the sandbox sees but may not change.
+    ReadOnly = 4014, rpc 4014, exit 1,
+        "'{path}' is read-only in sandbox '{sandbox}'.",
+        "Write under /workspace, /tmp or a mount that is not 'ro'.";
+    /// Host files changed since the sandbox was created, where the sandbox changed them too.
+    ApplyConflict = 4015, rpc 4015, exit 1,
+        "Changed on the host since sandbox '{sandbox}' was created: {paths}.",
+        "Review them ('abx diff {sandbox} --patch PATH'), then apply with --force to keep the sandbox's version, or 'abx discard {sandbox} PATH' to keep the host's.";
 
     // E5xxx: ports
     /// Nothing answers on the port.

@@ -27,6 +27,7 @@ pub mod process;
 pub mod provider;
 pub mod sandbox;
 pub mod templates;
+pub mod workspace;
 
 pub use broker::*;
 pub use code::*;
@@ -37,6 +38,7 @@ pub use process::*;
 pub use provider::*;
 pub use sandbox::*;
 pub use templates::*;
+pub use workspace::*;
 
 /// A constant per method and notification name of the broker API (docs/design.md#api),
 /// written by the catalogue ([`crate::catalogue::names`]): `methods::PING` is

@@ -1,6 +1,6 @@
 //! Which members each method's params take: what the broker checks requests against before
 //! it serves or routes them (issue 41), so a member it does not know is
-//! refused (E1004 naming it) instead of silently dropped: `sandbox/create {mounts: [...]}`
+//! refused (E1004 naming it) instead of silently dropped: `sandbox/create {volumes: [...]}`
 //! from a client of a newer API must not make a sandbox without its mount.
 //!
 //! The member names come from the params types themselves: serde's own list of the names a
@@ -275,7 +275,7 @@ mod tests {
         assert!(!create.open);
         assert_eq!(
             create.fields(),
-            ["provider", "template", "timeout", "env", "metadata", "network", "limits"]
+            ["provider", "template", "timeout", "env", "metadata", "network", "limits", "mounts"]
         );
         // camelCase and renames as the wire has them, hidden members included.
         let run = params_of("exec/run").unwrap().fields();
@@ -336,12 +336,12 @@ mod tests {
         let e = params_of("sandbox/create").unwrap();
         e.check(["template", "timeout"], &[]).unwrap();
         let err = e
-            .check(["template", "mounts", "volumes", "mounts"], &[])
+            .check(["template", "volumes", "binds", "volumes"], &[])
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidParams);
         assert_eq!(
             err.message,
-            "Invalid params for 'sandbox/create': unknown members 'mounts', 'volumes'"
+            "Invalid params for 'sandbox/create': unknown members 'volumes', 'binds'"
         );
         assert!(
             err.suggestion
@@ -352,7 +352,7 @@ mod tests {
         assert!(err.suggestion.contains("upgrade abx"), "{}", err.suggestion);
         assert_eq!(
             err.data["unknown"],
-            serde_json::json!(["mounts", "volumes"])
+            serde_json::json!(["volumes", "binds"])
         );
         // A member every method of the caller's kind takes.
         let info = params_of("sandbox/info").unwrap();

@@ -43,6 +43,9 @@ pub struct Sandbox {
     /// Its network mode (`local`: `none`, `internet` or `host`).
     #[serde(default)]
     pub network: Option<String>,
+    /// Host directories mounted into it (`sandbox/create` `mounts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<crate::api::Mount>,
 }
 
 /// What happened to a sandbox (`sandbox/changed`).
@@ -116,6 +119,12 @@ pub struct SandboxCreateParams {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(with = "Option<SandboxLimits>"))]
     pub limits: Option<Value>,
+    /// Host directories to mount (`storage.mount`): `[{source, target?, mode?}]`; `mode` is
+    /// `overlay` (default: the host changes only on `sandbox/apply`), `ro` or `rw`.
+    // Any JSON: the provider checks each entry and names the bad one (E1004, E2010).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<Vec<crate::api::MountSpec>>"))]
+    pub mounts: Option<Value>,
 }
 
 /// Limits of a sandbox.
