@@ -15,6 +15,8 @@
 //! | `code_frame` | what the daemon does with a code driver's stdout (`broker/local/src/code/frame.rs`, compiled here as [`code_frame_impl`]): the splitter, the frame envelope, the `code/output` body, the tree-cost estimate |
 //! | `layer` | an image layer or archive tar stream through the daemon's reader and unpacker (`broker/local/src/templates/`, compiled here in [`images`]), applied into a temp root |
 //! | `image_json` | the JSON of images (OCI index and manifest, image config, `docker save` manifest) through the daemon's typed, capped parsers ([`images`]) |
+//! | `egress_sni` | the egress proxy's ClientHello reader (`broker/egress/src/sni.rs`, compiled in [`egress`]): the first bytes of a CONNECT tunnel, and the same bytes cut into records |
+//! | `egress_policy` | the egress proxy's policy parser and matcher (`broker/egress/src/policy.rs`, [`egress`]): JSON policies, and lines of patterns |
 //!
 //! The first input byte of the codec targets picks the size limit and how the stream is cut
 //! into reads, so one corpus entry covers every split of its bytes the fuzzer cares to try.
@@ -28,9 +30,11 @@ use serde_json::Value;
 use std::collections::HashMap;
 use tokio_util::codec::{Decoder, Encoder};
 
+pub mod egress;
 pub mod images;
 pub mod smoke;
 
+pub use egress::{egress_policy, egress_sni};
 pub use images::{image_json, layer};
 
 /// The daemon's own code for a code driver's frames (`broker/local/src/code/frame.rs`: std,
@@ -52,6 +56,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("code_frame", code_frame),
     ("layer", layer),
     ("image_json", image_json),
+    ("egress_sni", egress_sni),
+    ("egress_policy", egress_policy),
 ];
 
 /// The codec's longest header block (private in `codec.rs`; a buffer may hold this much).

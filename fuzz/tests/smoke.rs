@@ -79,3 +79,13 @@ fn layer() {
 fn image_json() {
     smoke("image_json");
 }
+
+#[test]
+fn egress_sni() {
+    smoke("egress_sni");
+}
+
+#[test]
+fn egress_policy() {
+    smoke("egress_policy");
+}

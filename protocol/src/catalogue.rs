@@ -364,6 +364,15 @@ catalogue! {
         PROVIDER_TEST "provider/test": Daemon in "providers",
             ProviderTestParams => TestResult, [ProviderNotInstalled] notes ["provider/testResult"],
             "Run the provider contract kit against a provider.";
+        SECRETS_SET "secrets/set": Daemon in "secrets",
+            SecretSetParams => Empty, [],
+            "Store a secret for egress headers (a policy's headers: {NAME: \"secret:KEY\"}) in the daemon's 0600 file; never returned, logged or put in an error.";
+        SECRETS_LIST "secrets/list": Daemon in "secrets",
+            NoParams => SecretList, [],
+            "The keys of the stored secrets (never their values).";
+        SECRETS_REMOVE "secrets/remove": Daemon in "secrets",
+            SecretKeyParams => SecretRemoved, [],
+            "Remove a stored secret (sandboxes whose policy names it get no more connections to that host: refused, counted as blocked).";
         SANDBOX_CREATE "sandbox/create": Routed("sandbox.lifecycle") in "sandboxes",
             SandboxCreateParams => Sandbox,
             [SandboxCreateFailed, InvalidTimeout, TemplateNotFound, SourceUnreachable, DigestMismatch, MountRefused],
@@ -381,23 +390,26 @@ catalogue! {
             SandboxParams => KillResult, [],
             "Kill a sandbox and everything in it; idempotent (killed: false when gone).";
         SUBSCRIBE "sandbox/subscribe": Broker in "sandboxes",
-            NoParams => Empty, [] notes ["sandbox/changed"],
-            "This connection receives sandbox/changed for every sandbox of every provider from now on (idempotent; not gated on a feature).";
+            NoParams => Empty, [] notes ["sandbox/changed", "sandbox/blocked"],
+            "This connection receives sandbox/changed (and sandbox/blocked) for every sandbox of every provider from now on (idempotent; not gated on a feature).";
         UNSUBSCRIBE "sandbox/unsubscribe": Broker in "sandboxes",
             NoParams => Empty, [],
             "This connection receives no more sandbox/changed (idempotent): nothing is sent after the reply.";
         SANDBOX_DIFF "sandbox/diff": Routed("storage.mount") in "sandboxes",
-            DiffParams => DiffResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox],
+            DiffParams => DiffResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox, MountRefused],
             "What the sandbox changed under its overlay mounts, against the host as it was at create (format patch: with unified diffs).";
         SANDBOX_APPLY "sandbox/apply": Routed("storage.mount") in "sandboxes",
-            ApplyParams => ApplyResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox, ApplyConflict, FilePermissionDenied, DiskFull],
+            ApplyParams => ApplyResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox, ApplyConflict, FilePermissionDenied, DiskFull, MountRefused],
             "Write the sandbox's changes (all, or the paths given) to the host, each file atomically; a path the host changed since create is a conflict unless force.";
         SANDBOX_DISCARD "sandbox/discard": Routed("storage.mount") in "sandboxes",
-            DiscardParams => DiscardResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox],
+            DiscardParams => DiscardResult, [SandboxNotFound, FileNotFound, PathOutsideSandbox, MountRefused],
             "Drop the sandbox's changes under its overlay mounts (all, or the paths given): it sees the host's files again.";
         SANDBOX_LOG "sandbox/log": Broker in "sandboxes",
             LogParams => LogResult, [SandboxNotFound],
             "Every command run in the sandbox (exec, pty, code cell) with the client that asked, kept by the broker for every provider (bounded).";
+        SANDBOX_SET_NETWORK "sandbox/setNetwork": Routed("network.vpc") in "sandboxes",
+            SetNetworkParams => Sandbox, [SandboxNotFound] notes ["sandbox/blocked"],
+            "Change the egress policy of a running sandbox: new connections follow it, open ones go on.";
         SANDBOX_SET_TIMEOUT "sandbox/setTimeout": Routed("sandbox.timeout") in "sandboxes",
             SetTimeoutParams => Sandbox, [SandboxNotFound, InvalidTimeout],
             "The sandbox's lifetime ends timeout seconds from now.";
@@ -542,6 +554,8 @@ catalogue! {
             "Progress of templates/pull.";
         FILES_CHANGED "files/changed": FilesChanged,
             "A change under a watched path.";
+        SANDBOX_BLOCKED "sandbox/blocked": SandboxBlocked,
+            "A sandbox's egress policy refused a connection (to subscribers; counted before the refusal was answered).";
         SANDBOX_CHANGED "sandbox/changed": SandboxChanged,
             "A sandbox of some provider was created, killed, paused, resumed, expired or given a new timeout, by any client or by no one (only to connections that called sandbox/subscribe; a subscriber that stops reading loses the oldest, see docs/broker-api.md).";
         PROVIDER_TEST_RESULT "provider/testResult": TestResultNote,
@@ -653,6 +667,10 @@ mod tests {
             "provider/configure",
             "provider/setDefault",
             "provider/test",
+            // Added since (issue 44): the secret store for egress headers.
+            "secrets/set",
+            "secrets/list",
+            "secrets/remove",
         ];
         let sorted = |l: &[&'static str]| {
             let mut l = l.to_vec();
@@ -674,6 +692,7 @@ mod tests {
                 "sandbox/pause" | "sandbox/resume" => "sandbox.pause",
                 "sandbox/connect" => "sessions",
                 "sandbox/diff" | "sandbox/apply" | "sandbox/discard" => "storage.mount",
+                "sandbox/setNetwork" => "network.vpc",
                 "exec/run" => "exec.run",
                 "exec/start" if pty => "pty",
                 "exec/start" | "exec/write" | "exec/kill" | "exec/attach" => "exec.stream",
@@ -704,7 +723,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(ROUTED.len(), 45);
+        assert_eq!(ROUTED.len(), 46);
         assert_eq!(features::for_method("no/such", false), None);
     }
 

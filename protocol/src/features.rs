@@ -29,10 +29,11 @@ pub fn is_known(f: &str) -> bool {
 }
 
 /// The features that gate no method of their own: how a method is served (`files.transfer`:
-/// a provider's native upload and download) or options of other methods (`ports.domain`,
-/// `network.vpc`), docs/design.md#features. (`storage.mount` gates `sandbox/diff`, `apply`
-/// and `discard`, and `sandbox/create`'s `mounts`.)
-pub const NOT_GATING: &[&str] = &["files.transfer", "ports.domain", "network.vpc"];
+/// a provider's native upload and download) or options of other methods (`ports.domain`),
+/// docs/design.md#features. (`storage.mount` gates `sandbox/diff`, `apply` and `discard`,
+/// and `sandbox/create`'s `mounts`; `network.vpc` gates `sandbox/setNetwork` and a policy
+/// as `sandbox/create`'s `network`.)
+pub const NOT_GATING: &[&str] = &["files.transfer", "ports.domain"];
 
 /// The feature a provider method needs (`None` for methods the broker serves itself), from
 /// the catalogue ([`crate::catalogue`]). `has_pty` is whether the params ask for a pty

@@ -25,6 +25,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.types import Implementation
 
 ROOT = Path(__file__).resolve().parents[2]
 ABX = Path(os.environ.get("ABX_BIN") or ROOT / "target" / "debug" / "abx").resolve()
@@ -45,6 +46,15 @@ TOOLS = {
     "files_list",
     "ports_url",
     "provider_list",
+    "sandbox_diff",
+    "sandbox_apply",
+    "sandbox_discard",
+    "sandbox_log",
+    "sandbox_set_network",
+    "code_context_create",
+    "code_context_list",
+    "code_context_restart",
+    "code_context_remove",
 }
 
 
@@ -82,6 +92,57 @@ def procs_with(marker: str) -> list[int]:
 
 def run(fn, *args):
     return anyio.run(fn, *args)
+
+
+@pytest.mark.parametrize("era", MODES)
+def test_code_contexts_and_limits(home, era):
+    """Issue 45, item 10: run_code's `context` comes from a tool (code_context_*), and
+    sandbox_create takes `limits`."""
+
+    async def main():
+        async with Client(server(home), mode=MODES[era]) as client:
+            created = await client.call_tool("sandbox_create", {"limits": {"memory": "64M", "pids": 64}})
+            assert not created.is_error, text(created)
+            sb = created.structured_content["id"]
+            # The memory limit holds: 300 MB is more than the sandbox may have.
+            r = await client.call_tool(
+                "exec", {"sandbox": sb, "command": "python3 -c 'x = bytearray(300 << 20); print(len(x))'"}
+            )
+            assert not r.is_error and r.structured_content["exitCode"] == 137, text(r)
+            bad = await client.call_tool("sandbox_create", {"limits": {"memory": "lots"}})
+            assert bad.is_error and "[E1004]" in text(bad), text(bad)
+
+            c = await client.call_tool("code_context_create", {"sandbox": sb, "language": "python", "cwd": "/tmp"})
+            assert not c.is_error, text(c)
+            ctx = c.structured_content["id"]
+            assert c.structured_content["language"] == "python" and c.structured_content["cwd"] == "/tmp"
+            r = await client.call_tool("run_code", {"sandbox": sb, "context": ctx, "code": "import os\nv = 41\nos.getcwd()"})
+            assert not r.is_error and r.structured_content["results"][0]["text/plain"] == "'/tmp'", text(r)
+            assert r.structured_content["context"] == ctx
+            r = await client.call_tool("run_code", {"sandbox": sb, "context": ctx, "code": "v + 1"})
+            assert r.structured_content["results"][0]["text/plain"] == "42", text(r)
+            # The default context is another interpreter.
+            r = await client.call_tool("run_code", {"sandbox": sb, "code": "'v' in globals()"})
+            assert r.structured_content["results"][0]["text/plain"] == "False", text(r)
+            listed = await client.call_tool("code_context_list", {"sandbox": sb})
+            assert not listed.is_error, text(listed)
+            ids = {x["id"]: x for x in listed.structured_content["contexts"]}
+            assert ctx in ids and ids[ctx]["cwd"] == "/tmp" and ids[ctx]["executionCount"] == 2, ids
+
+            r = await client.call_tool("code_context_restart", {"sandbox": sb, "context": ctx})
+            assert not r.is_error and r.structured_content["id"] == ctx, text(r)
+            r = await client.call_tool("run_code", {"sandbox": sb, "context": ctx, "code": "'v' in globals()"})
+            assert r.structured_content["results"][0]["text/plain"] == "False", text(r)
+
+            r = await client.call_tool("code_context_remove", {"sandbox": sb, "context": ctx})
+            assert not r.is_error, text(r)
+            listed = await client.call_tool("code_context_list", {"sandbox": sb})
+            assert ctx not in {x["id"] for x in listed.structured_content["contexts"]}
+            r = await client.call_tool("run_code", {"sandbox": sb, "context": ctx, "code": "1"})
+            assert r.is_error, text(r)
+            await client.call_tool("sandbox_kill", {"sandbox": sb})
+
+    run(main)
 
 
 @pytest.mark.parametrize("era", MODES)
@@ -169,8 +230,9 @@ def test_tools_end_to_end(home, era):
             # Failures are results with isError and the E-code, not protocol errors.
             e = await client.call_tool("files_read", {"sandbox": sb, "path": "missing.txt"})
             assert e.is_error and "[E4001]" in text(e), text(e)
+            # files/* see what exec sees (issue 43): the sandbox's own /etc/passwd.
             e = await client.call_tool("files_read", {"sandbox": sb, "path": "/etc/passwd"})
-            assert e.is_error and "[E4002]" in text(e), text(e)
+            assert not e.is_error and "root:" in text(e), text(e)
             e = await client.call_tool("sandbox_info", {"sandbox": "no-such-sandbox"})
             assert e.is_error and text(e).startswith("[E2009] Sandbox 'no-such-sandbox' not found."), text(e)
             assert "Suggestion:" in text(e)
@@ -188,6 +250,89 @@ def test_tools_end_to_end(home, era):
             assert k.structured_content == {"killed": False}
             gone = await client.call_tool("sandbox_info", {"sandbox": sb})
             assert gone.is_error and "[E2009]" in text(gone)
+
+    run(main)
+
+
+@pytest.mark.parametrize("era", MODES)
+def test_workspace_tools_and_the_log_names_the_agent(home, era, tmp_path):
+    """Issue 43: the workspace tools and their annotations, sandbox_log naming the MCP client
+    (`<name> via abx mcp`), and, where the provider mounts, a change reviewed then applied."""
+    agent = f"pytest-agent-{era}"
+
+    async def main():
+        info = Implementation(name=agent, version="1")
+        async with Client(server(home), mode=MODES[era], client_info=info) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            apply, discard = tools["sandbox_apply"], tools["sandbox_discard"]
+            assert apply.annotations.destructive_hint is True
+            assert apply.annotations.read_only_hint is False
+            assert "this changes the user's files" in apply.description
+            assert "ask" in apply.description
+            assert discard.annotations.destructive_hint is True
+            for name in ["sandbox_diff", "sandbox_log"]:
+                assert tools[name].annotations.read_only_hint is True, name
+                assert tools[name].annotations.destructive_hint is False, name
+                assert tools[name].output_schema is not None, name
+            assert set(tools["sandbox_log"].output_schema["properties"]) >= {"entries", "dropped", "last"}
+            mounts = tools["sandbox_create"].input_schema["properties"]["mounts"]
+            assert mounts["type"] == "array" and mounts["items"]["required"] == ["source"]
+
+            created = await client.call_tool("sandbox_create", {"timeout": 600})
+            assert not created.is_error, text(created)
+            sb = created.structured_content["id"]
+            r = await client.call_tool("exec", {"sandbox": sb, "command": "echo logged; exit 4", "cwd": "/tmp"})
+            assert r.structured_content["exitCode"] == 4, text(r)
+            log = await client.call_tool("sandbox_log", {"sandbox": sb})
+            assert not log.is_error, text(log)
+            entries = log.structured_content["entries"]
+            assert len(entries) == 1, entries
+            e = entries[0]
+            assert e["client"] == f"{agent} via abx mcp", e
+            assert e["argv"] == ["sh", "-c", "echo logged; exit 4"], e
+            assert e["cwd"] == "/tmp" and e["exitCode"] == 4 and e["seq"] == 1, e
+            assert log.structured_content["last"] == 1
+            later = await client.call_tool("sandbox_log", {"sandbox": sb, "since": 1})
+            assert later.structured_content["entries"] == []
+            await client.call_tool("sandbox_kill", {"sandbox": sb})
+            gone = await client.call_tool("sandbox_log", {"sandbox": sb})
+            assert gone.is_error and "[E2009]" in text(gone), text(gone)
+
+            # A project mounted (overlay), changed in the sandbox, reviewed, applied.
+            proj = tmp_path / "proj"
+            proj.mkdir()
+            (proj / "a.txt").write_text("host\n")
+            created = await client.call_tool(
+                "sandbox_create", {"timeout": 600, "mounts": [{"source": str(proj)}]}
+            )
+            if created.is_error:
+                # The provider does not mount (yet): said with an E-code, nothing else.
+                assert "[E" in text(created), text(created)
+                pytest.skip(f"no mounts here: {text(created)}")
+            sb = created.structured_content["id"]
+            r = await client.call_tool(
+                "exec", {"sandbox": sb, "command": "echo sandbox > /workspace/a.txt; echo new > /workspace/b.txt"}
+            )
+            assert r.structured_content["exitCode"] == 0, text(r)
+            assert (proj / "a.txt").read_text() == "host\n" and not (proj / "b.txt").exists()
+            d = await client.call_tool("sandbox_diff", {"sandbox": sb, "format": "patch"})
+            assert not d.is_error, text(d)
+            changes = {c["path"]: c for c in d.structured_content["changes"]}
+            assert changes["/workspace/a.txt"]["change"] == "modified", changes
+            assert changes["/workspace/b.txt"]["change"] == "added", changes
+            assert "+sandbox" in changes["/workspace/a.txt"]["patch"]
+            dry = await client.call_tool("sandbox_apply", {"sandbox": sb, "dryRun": True})
+            assert sorted(dry.structured_content["applied"]) == ["/workspace/a.txt", "/workspace/b.txt"]
+            assert (proj / "a.txt").read_text() == "host\n"
+            done = await client.call_tool("sandbox_apply", {"sandbox": sb, "paths": ["/workspace/b.txt"]})
+            assert done.structured_content["applied"] == ["/workspace/b.txt"], text(done)
+            assert (proj / "b.txt").read_text() == "new\n"
+            dropped = await client.call_tool("sandbox_discard", {"sandbox": sb})
+            assert "/workspace/a.txt" in dropped.structured_content["discarded"], text(dropped)
+            d = await client.call_tool("sandbox_diff", {"sandbox": sb})
+            assert d.structured_content["changes"] == [], text(d)
+            assert (proj / "a.txt").read_text() == "host\n"
+            await client.call_tool("sandbox_kill", {"sandbox": sb})
 
     run(main)
 
@@ -331,6 +476,42 @@ def test_raw_handshake_versions_and_stateless_details(home):
     assert r["isError"] is True and r["resultType"] == "complete"
     assert r["content"][0]["text"].startswith("[E2009]")
     raw.close()
+
+
+@pytest.mark.parametrize("era", MODES)
+def test_network_policy_create_and_set_network(home, era):
+    """sandbox_create takes a policy; sandbox_set_network replaces it and tells the agent to
+    ask the user first (open-world, not read-only); a mode cannot be switched to."""
+
+    async def main():
+        async with Client(server(home), mode=MODES[era]) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            t = tools["sandbox_set_network"]
+            assert "ASK THE USER FIRST" in t.description
+            assert t.annotations.read_only_hint is False and t.annotations.open_world_hint is True
+            assert tools["sandbox_create"].annotations.open_world_hint is False
+            assert "network" in tools["sandbox_create"].input_schema["properties"]
+            created = await client.call_tool("sandbox_create", {"network": {"allow": ["pypi.example"]}})
+            assert not created.is_error, text(created)
+            sb = created.structured_content["id"]
+            assert created.structured_content["network"]["allow"] == ["pypi.example"]
+            assert created.structured_content["network"]["blocked"] == []
+            r = await client.call_tool(
+                "sandbox_set_network", {"sandbox": sb, "network": {"allow": ["pypi.example", "files.example"], "deny": ["bad.example"]}}
+            )
+            assert not r.is_error, text(r)
+            assert r.structured_content["network"]["allow"] == ["pypi.example", "files.example"]
+            assert r.structured_content["network"]["deny"] == ["bad.example"]
+            # The 403 a command gets names the way to allow a host.
+            out = await client.call_tool("exec", {"sandbox": sb, "command": "curl -s http://other.example/"})
+            assert "other.example" in text(out), text(out)
+            info = await client.call_tool("sandbox_info", {"sandbox": sb})
+            assert any(b["host"] == "other.example" for b in info.structured_content["network"]["blocked"])
+            bad = await client.call_tool("sandbox_set_network", {"sandbox": sb, "network": {"allow": ["127.0.0.1"]}})
+            assert bad.is_error and "[E1004]" in text(bad), text(bad)
+            await client.call_tool("sandbox_kill", {"sandbox": sb})
+
+    run(main)
 
 
 def test_an_agent_reaches_the_daemon_of_the_users_shell(monkeypatch, tmp_path):

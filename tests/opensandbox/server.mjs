@@ -18,7 +18,16 @@
 //   - endpoints/{port} answers {endpoint, headers} without a scheme; with use_server_proxy=true
 //     the endpoint goes through this server's /v1/sandboxes/{id}/proxy/{port};
 //   - a deleted or expired sandbox answers 404 (never Terminated), and its open execd streams
-//     are cut, like a removed container;
+//     are cut, like a removed container; a DELETE first kills the container (its streams
+//     break) and shows the sandbox as Failed for --delete-ms before it answers and the
+//     sandbox is gone (seen on the real server, reference notes 2026-12-04);
+//   - execd relays the signals it receives to the process group of each running foreground
+//     command's `bash -c` (not to groups its jobs made), SIGKILLs that group when the
+//     command's request goes away before the command ends, and interrupts with TERM then KILL
+//     after 3 s (execd's runtime/command.go and runtime/interrupt.go); a signal death is
+//     evalue "-1" with Go's text in the traceback ("signal: terminated");
+//   - through the proxy, an execd that does not accept connections is HTTP 502
+//     BACKEND_CONNECTION_FAILED (directly, the connection fails);
 //   - execd: POST /command streams bare JSON objects separated by blank lines (no "data:"),
 //     init / ping / stdout / stderr (one event per line, terminator stripped, "\n" for a blank
 //     line, invalid UTF-8 replaced) / execution_complete or error (evalue = exit code, "-1" for
@@ -40,7 +49,10 @@
 //
 // Usage: node server.mjs [--port 0] [--host 127.0.0.1] [--root DIR] [--linger-ms 1000]
 //          [--start-ms 150] [--pause-ms 200] [--ping-ms 3000] [--max-timeout 86400]
-//          [--missing-images REGEX] [--no-file-type] [--host-network]
+//          [--missing-images REGEX] [--no-file-type] [--host-network] [--delete-ms 300]
+// Test controls (not OpenSandbox's): POST /_standin/sandboxes/{id}/signal-commands?signal=SIG
+// (execd receives SIG; KILL: its requests are cancelled) and POST
+// /_standin/sandboxes/{id}/execd?listening=false|true (execd stops / starts answering).
 // --host-network plays a docker runtime with network_mode = "host": every sandbox's execd
 // listens on the same host port, so every endpoint of port 44772 (direct or through the
 // proxy) reaches one execd, the one of the oldest running sandbox (the first to bind the
@@ -64,6 +76,7 @@ const opts = {
   host: "127.0.0.1",
   root: null,
   lingerMs: 1000,
+  deleteMs: 300,
   startMs: 150,
   pauseMs: 200,
   pingMs: 3000,
@@ -81,6 +94,7 @@ const opts = {
       case "--host": opts.host = next(); break;
       case "--root": opts.root = next(); break;
       case "--linger-ms": opts.lingerMs = Number(next()); break;
+      case "--delete-ms": opts.deleteMs = Number(next()); break;
       case "--start-ms": opts.startMs = Number(next()); break;
       case "--pause-ms": opts.pauseMs = Number(next()); break;
       case "--ping-ms": opts.pingMs = Number(next()); break;
@@ -222,16 +236,22 @@ function signalSandbox(sb, sig) {
   }
 }
 
-function removeSandbox(sb, why) {
-  if (!sandboxes.has(sb.id)) return;
-  sandboxes.delete(sb.id);
-  sb.deleted = true;
+// The container's processes die and its connections drop (the first step of a delete).
+function killContainer(sb) {
+  sb.dead = true;
   clearTimeout(sb.expiryTimer);
   clearTimeout(sb.stateTimer);
   signalSandbox(sb, "SIGCONT");
   signalSandbox(sb, "SIGKILL");
   for (const res of sb.streams) res.destroy(); // the container is gone: connections drop
   for (const w of sb.waiting.splice(0)) w.reject();
+}
+
+function removeSandbox(sb, why) {
+  if (!sandboxes.has(sb.id)) return;
+  sandboxes.delete(sb.id);
+  sb.deleted = true;
+  killContainer(sb);
   fs.rm(sb.dir, { recursive: true, force: true }, () => {});
   log(`sandbox ${sb.id} removed (${why})`);
 }
@@ -329,6 +349,7 @@ async function createSandbox(req, res) {
     sessions: new Set(),
     streams: new Set(),
     waiting: [],
+    execdListening: true,
     commands: new Map(),
     deleted: false,
   };
@@ -391,7 +412,23 @@ async function lifecycle(req, res, url, parts) {
   if (action === undefined) {
     if (req.method === "GET") return sendJson(res, 200, view(sb));
     if (req.method === "DELETE") {
-      removeSandbox(sb, "user_delete");
+      // As on the real server (opensandbox-server 1.1.1 with docker, reference notes
+      // 2026-12-04): the container is killed first, so its execd streams break before the
+      // DELETE answers, and a GET while the delete runs shows the sandbox as Failed; then it
+      // is gone (404). --delete-ms is how long that takes here.
+      if (sb.deleting) {
+        await sb.deleting;
+      } else {
+        sb.deleting = new Promise((resolve) => {
+          killContainer(sb);
+          setState(sb, "Failed");
+          setTimeout(() => {
+            removeSandbox(sb, "user_delete");
+            resolve();
+          }, opts.deleteMs);
+        });
+        await sb.deleting;
+      }
       res.writeHead(204);
       return res.end();
     }
@@ -599,7 +636,13 @@ async function runCommand(sb, req, res) {
     if (!res.destroyed) res.write(`${JSON.stringify({ ...event, timestamp: Date.now() })}\n\n`);
   };
   sb.streams.add(res);
-  res.on("close", () => sb.streams.delete(res));
+  res.on("close", () => {
+    sb.streams.delete(res);
+    // The client went away while the command runs: execd's request context is cancelled and
+    // it SIGKILLs the command's group (command.go, runCommand: case <-ctx.Done()).
+    if (cmdRef.cmd?.running && !cmdRef.cmd.exited && !sb.dead) killGroup(cmdRef.cmd.pid, "SIGKILL");
+  });
+  const cmdRef = { cmd: null };
   const end = () => {
     // execd keeps the connection open a while after the terminal event.
     setTimeout(() => {
@@ -627,6 +670,7 @@ async function runCommand(sb, req, res) {
   const child = startProcess(sb, body.command, cwdHost, env, ["ignore", "pipe", "pipe"]);
   const cmd = { id: session, content: body.command, running: true, exitCode: null, error: null, startedAt: started, finishedAt: null, pid: child.pid, background: false };
   sb.commands.set(session, cmd);
+  cmdRef.cmd = cmd;
   write({ type: "init", text: session });
   const ping = setInterval(() => write({ type: "ping", text: "pong" }), opts.pingMs);
   const out = new LineSplitter((text) => write({ type: "stdout", text: unrewrite(sb, text) }));
@@ -648,8 +692,9 @@ async function runCommand(sb, req, res) {
     Object.assign(cmd, { running: false, exitCode: code ?? -1, finishedAt: Date.now(), error: signal ? `signal: ${signal}` : code ? `exit status ${code}` : null });
     if (code === 0) write({ type: "execution_complete", execution_time: Date.now() - started });
     else {
+      // Go's exec.ExitError: ExitCode() is -1 for a signal death, Error() "signal: terminated".
       const evalue = signal ? "-1" : String(code);
-      write({ type: "error", error: { ename: "CommandExecError", evalue, traceback: [signal ? `signal: ${signal.replace(/^SIG/, "").toLowerCase()}` : `exit status ${code}`] } });
+      write({ type: "error", error: { ename: "CommandExecError", evalue, traceback: [signal ? `signal: ${goSignal(signal)}` : `exit status ${code}`] } });
     }
     end();
   };
@@ -660,6 +705,7 @@ async function runCommand(sb, req, res) {
   });
   child.on("exit", (code, signal) => {
     exit = { code, signal };
+    cmd.exited = true;
     // Output still in the pipes comes first; a background child holding them open does not
     // delay the end (execd tails files and stops at the exit).
     setTimeout(() => {
@@ -671,6 +717,39 @@ async function runCommand(sb, req, res) {
   child.on("close", () => done());
 }
 
+// syscall.Signal.String() of Go, as execd's error texts carry it.
+const GO_SIGNAL_TEXT = {
+  SIGHUP: "hangup",
+  SIGINT: "interrupt",
+  SIGQUIT: "quit",
+  SIGABRT: "aborted",
+  SIGKILL: "killed",
+  SIGUSR1: "user defined signal 1",
+  SIGUSR2: "user defined signal 2",
+  SIGPIPE: "broken pipe",
+  SIGALRM: "alarm clock",
+  SIGTERM: "terminated",
+};
+const goSignal = (sig) => GO_SIGNAL_TEXT[sig] ?? sig.replace(/^SIG/, "").toLowerCase();
+
+// What execd does with its running foreground commands when it gets a signal itself, and when
+// a command's request context ends (alibaba/OpenSandbox components/execd/pkg/runtime/command.go,
+// runCommand): signal.Notify(...) relays each signal it receives to -cmd.Process.Pid, and a
+// cancelled context (client gone, timeout) SIGKILLs -cmd.Process.Pid. That pid is the
+// `bash -c` execd started (Setpgid: its own group); processes that made a group of their
+// own (a wrapper's `set -m` jobs) do not get either.
+function signalCommands(sb, sig) {
+  let n = 0;
+  for (const cmd of sb.commands.values()) {
+    if (cmd.background || !cmd.running) continue;
+    killGroup(cmd.pid, sig);
+    n++;
+  }
+  return n;
+}
+
+// DELETE /command?id= (Controller.Interrupt -> killPid, components/execd/pkg/runtime/interrupt.go):
+// SIGTERM to the command's group, SIGKILL after 3 s if the group is still there.
 function interrupt(sb, res, id) {
   const cmd = sb.commands.get(id);
   if (!cmd) return error(res, 400, "INVALID_REQUEST", "no such session");
@@ -962,6 +1041,25 @@ async function handle(req, res) {
 
   if (parts[0] === "health") return sendJson(res, 200, { status: "healthy" });
 
+  // Test controls (not part of OpenSandbox), for what tests cannot make happen through the API:
+  //   POST /_standin/sandboxes/{id}/signal-commands?signal=TERM  execd receives that signal
+  //     (or, with KILL, its requests' contexts end) and acts on its running commands as the
+  //     real one does (signalCommands); answers {signalled: N};
+  //   POST /_standin/sandboxes/{id}/execd?listening=false|true  execd stops / starts accepting
+  //     connections (crashed, or not started yet).
+  if (parts[0] === "_standin" && parts[1] === "sandboxes" && parts[2] && req.method === "POST") {
+    const sb = sandboxes.get(parts[2]);
+    if (!sb) return error(res, 404, "DOCKER::SANDBOX_NOT_FOUND", `Sandbox ${parts[2]} not found.`);
+    if (parts[3] === "signal-commands") {
+      const sig = `SIG${(url.searchParams.get("signal") ?? "TERM").toUpperCase().replace(/^SIG/, "")}`;
+      return sendJson(res, 200, { signalled: signalCommands(sb, sig) });
+    }
+    if (parts[3] === "execd") {
+      sb.execdListening = url.searchParams.get("listening") !== "false";
+      return sendJson(res, 200, { listening: sb.execdListening });
+    }
+  }
+
   // --host-network: the one execd on the host's port 44772, whoever asks for it.
   if (opts.hostNetwork && parts[0] === "hostnet" && parts[1]) {
     const sb = hostExecd();
@@ -980,6 +1078,13 @@ async function handle(req, res) {
       return req.socket.destroy(); // a removed container's port: nothing answers
     }
     if (Number(parts[3]) !== EXECD_PORT) return error(res, 502, "PROXY_ERROR", `Nothing is listening on port ${parts[3]} of sandbox ${sb.id}.`);
+    if (!sb.execdListening || sb.dead) {
+      // Nothing accepts the connection: directly, it fails; the server's proxy answers 502
+      // BACKEND_CONNECTION_FAILED (seen on the real server, reference notes 2026-12-04; also
+      // right after a create, before execd listens).
+      if (viaProxy) return error(res, 502, "BACKEND_CONNECTION_FAILED", `Failed to connect to the backend of sandbox ${sb.id} on port ${parts[3]}.`);
+      return req.socket.destroy();
+    }
     if (sb.state !== "Running") {
       // A paused (frozen) or starting container does not answer; the request waits.
       try {

@@ -8,6 +8,8 @@
 #   4. run the contract kit (abx provider test opensandbox): no failure, and nothing skipped
 #      but tests of features the plugin does not declare; then the exec and files tests again
 #      through the server's proxy (use_server_proxy=true);
+#   4b. check that a sandbox made on the server directly reaches `abx events` (the plugin's
+#      sandbox/changed, from its polling);
 #   5. run the plugin's own node:test suites (parser, errors, states, key, reachability...);
 #   6. check that the API key appears in no output, log or data file.
 # Uses $ABX_BIN (default: target/debug/abx under the repository root), a private ABX_HOME,
@@ -100,11 +102,21 @@ expect_info "Version      0.1.0"
 expect_info "Kind         exec"
 expect_info "Trust        pinned"
 expect_info "Features     exec.run, exec.stream, files.rw, ports.url, process.manage, sandbox.lifecycle, sandbox.pause, sandbox.timeout, sessions"
-expect_info "Config       base_url, api_key (secret), domain, protocol, use_server_proxy, default_image, image_aliases, entrypoint, ready_timeout, registry_username, registry_password (secret), network_policy, platform, secure_access"
+expect_info "Config       base_url, api_key (secret), domain, protocol, use_server_proxy, default_image, image_aliases, entrypoint, ready_timeout, poll_interval, registry_username, registry_password (secret), network_policy, platform, secure_access"
 expect_info "Commit       $COMMIT"
 expect_info "Runtime      node ./provider.mjs"
 expect_info "Security     network: * · filesystem: data_dir · spawns processes: no"
 abx provider doctor opensandbox || fail "provider doctor failed"
+grep -q "server" "$WORK/last.out" || fail "provider doctor does not show the plugin's own server check"
+# The server down (nothing listens on loopback port 9): doctor says so, and fails.
+abx provider configure opensandbox "base_url=http://127.0.0.1:9" >/dev/null
+if abx provider doctor opensandbox; then
+  fail "provider doctor said everything is fine with the server unreachable"
+fi
+grep -q "127.0.0.1:9" "$WORK/last.out" || fail "provider doctor does not name the unreachable server"
+if grep -qF -- "$API_KEY" "$WORK/last.out"; then fail "provider doctor printed the API key"; fi
+abx provider configure opensandbox "base_url=$BASE_URL" >/dev/null
+abx provider doctor opensandbox || fail "provider doctor failed once the server was back"
 
 # 4. The contract kit -----------------------------------------------------------------------
 # Each result: "outcome name: detail"; a failure, or a skip for a declared feature, fails here.
@@ -132,6 +144,33 @@ kit direct || fail "the contract kit failed"
 say "contract kit (through the server's proxy), exec and files tests"
 kit proxy --filter exec,files,process,cancellation,concurrent,unicode,timeout_kills || fail "the contract kit failed through the server proxy"
 "$ABX_BIN" provider configure opensandbox use_server_proxy=false >>"$OUT" 2>&1
+
+# 4b. sandbox/changed through the broker: a sandbox made on the server directly (not through
+# abx) reaches `abx events` subscribers, found by the plugin's polling (poll_interval).
+say "sandbox/changed for a sandbox made on the server directly"
+"$ABX_BIN" provider configure opensandbox poll_interval=1 >>"$OUT" 2>&1
+"$ABX_BIN" --provider opensandbox list >>"$OUT" 2>&1 || fail "list failed" # starts the plugin: it polls while it runs
+timeout 60 "$ABX_BIN" -j events --count 1 >"$WORK/events.out" 2>>"$OUT" &
+EVENTS_PID=$!
+sleep 2 # subscribed, and the plugin's first look at the server is done
+DIRECT_ID="$(OSB_URL="$BASE_URL" OSB_KEY="$API_KEY" node -e '
+fetch(`${process.env.OSB_URL}/v1/sandboxes`, {
+  method: "POST",
+  headers: { "Content-Type": "application/json", "OPEN-SANDBOX-API-KEY": process.env.OSB_KEY },
+  body: JSON.stringify({ image: { uri: "python:3.12-slim" }, entrypoint: ["tail", "-f", "/dev/null"], timeout: 120 }),
+}).then(async (r) => process.stdout.write((await r.json()).id));
+')"
+[[ -n "$DIRECT_ID" ]] || fail "could not create a sandbox on the stand-in directly"
+wait "$EVENTS_PID" || fail "abx events got no sandbox/changed within 60 s: $(cat "$WORK/events.out")"
+cat "$WORK/events.out" >>"$OUT"
+node -e '
+const [file, id] = process.argv.slice(1);
+const ev = JSON.parse(require("fs").readFileSync(file, "utf8").trim().split("\n")[0]);
+console.log(`opensandbox: abx events: ${ev.change} ${ev.provider}:${ev.sandbox}`);
+if (ev.change !== "created" || ev.provider !== "opensandbox" || ev.sandbox !== id) process.exit(1);
+' "$WORK/events.out" "$DIRECT_ID" || fail "abx events did not report the sandbox made on the server: $(cat "$WORK/events.out")"
+"$ABX_BIN" kill "opensandbox:$DIRECT_ID" >>"$OUT" 2>&1 || true
+"$ABX_BIN" provider configure opensandbox poll_interval=10 >>"$OUT" 2>&1
 
 # 5. The plugin's own tests -------------------------------------------------------------------
 say "node:test suites"

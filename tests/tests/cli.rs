@@ -120,7 +120,8 @@ fn lifecycle_in_human_and_json_form() {
     let full = r[0].1.clone();
     let id = full.strip_prefix("local:").unwrap().to_owned();
 
-    // create (-j): the Sandbox with every key.
+    // create (-j): the Sandbox with every key, and what the broker adds (`network`: issue 45,
+    // item 7).
     let v = ok_json(&home, &["create", "--timeout", "5m"]);
     let mut keys: Vec<&String> = v.as_object().unwrap().keys().collect();
     keys.sort();
@@ -130,6 +131,7 @@ fn lifecycle_in_human_and_json_form() {
             "expiresAt",
             "id",
             "metadata",
+            "network",
             "provider",
             "region",
             "startedAt",
@@ -477,7 +479,13 @@ fn files_upload_download_and_wide_tables() {
     );
     err_human(
         &home,
-        &["sandbox", "files", "read", &id, "/etc/passwd"],
+        &[
+            "sandbox",
+            "files",
+            "read",
+            &id,
+            "/workspace/../../etc/passwd",
+        ],
         "E4002",
         2,
     );

@@ -768,6 +768,44 @@ fn cli_abx_code_runs_files_and_stdin_in_contexts() {
     assert!(err(&o).contains("E1004"), "{}", err(&o));
 }
 
+/// Issue 45 item 9: `abx code` says that an image came back (it printed only the figure's
+/// `<Figure size 640x480 with 1 Axes>`), and `--save-images DIR` writes it there.
+#[test]
+fn cli_abx_code_names_image_results_and_saves_them() {
+    let (home, _c, sb) = setup();
+    let out = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    // An object with a PNG (8 bytes: the signature) and a text form, as a figure has.
+    let fig = b"class Fig:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n'\n    def __repr__(self):\n        return '<Figure size 640x480 with 1 Axes>'\nFig()\n";
+    let o = home.run_with_input(&["code", &sb], fig);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(
+        out(&o),
+        "<Figure size 640x480 with 1 Axes>\n[image/png 8 bytes: use --save-images DIR]\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = dir.path().join("imgs");
+    let d = imgs.to_str().unwrap();
+    for n in 1..=2 {
+        let o = home.run_with_input(&["code", &sb, "--save-images", d], b"Fig()");
+        assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+        let path = imgs.join(format!("{n}.png"));
+        assert_eq!(
+            out(&o),
+            format!(
+                "<Figure size 640x480 with 1 Axes>\n[image/png 8 bytes: {}]\n",
+                path.display()
+            )
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"\x89PNG\r\n\x1a\n");
+    }
+    // -j: the result whole, and the paths written.
+    let o = home.run_with_input(&["-j", "code", &sb, "--save-images", d], b"Fig()");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["results"][0]["image/png"], "iVBORw0KGgo=", "{v}");
+    assert_eq!(v["savedImages"], json!([imgs.join("3.png")]), "{v}");
+}
+
 #[test]
 fn a_second_cancel_restarts_a_context_whose_cell_ignores_the_interrupt() {
     // A long grace: only the second cancel can restart the context here.

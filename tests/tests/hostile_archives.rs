@@ -1122,3 +1122,135 @@ fn templates_build_never_follows_a_sandbox_s_symlink_swaps_as_this_test_s_daemon
     let _one = serial();
     build_never_follows_a_racing_symlink(None);
 }
+
+/// How a hostile registry answers a manifest request.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// 200 declaring `Content-Length: n` and sending that many bytes.
+    Declared(u64),
+    /// 200, chunked, without end (until `SENT_AT_MOST`).
+    Endless,
+    /// `status`, with an endless chunked body holding the marker (an error page).
+    EndlessError(u16),
+}
+
+/// The most a hostile registry sends on one answer (a bound for the test itself, should the
+/// daemon read on).
+const SENT_AT_MOST: u64 = 1 << 30;
+
+/// A registry on loopback that answers `/v2/` with `{}` and every other request as `answer`
+/// says, its bodies `x`s after `head` (the marker in error pages). Returns its `host:port`.
+fn hostile_registry(answer: Answer, head: String) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            let head = head.clone();
+            std::thread::spawn(move || {
+                use std::io::{BufRead, BufReader};
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    // The rest of the request's head.
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                    }
+                    if path == "/v2/" {
+                        let _ = s.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+                        );
+                        continue;
+                    }
+                    let filler = vec![b'x'; 64 * 1024];
+                    let (status, chunked, len) = match answer {
+                        Answer::Declared(n) => (200, false, n),
+                        Answer::Endless => (200, true, SENT_AT_MOST),
+                        Answer::EndlessError(st) => (st, true, SENT_AT_MOST),
+                    };
+                    let mut out = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n{}\r\n",
+                        if chunked {
+                            "Transfer-Encoding: chunked\r\n".to_owned()
+                        } else {
+                            format!("Content-Length: {len}\r\n")
+                        }
+                    )
+                    .into_bytes();
+                    let mut first = head.clone().into_bytes();
+                    let mut sent = 0u64;
+                    while sent < len {
+                        let piece: &[u8] = if first.is_empty() {
+                            &filler[..filler.len().min((len - sent) as usize)]
+                        } else {
+                            first.truncate((len - sent).min(first.len() as u64) as usize);
+                            &first
+                        };
+                        if chunked {
+                            out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                            out.extend_from_slice(piece);
+                            out.extend_from_slice(b"\r\n");
+                        } else {
+                            out.extend_from_slice(piece);
+                        }
+                        sent += piece.len() as u64;
+                        first.clear();
+                        if s.write_all(&out).is_err() {
+                            return;
+                        }
+                        out.clear();
+                    }
+                    if chunked {
+                        let _ = s.write_all(b"0\r\n\r\n");
+                    }
+                    return;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A registry on loopback that answers a manifest with 300 MB (declared, then without a
+/// declared length and without end), or an error page without end: before, the registry
+/// client read every body whole (the 300 MB manifest, and an error's body, which it also
+/// quoted in its error). Now a manifest is read at most 4 MiB (a declared length over it is
+/// refused before anything is read), an error page at most 64 KiB, and neither is quoted.
+#[test]
+fn a_registry_answering_a_huge_manifest_or_an_endless_error_page_is_read_with_a_cap() {
+    let _one = serial();
+    let (_home, w, mut c) = watched();
+    let secret = marker("registry-body");
+    let cases = [
+        (Answer::Declared(300_000_000), "a declared 300 MB manifest"),
+        (Answer::Endless, "a manifest without end"),
+        (Answer::EndlessError(500), "an error page without end"),
+        (Answer::EndlessError(404), "a 404 page without end"),
+    ];
+    for (answer, what) in cases {
+        let host = hostile_registry(answer, format!("{{\"errors\":[{{\"message\":\"{secret}"));
+        let t0 = Instant::now();
+        let e = c.call_err(
+            "templates/pull",
+            json!({"provider": "local", "template": format!("{host}/evil/img:latest")}),
+        );
+        eprintln!("{what}: {:?}: {e}", t0.elapsed());
+        assert!(!e.to_string().contains(&secret), "{what}: quoted: {e}");
+        let code = abx_code(&e);
+        match answer {
+            Answer::EndlessError(404) => assert_eq!(code, "E2005", "{what}: {e}"),
+            Answer::EndlessError(_) => {
+                assert!(e.to_string().contains("HTTP 500"), "{what}: {e}")
+            }
+            _ => assert!(e.to_string().contains("over 4194304 bytes"), "{what}: {e}"),
+        }
+    }
+    w.check("a registry answering a 300 MB manifest, one without end, endless error pages");
+}

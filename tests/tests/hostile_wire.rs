@@ -650,6 +650,159 @@ fn two_thousand_silent_subscribers_and_a_sandbox_with_1_mb_of_metadata() {
     w.check("2000 silent subscribers, 5 sandboxes with 1 MB of metadata");
 }
 
+/// Bytes waiting to be read on a socket.
+fn unread(s: &UnixStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    n.max(0) as usize
+}
+
+/// The parent of `pid` (from `/proc/PID/stat`).
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Processes descending from `ancestor` whose command line contains `needle` (read here: at
+/// most 4 KiB of each).
+fn descendants_with(ancestor: u32, needle: &[u8]) -> Vec<u32> {
+    use std::io::Read;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            let mut head = [0u8; 4096];
+            let n = std::fs::File::open(format!("/proc/{pid}/cmdline"))
+                .and_then(|mut f| f.read(&mut head))
+                .unwrap_or(0);
+            head[..n].windows(needle.len()).any(|w| w == needle)
+        })
+        .filter(|&pid| {
+            let mut p = pid;
+            for _ in 0..8 {
+                match ppid(p) {
+                    Some(q) if q == ancestor => return true,
+                    Some(q) if q > 1 => p = q,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// Bytes process `pid` has written (`wchar` of `/proc/PID/io`), when it is ours to read.
+fn written(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("wchar:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether process `pid` is blocked writing to a full pipe.
+fn blocked_on_a_pipe(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w.contains("pipe_write"))
+}
+
+/// (5) A plugin's stream floods a client that never reads: 400 `exec/output` notifications
+/// of 900 KB (360 MB) for one exec. Before: a stream's queue took 1024 notifications (up to
+/// 1 GiB) outside the budget: the daemon read the whole flood into it and the plugin never
+/// had to wait. Now each notification is counted in the budget before the stream holds it,
+/// and a stream queues at most 4 MiB (then the plugin's reader waits): the daemon holds the
+/// client's connection budget and the stream's queue, and the plugin waits on its full
+/// pipe. Pings are answered throughout; once the client is gone the stream is detached (at
+/// most 1 MiB kept, counted), the flood runs through, and the plugin answers again.
+#[test]
+fn a_plugin_stream_flooding_a_client_that_never_reads() {
+    let _one_at_a_time = serial();
+    let home = home_with(&[("ABX_PLUGIN_TIMEOUT_SECS", "300")]);
+    let w = Watch::start(&home);
+    let mut c = home.connect();
+    let (_repo, _) = install_pinned(&mut c, "bad-stream-flood");
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    // The plugin runs (its handshake done) before the flood.
+    assert_eq!(
+        c.call("sandbox/info", json!({"sandbox": "bad-stream-flood:s1"})),
+        json!({})
+    );
+    let mut silent = UnixStream::connect(home.socket()).unwrap();
+    let start = json!({"jsonrpc": "2.0", "id": 1, "method": "exec/start",
+        "params": {"sandbox": "bad-stream-flood:s1", "argv": ["flood"]}});
+    silent.write_all(format!("{start}\n").as_bytes()).unwrap();
+    wait_until("the flood reaches its client", LONG, || {
+        assert!(daemon_up(w.pid), "the daemon died");
+        unread(&silent) >= 64 * 1024
+    });
+    // The daemon stops reading the plugin: it waits on its full pipe, its writes stopped
+    // for a second, the rest of the flood unwritten (before: the daemon read on, queueing
+    // the whole flood, and the plugin wrote it all).
+    let plugin = || descendants_with(w.pid, b"provider.py").into_iter().next();
+    let mut since: Option<(Instant, Option<u64>)> = None;
+    let mut wrote = None;
+    wait_until(
+        "the plugin waiting on its full pipe, its writes stopped",
+        LONG,
+        || {
+            assert!(daemon_up(w.pid), "the daemon died");
+            let Some(p) = plugin().filter(|&p| blocked_on_a_pipe(p)) else {
+                since = None;
+                return false;
+            };
+            let now = written(p);
+            match since {
+                Some((t, n)) if n == now => {
+                    wrote = now;
+                    t.elapsed() >= Duration::from_secs(1)
+                }
+                _ => {
+                    since = Some((Instant::now(), now));
+                    false
+                }
+            }
+        },
+    );
+    w.pings_answered(200);
+    let held = rss_kib(w.pid);
+    eprintln!(
+        "hostile_wire: while the flood waits: the plugin wrote {} MB, the daemon's RSS {} MiB (idle {} MiB)",
+        wrote.map_or("?".into(), |n| (n / 1_000_000).to_string()),
+        held / 1024,
+        w.idle_kib / 1024
+    );
+    // What the daemon read: its client's connection budget (16 MiB), the stream's queue
+    // (4 MiB), a line and the pipe. (Not readable where the plugin's /proc is not ours.)
+    if let Some(n) = wrote {
+        assert!(
+            n < 40_000_000,
+            "the plugin wrote {n} bytes before it waited"
+        );
+    }
+    assert!(
+        held < w.idle_kib + 96 * 1024,
+        "the daemon holds {held} KiB while the plugin waits (idle {} KiB)",
+        w.idle_kib
+    );
+    // The client goes: the stream is detached, the flood runs through (1 MiB kept), and the
+    // plugin answers again.
+    drop(silent);
+    assert_eq!(
+        c.call("sandbox/info", json!({"sandbox": "bad-stream-flood:s1"})),
+        json!({})
+    );
+    w.pings_answered(20);
+    w.check("a plugin stream flooding a client that never reads (400 x 900 KB)");
+}
+
 /// The budget follows the daemon's cgroup: started in a cgroup of 256 MiB, it is a quarter of
 /// that (64 MiB, logged), and the message size limit half of it (what `initialize` says). A
 /// real cgroup on this machine (v1 here; v2 has unit tests with fake files in

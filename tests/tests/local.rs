@@ -215,9 +215,10 @@ fn bad_params_keep_their_codes_and_messages() {
     assert_eq!(abx_code(&e), "E1004", "{e}");
 }
 
-/// Issue 41: `sandbox/create` with a member this broker does not know (`mounts`, from some
-/// newer API) is refused with E1004 naming it, and no sandbox is made without the mount the
-/// client asked for; the same create without it makes one.
+/// Issue 41: `sandbox/create` with a member this broker does not know (`volumes`, from some
+/// newer API; `mounts` was the example until issue 43 made it known) is refused with E1004
+/// naming it, and no sandbox is made without the volume the client asked for; the same
+/// create without it makes one.
 #[test]
 fn sandbox_create_with_an_unknown_member_creates_nothing() {
     let home = Home::new();
@@ -228,14 +229,14 @@ fn sandbox_create_with_an_unknown_member_creates_nothing() {
     let e = c.call_err(
         "sandbox/create",
         json!({"template": "base", "timeout": 60,
-               "mounts": [{"source": "/srv/data", "target": "/workspace/data"}]}),
+               "volumes": [{"source": "/srv/data", "target": "/workspace/data"}]}),
     );
     assert_eq!(abx_code(&e), "E1004", "{e}");
     assert_eq!(
         e["message"],
-        "Invalid params for 'sandbox/create': unknown member 'mounts'"
+        "Invalid params for 'sandbox/create': unknown member 'volumes'"
     );
-    assert_eq!(e["data"]["unknown"], json!(["mounts"]));
+    assert_eq!(e["data"]["unknown"], json!(["volumes"]));
     let suggestion = e["data"]["suggestion"].as_str().unwrap();
     assert!(
         suggestion.starts_with("'sandbox/create' takes 'provider', 'template', 'timeout', 'env', 'metadata', 'network', 'limits'"),
@@ -707,11 +708,23 @@ fn files_directory_operations_stat_and_bad_paths() {
         json!({"sandbox": id, "from": "d/e/f/x", "to": "d/y"}),
     );
     assert_eq!(c.sh(&id, "cat d/y")["stdout"], "1");
+    // Paths outside /workspace and /tmp are the sandbox's own view (issue 43): its /etc,
+    // never the host's; read-only there.
+    let pw = c.call("files/read", json!({"sandbox": id, "path": "/etc/passwd"}));
+    assert_eq!(
+        pw["data"].as_str().unwrap(),
+        c.sh(&id, "cat /etc/passwd")["stdout"].as_str().unwrap()
+    );
     let cases = [
         (
             "files/read",
-            json!({"sandbox": id, "path": "/etc/passwd"}),
+            json!({"sandbox": id, "path": "/workspace/../../etc/passwd"}),
             "E4002",
+        ),
+        (
+            "files/write",
+            json!({"sandbox": id, "path": "/etc/passwd", "data": "x"}),
+            "E4014",
         ),
         (
             "files/read",

@@ -114,7 +114,7 @@ fn initialize_answers_a_version_it_speaks() {
         assert_eq!(m.request(2, "ping", json!({}))["result"], json!({}));
         let tools = m.request(3, "tools/list", json!({}));
         let tools = tools["result"]["tools"].as_array().expect("tools").clone();
-        assert_eq!(tools.len(), 12);
+        assert_eq!(tools.len(), 21);
         for t in &tools {
             assert_eq!(t["inputSchema"]["type"], "object");
             assert_eq!(t.get("outputSchema").is_some(), answered >= "2025-06-18");

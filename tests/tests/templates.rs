@@ -628,9 +628,22 @@ fn cli_template_import_list_create_build_rm() {
     let r: Value =
         serde_json::from_str(&run(&["-j", "template", "import", &l, "cli/bb:1"])).unwrap();
     assert_eq!(r["name"], "cli/bb:1");
+    // The same image under a second name: both are listed (issue 45, item 8: one row per
+    // digest hid one), and `base` has its `names` too.
+    run(&["template", "import", &l, "cli/bb:2"]);
     let list = run(&["template", "list"]);
     assert!(list.starts_with("NAME"), "{list}");
-    assert!(list.contains("cli/bb:1") && list.contains("base"), "{list}");
+    assert!(
+        list.contains("cli/bb:1") && list.contains("cli/bb:2") && list.contains("base"),
+        "{list}"
+    );
+    let j: Value = serde_json::from_str(&run(&["-j", "template", "list"])).unwrap();
+    let base = &j["templates"][0];
+    assert_eq!(
+        (&base["name"], &base["names"]),
+        (&json!("base"), &json!(["base"])),
+        "{j}"
+    );
     let sb: Value =
         serde_json::from_str(&run(&["-j", "create", "--template", "cli/bb:1"])).unwrap();
     let id = sb["id"].as_str().unwrap().to_owned();

@@ -29,6 +29,7 @@
 pub mod caps;
 pub mod fds;
 pub mod keyring;
+pub mod setid;
 
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
@@ -196,6 +197,7 @@ impl Policy {
             ruleset,
             filter,
             keyrings: Prepared::refusing_keyrings().keyrings,
+            setid: None,
         })
     }
 
@@ -294,6 +296,8 @@ pub struct Prepared {
     filter: Option<Box<[libc::sock_filter]>>,
     /// The keyring filter ([`keyring::filter`]; None: no seccomp here).
     keyrings: Option<Box<[libc::sock_filter]>>,
+    /// The setuid/setgid filter ([`setid::filter`]), when asked for.
+    setid: Option<Box<[libc::sock_filter]>>,
 }
 
 impl Prepared {
@@ -304,7 +308,20 @@ impl Prepared {
             ruleset: None,
             filter: None,
             keyrings: seccomp_available().then(|| keyring::filter().into_boxed_slice()),
+            setid: None,
         }
+    }
+
+    /// These filters, and one refusing setuid and setgid bits ([`setid`]: a process that
+    /// writes host files through a mount). None where seccomp is not available.
+    pub fn refusing_setid(mut self) -> Prepared {
+        self.setid = seccomp_available().then(|| setid::filter().into_boxed_slice());
+        self
+    }
+
+    /// Whether setuid and setgid bits will be refused.
+    pub fn refuses_setid(&self) -> bool {
+        self.setid.is_some()
     }
 
     /// Whether the keyring system calls will be refused.
@@ -335,7 +352,7 @@ pub unsafe fn restrict_self(p: &Prepared) -> Result<(), (Step, i32)> {
     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
         return Err((Step::NoNewPrivs, errno()));
     }
-    for f in [&p.filter, &p.keyrings].into_iter().flatten() {
+    for f in [&p.filter, &p.keyrings, &p.setid].into_iter().flatten() {
         let prog = libc::sock_fprog {
             len: f.len() as u16,
             filter: f.as_ptr() as *mut libc::sock_filter,

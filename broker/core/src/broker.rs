@@ -33,6 +33,8 @@ pub struct Broker {
     pub extra_members: &'static [&'static str],
     /// The composition root's methods (see [`Methods`]).
     pub methods: Option<Arc<dyn Methods>>,
+    /// The commands run in each sandbox (`sandbox/log`).
+    pub cmdlog: Arc<crate::cmdlog::CmdLog>,
     started: Instant,
     started_wall: SystemTime,
     next_conn: AtomicU64,
@@ -57,6 +59,8 @@ pub struct Settings {
     /// None (the default) anywhere else: the daemon never sets it, so a member a method does
     /// not take is refused before any provider sees it.
     pub extra_members: &'static [&'static str],
+    /// Entries `sandbox/log` keeps per sandbox (the oldest dropped beyond it).
+    pub log_entries: usize,
 }
 
 impl Default for Settings {
@@ -67,6 +71,7 @@ impl Default for Settings {
             memory_budget: crate::outbound::DEFAULT_POOL,
             test_hooks: false,
             extra_members: &[],
+            log_entries: crate::cmdlog::MAX_ENTRIES,
         }
     }
 }
@@ -108,6 +113,12 @@ impl Broker {
         // What providers report on their own (expiries, sandboxes made on their backend)
         // keeps the index right too.
         events.set_index(index.clone());
+        // A sandbox that is killed or expires takes its command log with it (so does one of a
+        // builtin provider that ended while the daemon was down).
+        let cmdlog =
+            crate::cmdlog::CmdLog::new(paths.data_dir.join("cmdlog"), settings.log_entries);
+        events.set_cmdlog(cmdlog.clone());
+        cmdlog.sweep(&registry);
         let pool = crate::outbound::Pool::new(settings.memory_budget);
         // Change notifications are counted in it too (once each, shared by every subscriber).
         events.set_pool(pool.clone());
@@ -134,6 +145,7 @@ impl Broker {
             handles: Default::default(),
             events,
             methods,
+            cmdlog,
             started: Instant::now(),
             started_wall: SystemTime::now(),
             next_conn: AtomicU64::new(1),

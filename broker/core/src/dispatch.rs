@@ -142,6 +142,7 @@ pub async fn call(cx: &Cx, method: &str, raw: Option<Box<RawValue>>) -> Reply {
         }
         "provider/list" => provider_list(cx),
         "provider/info" => provider_info(cx, params(method, p)?),
+        methods::SANDBOX_LOG => crate::cmdlog::serve(cx, params(method, p)?).await,
         _ => match &cx.broker.methods {
             Some(m) if m.serves(method) => m.call(cx, method, raw).await,
             _ => Err(AbxError::new(
@@ -335,7 +336,10 @@ fn provider_info(cx: &Cx, p: ProviderIdParams) -> Reply {
 /// Resolve a `sandbox` argument: `provider:id`, or a bare id (a provider that knows it, then
 /// the index, then the providers asked, see [`crate::provider::probe_owners`]). Returns the
 /// provider and its own id. A bare id two providers hold is ambiguous (E1004 naming them).
-async fn resolve_sandbox(cx: &Cx, s: &str) -> Result<(Arc<dyn Provider>, String), AbxError> {
+pub(crate) async fn resolve_sandbox(
+    cx: &Cx,
+    s: &str,
+) -> Result<(Arc<dyn Provider>, String), AbxError> {
     let b = &cx.broker;
     if let Some((prov, id)) = s.split_once(':') {
         if let Ok(p) = b.registry.get(prov) {
@@ -471,9 +475,24 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
     let summary = provider.summary();
     let has_pty =
         method == "exec/start" && obj.get("pty").is_some_and(|v| v.get().trim() != "null");
+    // Host directories mounted into the sandbox need `storage.mount` (an empty list or null
+    // asks for none).
+    let has_mounts = method == "sandbox/create"
+        && obj.get("mounts").is_some_and(|v| {
+            let t = v.get().trim();
+            t != "null" && !(t.starts_with('[') && t[1..].trim_start().starts_with(']'))
+        });
+    // A network policy (an object, not a mode string) needs `network.vpc`: a provider that
+    // cannot enforce one refuses it (E8004), never ignores it.
+    let has_policy = method == "sandbox/create"
+        && obj
+            .get("network")
+            .is_some_and(|v| v.get().trim_start().starts_with('{'));
     for f in [
         features::for_method(method, has_pty),
         has_pty.then_some("exec.stream"),
+        has_mounts.then_some("storage.mount"),
+        has_policy.then_some("network.vpc"),
     ]
     .into_iter()
     .flatten()
@@ -489,6 +508,8 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         );
     }
 
+    // `sandbox/log`: a command's start is written before the provider sees it.
+    let logged = crate::cmdlog::begin(cx, method, &summary.id, local_id.as_deref(), &obj, has_pty);
     let ccx = CallCx {
         conn: cx.conn.handle.clone(),
         cancel: cx.cancel.clone(),
@@ -535,6 +556,9 @@ async fn route(cx: &Cx, method: &str, p: Option<Box<RawValue>>) -> Reply {
         }
         res
     };
+    if let Some(logged) = logged {
+        logged.finish(method, &res);
+    }
     match (&res, method) {
         (Ok(raw), "sandbox/create") => {
             if let Some(id) = reply_str(raw, "id") {

@@ -93,6 +93,8 @@ struct Hub {
     cap: usize,
     /// The broker's sandbox index, kept up to date with every change.
     index: std::sync::OnceLock<Arc<crate::index::Index>>,
+    /// The broker's command logs: a killed or expired sandbox's goes.
+    cmdlog: std::sync::OnceLock<Arc<crate::cmdlog::CmdLog>>,
     /// The broker-wide budget the notifications are counted in (set by the broker; a hub
     /// without one counts in a pool of its own).
     pool: std::sync::OnceLock<Pool>,
@@ -139,6 +141,7 @@ impl Events {
             subs: Mutex::new(HashMap::new()),
             cap: cap.max(1),
             index: std::sync::OnceLock::new(),
+            cmdlog: std::sync::OnceLock::new(),
             pool: std::sync::OnceLock::new(),
             stripped: Default::default(),
         }))
@@ -169,6 +172,11 @@ impl Events {
         let _ = self.0.index.set(index);
     }
 
+    /// Remove the command log (`sandbox/log`) of a sandbox killed or expired.
+    pub fn set_cmdlog(&self, log: Arc<crate::cmdlog::CmdLog>) {
+        let _ = self.0.cmdlog.set(log);
+    }
+
     /// Report a change of `sandbox` (the id as `sandbox/list` shows it) of `provider`.
     /// `info` is the sandbox as `sandbox/info` returns it, when known. Never waits.
     pub fn emit(&self, provider: &str, sandbox: &str, change: &str, info: Option<&Value>) {
@@ -187,6 +195,9 @@ impl Events {
                 }
                 _ => {}
             }
+        }
+        if let (Some(log), "killed" | "expired") = (self.0.cmdlog.get(), change) {
+            log.remove(provider, sandbox);
         }
         let subs: Vec<Arc<Sub>> = self
             .0
@@ -224,6 +235,72 @@ impl Events {
                             "sandbox/changed subscriber is not reading: dropping its oldest notifications"
                         );
                     }
+                    q.dropped += 1;
+                }
+            }
+            s.wake.notify_one();
+        }
+    }
+
+    /// Report a connection of `sandbox` refused by its network policy (`sandbox/blocked
+    /// {sandbox, provider, host, port, count}`, issue 44) to the subscribers only (the
+    /// index and the command logs do not change). Never waits; dropped, logged, when the
+    /// budget has no room for it.
+    pub fn emit_blocked(&self, provider: &str, sandbox: &str, host: &str, port: u16, count: u64) {
+        #[derive(Serialize)]
+        struct Blocked<'a> {
+            sandbox: &'a str,
+            provider: &'a str,
+            host: &'a str,
+            port: u16,
+            count: u64,
+        }
+        let subs: Vec<Arc<Sub>> = self
+            .0
+            .subs
+            .lock()
+            .expect("subscribers")
+            .values()
+            .cloned()
+            .collect();
+        if subs.is_empty() {
+            return;
+        }
+        let params = Blocked {
+            sandbox,
+            provider,
+            host,
+            port,
+            count,
+        };
+        let len = 160 + 6 * (sandbox.len() + provider.len() + host.len());
+        let Some(mut counted) = self.pool().try_take_exact(len) else {
+            warn!(
+                provider,
+                sandbox, "sandbox/blocked dropped: the memory budget is full"
+            );
+            return;
+        };
+        let mut body = message::encode_notification_with("sandbox/blocked", len, |out| {
+            serde_json::to_writer(&mut *out, &params).expect("strings serialize");
+        });
+        body.shrink_to_fit();
+        let keep = body.len().max(1);
+        if counted.num_permits() > keep {
+            drop(counted.split(counted.num_permits() - keep));
+        }
+        let body = Bytes::from_owner(Shared {
+            body,
+            _counted: Some(counted),
+        });
+        for s in subs {
+            {
+                let mut q = s.queue.lock().expect("event queue");
+                q.items.push_back(body.clone());
+                q.bytes += body.len();
+                while (q.items.len() > self.0.cap || q.bytes > QUEUE_BYTES) && q.items.len() > 1 {
+                    let old = q.items.pop_front().expect("non-empty");
+                    q.bytes -= old.len();
                     q.dropped += 1;
                 }
             }

@@ -15,12 +15,14 @@
 //! - [`events`]: `sandbox/subscribe` and `sandbox/changed`.
 //! - [`index`]: which provider owns which sandbox, on disk.
 //! - [`signals`]: signal names and kill escalation, shared by providers.
+//! - [`cmdlog`]: `sandbox/log`, the commands run in each sandbox.
 //!
 //! **Invariants:** every request gets exactly one response, a panicking handler included
 //! (E9001); nothing here writes to stdout; a client that stops reading only ever blocks its
 //! own connection. (In-memory tests with an injected provider: `tests/core.rs`.)
 
 pub mod broker;
+pub mod cmdlog;
 pub mod conn;
 pub mod dispatch;
 pub mod events;

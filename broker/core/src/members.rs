@@ -25,7 +25,7 @@ use std::fmt;
 use tokio::sync::OwnedSemaphorePermit;
 
 /// The most members params may have.
-pub const MAX_MEMBERS: usize = 256;
+pub const MAX_MEMBERS: usize = abx_protocol::api::params::MAX_MEMBERS;
 /// A string member at least this long is made in place (the request's buffer becomes it).
 const IN_PLACE: usize = 64 * 1024;
 /// What a `Value` of params may cost beside its in-place string before it is counted in the

@@ -34,6 +34,13 @@ pub const MSG_OVERHEAD: usize = 64;
 pub const OWN_ALLOWANCE: usize = 64 * 1024;
 /// Messages up to this cost (body + overhead) may use the connection's own allowance.
 pub const SMALL_MESSAGE: usize = 8 * 1024;
+/// Bytes of small replies each connection may reserve before they run outside the
+/// broker-wide pool: apart from [`OWN_ALLOWANCE`], so requests in flight (a `code/run` cell
+/// runs for minutes holding its reply's reservation) never keep the connection's own
+/// messages (their notifications) from its allowance (issue 42: 50 cells of a connection
+/// that never read held all of it, and their notifications then had to wait for a pool
+/// other such clients held).
+pub const RESERVE_ALLOWANCE: usize = 32 * 1024;
 /// Default broker-wide cap on queued outbound bytes and large result buffers
 /// (`ABX_MEMORY_BUDGET`).
 pub const DEFAULT_POOL: usize = 128 * 1024 * 1024;
@@ -142,20 +149,28 @@ pub type Hold = Arc<Mutex<Option<OwnedSemaphorePermit>>>;
 pub struct Permits {
     conn: OwnedSemaphorePermit,
     own: Option<OwnedSemaphorePermit>,
+    /// Of the connection's reservation allowance ([`RESERVE_ALLOWANCE`]).
+    rsv: Option<OwnedSemaphorePermit>,
     pool: Option<OwnedSemaphorePermit>,
 }
 
 impl Permits {
     /// Bytes of the pool or allowance held.
     fn shared(&self) -> usize {
-        self.own.as_ref().map_or(0, |p| p.num_permits())
-            + self.pool.as_ref().map_or(0, |p| p.num_permits())
+        [&self.own, &self.rsv, &self.pool]
+            .iter()
+            .map(|p| p.as_ref().map_or(0, |p| p.num_permits()))
+            .sum()
     }
 
     /// Take over `other`'s permits (of the same connection).
     fn merge(&mut self, other: Permits) {
         self.conn.merge(other.conn);
-        for (mine, theirs) in [(&mut self.own, other.own), (&mut self.pool, other.pool)] {
+        for (mine, theirs) in [
+            (&mut self.own, other.own),
+            (&mut self.rsv, other.rsv),
+            (&mut self.pool, other.pool),
+        ] {
             match (mine.as_mut(), theirs) {
                 (Some(m), Some(t)) => m.merge(t),
                 (None, t) => *mine = t,
@@ -186,12 +201,12 @@ impl Permits {
             return false;
         }
         trim(&mut self.conn, conn);
-        let own = self.own.as_ref().map_or(0, |p| p.num_permits());
-        if own >= shared {
-            self.pool = None;
-            trim_opt(&mut self.own, shared);
-        } else if let Some(p) = &mut self.pool {
-            trim(p, shared - own);
+        // Kept in this order: the connection's own allowances first, the pool last.
+        let mut left = shared;
+        for p in [&mut self.own, &mut self.rsv, &mut self.pool] {
+            let have = p.as_ref().map_or(0, |p| p.num_permits());
+            trim_opt(p, left);
+            left -= have.min(left);
         }
         true
     }
@@ -349,6 +364,8 @@ struct Shared {
     budget: Arc<Semaphore>,
     /// The connection's own allowance for small messages (outside the pool).
     own: Arc<Semaphore>,
+    /// Its allowance for small replies reserved before they run ([`RESERVE_ALLOWANCE`]).
+    rsv: Arc<Semaphore>,
     /// The broker-wide pool.
     pool: Pool,
     closed: CancellationToken,
@@ -376,6 +393,7 @@ impl Outbound {
                 tx,
                 budget: Arc::new(Semaphore::new(OUTBOUND_BUDGET)),
                 own: Arc::new(Semaphore::new(OWN_ALLOWANCE)),
+                rsv: Arc::new(Semaphore::new(RESERVE_ALLOWANCE)),
                 pool,
                 closed: CancellationToken::new(),
                 writer,
@@ -394,6 +412,9 @@ impl Outbound {
         permit: Permits,
         report: Option<Delivery>,
     ) -> Result<(), Vec<u8>> {
+        // `sandbox/log`: every message to a client passes here (an exit seen already in
+        // `queue` is a no-op the second time).
+        crate::cmdlog::exit_seen(&body);
         let permit = match report {
             Some(_) => permit,
             None => match self.write_now(&body, permit) {
@@ -696,17 +717,42 @@ impl Outbound {
     }
 
     /// The shared part of a message's cost, if free now: the connection's own allowance
-    /// when the message is small and there is room, else the pool.
+    /// (for a reply reserved before it runs, its reservation allowance) when the message is
+    /// small and there is room, else the pool.
     fn try_shared(
         &self,
+        conn: OwnedSemaphorePermit,
         n: usize,
-    ) -> Option<(Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>)> {
+        reserving: bool,
+    ) -> Result<Permits, OwnedSemaphorePermit> {
+        let mut p = Permits {
+            conn,
+            own: None,
+            rsv: None,
+            pool: None,
+        };
         if n <= SMALL_MESSAGE {
-            if let Ok(own) = self.shared.own.clone().try_acquire_many_owned(n as u32) {
-                return Some((Some(own), None));
+            let sem = if reserving {
+                &self.shared.rsv
+            } else {
+                &self.shared.own
+            };
+            if let Ok(own) = sem.clone().try_acquire_many_owned(n as u32) {
+                if reserving {
+                    p.rsv = Some(own);
+                } else {
+                    p.own = Some(own);
+                }
+                return Ok(p);
             }
         }
-        self.shared.pool.try_take(n).map(|p| (None, Some(p)))
+        match self.shared.pool.try_take(n) {
+            Some(pool) => {
+                p.pool = Some(pool);
+                Ok(p)
+            }
+            None => Err(p.conn),
+        }
     }
 
     /// Take what a message of `bytes` costs: the connection's budget, then its allowance or
@@ -716,19 +762,21 @@ impl Outbound {
     /// connection's part goes back while the pool is waited for. `None` once the connection
     /// is gone.
     async fn take(&self, bytes: usize) -> Option<Permits> {
-        self.take_with(bytes, 0).await
+        self.take_with(bytes, 0, false).await
     }
 
     /// [`Outbound::take`] with `work` more bytes of the shared part (memory the work holds
-    /// beside the reply for a moment; given back when the reply is queued).
-    async fn take_with(&self, bytes: usize, work: usize) -> Option<Permits> {
+    /// beside the reply for a moment; given back when the reply is queued); `reserving`: for
+    /// a reply not built yet (its small part from the reservation allowance).
+    async fn take_with(&self, bytes: usize, work: usize, reserving: bool) -> Option<Permits> {
         let (c, sh) = costs(bytes, &self.shared.pool);
         let sh = sh.saturating_add(work).min(self.shared.pool.cap());
         loop {
             let conn = self.conn_units(c).await?;
-            if let Some((own, pool)) = self.try_shared(sh) {
-                return Some(Permits { conn, own, pool });
-            }
+            let conn = match self.try_shared(conn, sh, reserving) {
+                Ok(p) => return Some(p),
+                Err(conn) => conn,
+            };
             drop(conn);
             let pool = tokio::select! {
                 p = self.shared.pool.take(sh) => p,
@@ -738,23 +786,31 @@ impl Outbound {
                 return Some(Permits {
                     conn,
                     own: None,
+                    rsv: None,
                     pool: Some(pool),
                 });
             }
         }
     }
 
-    /// Reserve `bytes` (of the connection's budget and of the allowance or broker-wide pool)
-    /// for a reply not built yet. Waits while either is short; `None` once the connection is
-    /// gone.
+    /// Reserve `bytes` (of the connection's budget and of its reservation allowance or the
+    /// broker-wide pool) for a reply not built yet. Waits while either is short; `None` once
+    /// the connection is gone.
     pub async fn reserve(&self, bytes: usize) -> Option<Permits> {
-        self.take(bytes).await
+        self.take_with(bytes, 0, true).await
     }
 
     /// [`Outbound::reserve`] with `work` bytes more of the shared budget, for memory the
     /// work holds beside its reply while it builds it (see [`limits::work_reserve`]).
     pub async fn reserve_with(&self, bytes: usize, work: usize) -> Option<Permits> {
-        self.take_with(bytes, work).await
+        self.take_with(bytes, work, true).await
+    }
+
+    /// Wait until the connection's budget has room for `bytes` (or the connection is gone),
+    /// holding none of it: a producer reads what becomes this client's messages only as
+    /// fast as the client takes them, without holding budget while it waits.
+    pub async fn room(&self, bytes: usize) {
+        drop(self.conn_units(bytes.min(OUTBOUND_BUDGET)).await);
     }
 
     /// Queue `body` against a reservation from [`Outbound::reserve`] and a handler's
@@ -774,6 +830,12 @@ impl Outbound {
             permits.add_pool(h);
         }
         let (c, sh) = costs(body.len(), &self.shared.pool);
+        if permits.shared() < sh && sh <= SMALL_MESSAGE && permits.own.is_none() {
+            // A small message: the connection's own allowance, as for any other.
+            if let Ok(own) = self.shared.own.clone().try_acquire_many_owned(sh as u32) {
+                permits.own = Some(own);
+            }
+        }
         if permits.shared() < sh {
             match self.shared.pool.try_take(sh - permits.shared()) {
                 Some(more) => permits.add_pool(more),
@@ -785,12 +847,22 @@ impl Outbound {
         }
         if !permits.fit(c, sh) {
             // The connection's part is short: wait for all of it, holding none of it.
-            let Permits { conn, own, pool } = permits;
+            let Permits {
+                conn,
+                own,
+                rsv,
+                pool,
+            } = permits;
             drop(conn);
             let Some(conn) = self.conn_units(c).await else {
                 return false;
             };
-            permits = Permits { conn, own, pool };
+            permits = Permits {
+                conn,
+                own,
+                rsv,
+                pool,
+            };
             permits.fit(c, sh);
         }
         self.push(body, permits, None).is_ok()
@@ -817,6 +889,45 @@ impl Outbound {
         self.queue(body, Some(report), permits).await
     }
 
+    /// [`Outbound::send_tracked`] for a body whose memory `hold` (pool bytes) counts
+    /// already (a plugin's stream notification, counted when it was read): queued against
+    /// those bytes, never counted twice. Waits only for the connection's budget (the body
+    /// exists, its bytes stay counted meanwhile); when `hold` is short and the pool has no
+    /// more now, it is given back and the whole cost waited for as [`Outbound::send`] does.
+    pub async fn send_tracked_held(
+        &self,
+        body: Vec<u8>,
+        report: Delivery,
+        hold: Option<OwnedSemaphorePermit>,
+    ) -> Result<(), Vec<u8>> {
+        let (c, sh) = costs(body.len(), &self.shared.pool);
+        let mut pool = hold;
+        let have = pool.as_ref().map_or(0, |p| p.num_permits());
+        if have < sh {
+            match self.shared.pool.try_take(sh - have) {
+                Some(more) => match &mut pool {
+                    Some(p) => p.merge(more),
+                    None => pool = Some(more),
+                },
+                None => {
+                    drop(pool);
+                    return self.queue(body, Some(report), None).await;
+                }
+            }
+        }
+        let Some(conn) = self.conn_units(c).await else {
+            return Err(body);
+        };
+        let mut permits = Permits {
+            conn,
+            own: None,
+            rsv: None,
+            pool,
+        };
+        permits.fit(c, sh);
+        self.push(body, permits, Some(report))
+    }
+
     /// Queue a body shared with other connections (a `sandbox/changed` every subscriber
     /// gets: one copy, whose memory its sender counted once). It costs this connection its
     /// budget (so a client that does not read holds at most 16 MiB of them), never the pool
@@ -830,6 +941,7 @@ impl Outbound {
         let permits = Permits {
             conn,
             own: None,
+            rsv: None,
             pool: None,
         };
         self.push_shared(body, permits, done)
@@ -838,7 +950,7 @@ impl Outbound {
     /// [`Outbound::reserve_with`] for a request that holds pool bytes already (its message,
     /// and `headroom` reserved with it for its reply): it never waits for the pool while it
     /// holds them (no two such requests can wait on each other). The shared part comes from
-    /// the connection's own allowance (small replies), else from `headroom`, else from what
+    /// the connection's reservation allowance (small replies), else from `headroom`, else from what
     /// the pool has free now; `Err(())` when that is not enough (the connection's part is
     /// given back). Waits only for the connection's own budget. `Ok(None)`: the connection
     /// is gone.
@@ -854,10 +966,11 @@ impl Outbound {
             return Ok(None);
         };
         if sh <= SMALL_MESSAGE {
-            if let Ok(own) = self.shared.own.clone().try_acquire_many_owned(sh as u32) {
+            if let Ok(rsv) = self.shared.rsv.clone().try_acquire_many_owned(sh as u32) {
                 return Ok(Some(Permits {
                     conn,
-                    own: Some(own),
+                    own: None,
+                    rsv: Some(rsv),
                     pool: None,
                 }));
             }
@@ -884,6 +997,7 @@ impl Outbound {
         Ok(Some(Permits {
             conn,
             own: None,
+            rsv: None,
             pool,
         }))
     }
@@ -894,6 +1008,9 @@ impl Outbound {
         report: Option<Delivery>,
         permits: Option<Permits>,
     ) -> Result<(), Vec<u8>> {
+        // `sandbox/log`: an exec's exit ends its entry, also when the client is gone (the
+        // stream keeps it for an attach).
+        crate::cmdlog::exit_seen(&body);
         let (c, sh) = costs(body.len(), &self.shared.pool);
         let fitted = permits.and_then(|mut p| p.fit(c, sh).then_some(p));
         let permits = match fitted {
@@ -926,6 +1043,7 @@ impl Outbound {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn handle(pool: &Pool) -> (Outbound, mpsc::UnboundedReceiver<Queued>) {
         Outbound::new(1, pool.clone(), None)
@@ -960,6 +1078,68 @@ mod tests {
         assert!(pool.available() < pool.cap());
         drop(m);
         assert_eq!(pool.available(), pool.cap());
+    }
+
+    /// Replies reserved before they run (a `code/run` cell runs for minutes holding its
+    /// reservation) have an allowance of their own, apart from the one small messages are
+    /// sent from (issue 42: 50 cells' reservations held all of it, and their notifications
+    /// then waited for a pool other clients held): with the pool held and the reservation
+    /// allowance used up, the connection's small messages still go, and a further
+    /// reservation waits for the pool.
+    #[tokio::test]
+    async fn reservations_never_keep_small_messages_from_the_allowance() {
+        let pool = Pool::new(1 << 20);
+        let (h, mut rx) = handle(&pool);
+        let hog = pool.try_take(pool.cap()).expect("the whole pool");
+        // Every reservation there is room for without the pool.
+        let mut held = Vec::new();
+        while let Some(p) = futures::FutureExt::now_or_never(h.reserve(4096)) {
+            held.push(p.expect("reserved"));
+        }
+        assert_eq!(held.len(), RESERVE_ALLOWANCE / (4096 + MSG_OVERHEAD));
+        let more = h.clone();
+        let waiter = tokio::spawn(async move { more.reserve(4096).await.is_some() });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "past the allowance: the pool");
+        for _ in 0..100 {
+            let sent = tokio::time::timeout(Duration::from_secs(5), h.send(vec![b'x'; 4096]));
+            assert!(sent.await.expect("sent without the pool"));
+            drop(rx.recv().await.expect("queued"));
+        }
+        // A notification sent against a reservation of nothing (what a cell does).
+        let r = h.reserve(0).await.expect("reserved");
+        let sent = tokio::time::timeout(
+            Duration::from_secs(5),
+            h.send_reserved(vec![b'y'; 6000], r, None),
+        );
+        assert!(sent.await.expect("sent without the pool"));
+        drop(rx.recv().await.expect("queued"));
+        drop(hog);
+        assert!(waiter.await.unwrap());
+        drop(held);
+    }
+
+    /// `room` waits while the connection's budget is full (its client does not read) and
+    /// holds none of it; it returns once the client takes what it was sent, or at once when
+    /// the connection is gone.
+    #[tokio::test]
+    async fn room_waits_for_the_client_and_holds_nothing() {
+        let pool = Pool::new(64 << 20);
+        let (h, mut rx) = handle(&pool);
+        assert!(h.send(vec![b'x'; OUTBOUND_BUDGET - 1024]).await);
+        let w = h.clone();
+        let waiter = tokio::spawn(async move { w.room(64 * 1024).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(rx.recv().await.expect("queued"));
+        waiter.await.unwrap();
+        assert_eq!(h.shared.budget.available_permits(), OUTBOUND_BUDGET);
+        assert!(h.send(vec![b'x'; OUTBOUND_BUDGET - 1024]).await);
+        let w = h.clone();
+        let waiter = tokio::spawn(async move { w.room(64 * 1024).await });
+        tokio::task::yield_now().await;
+        h.shared.closed.cancel();
+        waiter.await.unwrap();
     }
 
     /// A reply counted while it was built (a hold) is queued against those bytes: nothing is

@@ -1379,7 +1379,7 @@ async fn every_closed_method_refuses_a_made_up_member_before_any_provider() {
     assert_eq!(c.call("broker/ping", json!({})).await.ok(), json!({}));
 }
 
-/// `sandbox/create {mounts: [...]}` (a member of some newer API) is refused, naming it: no
+/// `sandbox/create {volumes: [...]}` (a member of some newer API) is refused, naming it: no
 /// sandbox is made without what the client asked for. The same create without it works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_create_with_an_unknown_member_creates_nothing() {
@@ -1389,18 +1389,20 @@ async fn sandbox_create_with_an_unknown_member_creates_nothing() {
         .call(
             "sandbox/create",
             json!({"provider": "p", "id": "new1", "template": "base",
-                   "mounts": [{"source": "/data", "target": "/workspace/data"}]}),
+                   "volumes": [{"source": "/data", "target": "/workspace/data"}]}),
         )
         .await
         .err_code(ErrorCode::InvalidParams);
     assert_eq!(
         err.message,
-        "Invalid params for 'sandbox/create': unknown member 'mounts'"
+        "Invalid params for 'sandbox/create': unknown member 'volumes'"
     );
     let data = err.data.unwrap();
     assert_eq!(
         data["accepted"],
-        json!(["provider", "template", "timeout", "env", "metadata", "network", "limits"])
+        json!([
+            "provider", "template", "timeout", "env", "metadata", "network", "limits", "mounts"
+        ])
     );
     assert!(
         data["suggestion"]
@@ -1415,13 +1417,13 @@ async fn sandbox_create_with_an_unknown_member_creates_nothing() {
     let err = c
         .call(
             "sandbox/create",
-            json!({"provider": "p", "mounts": [], "gpu": 1}),
+            json!({"provider": "p", "volumes": [], "gpu": 1}),
         )
         .await
         .err_code(ErrorCode::InvalidParams);
     assert_eq!(
         err.message,
-        "Invalid params for 'sandbox/create': unknown members 'gpu', 'mounts'"
+        "Invalid params for 'sandbox/create': unknown members 'gpu', 'volumes'"
     );
     assert_eq!(t.seen.count("sandbox/create"), 0);
     let v = c
@@ -1467,7 +1469,7 @@ async fn a_raw_provider_never_sees_an_unknown_member() {
             .await
             .err_code(ErrorCode::InvalidParams);
     }
-    c.call("sandbox/create", json!({"provider": "raw", "mounts": []}))
+    c.call("sandbox/create", json!({"provider": "raw", "volumes": []}))
         .await
         .err_code(ErrorCode::InvalidParams);
     assert_eq!(probe.got.lock().unwrap().clone(), Vec::<String>::new());

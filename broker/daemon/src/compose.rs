@@ -3,6 +3,7 @@
 //! the core, with the daemon's own methods (`provider/*` management and the contract kit).
 
 use crate::manage::{self, Plugins};
+use crate::secrets;
 use abx_core::broker::{Methods, Settings};
 use abx_core::dispatch::{self, params, reply, Cx, Reply};
 use abx_core::provider::{BoxFut, Provider};
@@ -58,7 +59,8 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// The broker settings from the environment: `ABX_BROKER_VERSION`, `ABX_MAX_MESSAGE_SIZE`,
 /// `ABX_MEMORY_BUDGET` (at most a quarter of the daemon's own cgroup memory limit, when it
-/// has one: [`budget_within_cgroup`]), `ABX_TEST_HOOKS`.
+/// has one: [`budget_within_cgroup`]), `ABX_TEST_HOOKS`, `ABX_LOG_ENTRIES` (entries
+/// `sandbox/log` keeps per sandbox).
 pub fn settings_from_env() -> Settings {
     let mut s = Settings::default();
     if let Some(v) = std::env::var("ABX_BROKER_VERSION")
@@ -99,6 +101,13 @@ pub fn settings_from_env() -> Settings {
         ),
     }
     s.test_hooks = std::env::var("ABX_TEST_HOOKS").is_ok_and(|v| v == "1");
+    if let Some(n) = std::env::var("ABX_LOG_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+    {
+        s.log_entries = n;
+    }
     s
 }
 
@@ -242,9 +251,16 @@ pub fn broker(paths: Paths) -> Arc<Broker> {
         None => abx_core::events::Events::default(),
     };
     let config = abx_home::config::read(&paths.config_dir);
+    // The values of egress headers (`secret:KEY`): one 0600 file of the config dir, held by
+    // the daemon only (docs/local-sandboxes.md, "Credentials that never enter the sandbox").
+    let secrets = Arc::new(abx_egress::SecretStore::open(
+        paths.config_dir.join("egress-secrets.json"),
+    ));
+    let mut settings = abx_local::sandboxes::Settings::from_config(&config).protecting(&paths);
+    settings.secrets = secrets.clone();
     let local: Arc<dyn Provider> = Arc::new(abx_local::sandboxes::LocalProvider::start(
         &paths.data_dir,
-        abx_local::sandboxes::Settings::from_config(&config),
+        settings,
         events.clone(),
     ));
     let plugins = manage::load_installed(&paths, &events);
@@ -252,6 +268,7 @@ pub fn broker(paths: Paths) -> Arc<Broker> {
     providers.extend(plugins.providers());
     let methods = Arc::new(Daemon {
         plugins,
+        secrets,
         broker: Default::default(),
     });
     let broker = Arc::new(Broker::new(
@@ -281,6 +298,8 @@ pub fn broker(paths: Paths) -> Arc<Broker> {
 /// The daemon's own methods.
 struct Daemon {
     plugins: Plugins,
+    /// The secret store of egress headers (`secrets/*`).
+    secrets: Arc<abx_egress::SecretStore>,
     /// The broker these methods belong to (the kit's connections are served by it).
     broker: std::sync::OnceLock<Weak<Broker>>,
 }
@@ -307,6 +326,9 @@ impl Methods for Daemon {
                 methods::PROVIDER_CONFIGURE => manage::configure(m, b, params(method, p)?).await,
                 methods::PROVIDER_SET_DEFAULT => manage::set_default(b, params(method, p)?),
                 methods::PROVIDER_TEST => self.test(cx, params(method, p)?).await,
+                methods::SECRETS_SET => secrets::set(&self.secrets, params(method, p)?).await,
+                methods::SECRETS_LIST => Ok(secrets::list(&self.secrets)),
+                methods::SECRETS_REMOVE => secrets::remove(&self.secrets, params(method, p)?).await,
                 _ => unreachable!("names() lists every method"),
             }
             .and_then(|v| reply(&v))

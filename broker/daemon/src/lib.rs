@@ -12,6 +12,7 @@
 pub mod compose;
 pub mod logging;
 pub mod manage;
+pub mod secrets;
 pub mod socket;
 pub mod stdio;
 

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::RwLock;
+use std::time::Duration;
 
 /// The installed plugins the daemon runs, by id (the same providers the core's registry
 /// holds as `dyn Provider`).
@@ -253,6 +254,11 @@ pub async fn doctor(m: &Plugins, b: &Arc<Broker>, p: ProviderIdParams) -> Result
             json!({"name": "handshake", "ok": false, "detail": err.message, "code": err.code.abx()})
         }
     });
+    // The plugin's own checks (its service reachable, its credentials accepted): EPP/1
+    // `provider/doctor`, optional (a plugin without it answers -32601 and adds none).
+    if hs.is_ok() {
+        checks.extend(plugin_checks(e.host()).await);
+    }
     let info = prov.info();
     let sec = &info["security"];
     let enforced = sec["enforced"] == true;
@@ -286,6 +292,61 @@ pub async fn doctor(m: &Plugins, b: &Arc<Broker>, p: ProviderIdParams) -> Result
     }
     let ok = checks.iter().all(|c| c["ok"] == true);
     Ok(json!({"checks": checks, "ok": ok}))
+}
+
+/// How long the plugin's own doctor checks may take.
+const PLUGIN_DOCTOR_TIMEOUT: Duration = Duration::from_secs(15);
+/// At most this many checks of a plugin's are shown, each detail cut at 1 KiB.
+const PLUGIN_DOCTOR_CHECKS: usize = 16;
+
+/// The checks a plugin reports itself (`provider/doctor`, docs/epp-1.md §6.7): each
+/// `{name, ok, detail?, code?}`; a plugin without the method adds none; a failing or
+/// malformed answer is one failed check saying so.
+async fn plugin_checks(host: &abx_plugins::host::Host) -> Vec<Value> {
+    let failed = |detail: String| json!({"name": "plugin", "ok": false, "detail": detail});
+    let r = host
+        .call(
+            "provider/doctor",
+            &json!({}),
+            None,
+            None,
+            None,
+            Some(PLUGIN_DOCTOR_TIMEOUT),
+            None,
+        )
+        .await;
+    let raw = match r {
+        Ok(raw) => raw,
+        Err(e) if e.code == ErrorCode::MethodNotFound => return Vec::new(),
+        Err(e) => return vec![failed(format!("[{}] {}", e.code.abx(), e.message))],
+    };
+    let Ok(v) = serde_json::from_str::<Value>(raw.get()) else {
+        return vec![failed("its provider/doctor answer is not JSON".into())];
+    };
+    let Some(list) = v["checks"].as_array() else {
+        return vec![failed("its provider/doctor answer has no checks".into())];
+    };
+    let cut = |s: &str| -> String {
+        let mut end = s.len().min(1024);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s[..end].to_owned()
+    };
+    list.iter()
+        .take(PLUGIN_DOCTOR_CHECKS)
+        .map(|c| {
+            let mut o = json!({
+                "name": cut(c["name"].as_str().unwrap_or("plugin")),
+                "ok": c["ok"] == true,
+                "detail": cut(c["detail"].as_str().unwrap_or("")),
+            });
+            if let Some(code) = c["code"].as_str().and_then(ErrorCode::from_abx) {
+                o["code"] = json!(code.abx());
+            }
+            o
+        })
+        .collect()
 }
 
 fn list_or_none(v: &Value) -> String {

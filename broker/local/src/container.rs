@@ -84,6 +84,8 @@ pub struct Container {
     alive: AtomicBool,
     /// The user-mode networking helper of an `internet` sandbox.
     pasta: Mutex<Option<i32>>,
+    /// The sandbox's `/` ([`Container::root`]), asked for once.
+    root: tokio::sync::Mutex<Option<Arc<OwnedFd>>>,
 }
 
 fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -434,7 +436,9 @@ fn configure(
         outer.kill_blocking();
         e
     };
-    if let Err(e) = init::send(ours.as_raw_fd(), &body, &[], 0) {
+    // The mounts' sources (or trees) travel with the config.
+    let fds: Vec<i32> = cfg.fds.iter().map(|f| f.as_raw_fd()).collect();
+    if let Err(e) = init::send(ours.as_raw_fd(), &body, &fds, 0) {
         return Err(fail(&outer, format!("sending the sandbox config: {e}")));
     }
     // The first event: Ready or SetupFailed, in bounded time.
@@ -513,6 +517,13 @@ impl Container {
             .await
             .map_err(AbxError::internal)?
             .map_err(|e| {
+                // A mount the init refused (its source is no longer what was checked).
+                if let Some((path, reason)) = e
+                    .strip_prefix("E2010 mount of '")
+                    .and_then(|r| r.split_once("' refused: "))
+                {
+                    return crate::workspace::mounts::refused(path, reason);
+                }
                 AbxError::new(
                     ErrorCode::SandboxCreateFailed,
                     &[("detail", &format!("building the sandbox failed: {e}")), ("provider", "local")],
@@ -561,6 +572,7 @@ impl Container {
             exits: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             pasta: Mutex::new(pasta),
+            root: tokio::sync::Mutex::new(None),
         });
         let r = c.clone();
         tokio::spawn(async move { r.read_loop().await });
@@ -751,6 +763,62 @@ impl Container {
             Ok(Answer::Connected(mut fds)) if !fds.is_empty() => Ok(fds.remove(0)),
             Ok(Answer::Failed { errno, .. }) => Err(io::Error::from_raw_os_error(errno)),
             Ok(_) => Err(io::Error::other("unexpected answer to connect")),
+            Err(e) => Err(io::Error::other(e.message)),
+        }
+    }
+
+    /// A TCP socket listening on `127.0.0.1` inside the sandbox's network namespace (an
+    /// ephemeral port), made by its init; the daemon accepts its connections (the egress
+    /// proxy of a sandbox with a network policy).
+    pub async fn listen(&self) -> Result<OwnedFd, io::Error> {
+        let seq = self.next();
+        match self.request(Request::Listen { seq }, seq, &[]).await {
+            Ok(Answer::Connected(mut fds)) if !fds.is_empty() => Ok(fds.remove(0)),
+            Ok(Answer::Failed { errno, .. }) => Err(io::Error::from_raw_os_error(errno)),
+            Ok(_) => Err(io::Error::other("unexpected answer to listen")),
+            Err(e) => Err(io::Error::other(e.message)),
+        }
+    }
+
+    /// An `O_PATH` descriptor of the sandbox's `/` as its init sees it (in its mount
+    /// namespace).
+    pub async fn root(&self) -> Result<Arc<OwnedFd>, io::Error> {
+        let mut g = self.root.lock().await;
+        if let Some(r) = g.as_ref() {
+            return Ok(r.clone());
+        }
+        let seq = self.next();
+        match self.request(Request::Root { seq }, seq, &[]).await {
+            Ok(Answer::Connected(mut fds)) if !fds.is_empty() => {
+                let r = Arc::new(fds.remove(0));
+                *g = Some(r.clone());
+                Ok(r)
+            }
+            Ok(Answer::Failed { errno, .. }) => Err(io::Error::from_raw_os_error(errno)),
+            Ok(_) => Err(io::Error::other("unexpected answer to root")),
+            Err(e) => Err(io::Error::other(e.message)),
+        }
+    }
+
+    /// Mount overlay `n` (its index in the sandbox's mounts) again, as at start, so the
+    /// sandbox's processes see what `sandbox/discard` removed from its upper dir (the init's
+    /// outer process does it: init_remount.rs). `ErrorKind::Unsupported`: this overlay is not
+    /// mounted again while the sandbox runs (its target is a Landlock rule of its own).
+    pub async fn remount(&self, n: usize) -> Result<(), io::Error> {
+        let seq = self.next();
+        match self
+            .request(Request::Remount { seq, mount: n }, seq, &[])
+            .await
+        {
+            Ok(Answer::Done) => Ok(()),
+            Ok(Answer::Failed { errno, what }) if errno == libc::EOPNOTSUPP => {
+                Err(io::Error::new(io::ErrorKind::Unsupported, what))
+            }
+            Ok(Answer::Failed { errno, what }) => Err(io::Error::other(format!(
+                "{what} ({})",
+                io::Error::from_raw_os_error(errno)
+            ))),
+            Ok(_) => Err(io::Error::other("unexpected answer to remount")),
             Err(e) => Err(io::Error::other(e.message)),
         }
     }
@@ -946,6 +1014,8 @@ pub fn config(dirs: &super::SandboxDirs, id: &str, network: &str, nproc: Option<
         nproc,
         fsize: None,
         image: None,
+        mounts: Vec::new(),
+        fds: Vec::new(),
     }
 }
 

@@ -129,6 +129,9 @@ pub struct Site<'a> {
     pub container: Option<&'a super::container::Container>,
     /// Its cgroup, to tell an OOM kill.
     pub cgroup: Option<Arc<super::limits::Cgroup>>,
+    /// `HOME` of its commands (`/workspace`, or `/tmp/home` when a host directory is mounted
+    /// on `/workspace`).
+    pub home: &'a str,
 }
 
 /// The process of an exec: a child of the daemon (Landlock and none models) or a process
@@ -302,7 +305,7 @@ async fn spawn_in(
     };
     let mut pairs = env_of(&site, p)?;
     pairs.push((procs::MARKER.to_owned(), site.id.to_owned()));
-    pairs.push(("HOME".into(), "/workspace".into()));
+    pairs.push(("HOME".into(), site.home.to_owned()));
     pairs.push(("TMPDIR".into(), "/tmp".into()));
     pairs.push(("PWD".into(), cwd.clone()));
     let env = if site.image.is_some() {

@@ -36,6 +36,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+#[path = "init_remount.rs"]
+mod remount;
+
 /// The argument that makes the daemon binary run as a sandbox init.
 pub const ARG: &str = "__abx-sandbox-init";
 
@@ -83,7 +86,18 @@ pub struct Config {
     /// its own, instead of the host's system directories.
     #[serde(default)]
     pub image: Option<ImageRoot>,
+    /// Host directories mounted into the sandbox (issue 43); their descriptors travel beside
+    /// the config, in this order.
+    #[serde(default)]
+    pub mounts: Vec<crate::workspace::mounts::InitMount>,
+    /// The descriptors of `mounts` (the daemon's side only).
+    #[serde(skip)]
+    pub fds: Vec<std::sync::Arc<OwnedFd>>,
 }
+
+/// The descriptors of the mounts' sources or trees, as the init holds them (in the order of
+/// [`Config::mounts`]).
+static MOUNT_FDS: std::sync::Mutex<Vec<RawFd>> = std::sync::Mutex::new(Vec::new());
 
 /// The root of a sandbox made from an image.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -121,6 +135,28 @@ pub enum Request {
         seq: u64,
         /// TCP port.
         port: u16,
+    },
+    /// A listening TCP socket on the sandbox's `127.0.0.1` (an ephemeral port), whose
+    /// connections the daemon accepts: the way out of a sandbox with a network policy (its
+    /// egress proxy, issue 44). The answer is `Connected` carrying it.
+    Listen {
+        /// Request number.
+        seq: u64,
+    },
+    /// An `O_PATH` descriptor of the sandbox's `/` (`files/*` resolve beneath it); the
+    /// answer is `Connected` carrying it.
+    Root {
+        /// Request number.
+        seq: u64,
+    },
+    /// Mount overlay `mount` (an index into [`Config::mounts`]) again, as at start, so the
+    /// sandbox sees what `sandbox/discard` removed from its upper dir (init_remount.rs).
+    /// Answered `Done` or `Failed`.
+    Remount {
+        /// Request number.
+        seq: u64,
+        /// The mount's index.
+        mount: usize,
     },
     /// Send `sig` to every process of the sandbox but the init.
     SignalAll {
@@ -473,10 +509,21 @@ fn outer(cgroups: i32, early: bool) -> Result<i32, String> {
         cgroups
     };
     let mut buf = vec![0u8; MAX_MSG];
-    let (n, _) = recv(SOCK_FD, &mut buf, 0).map_err(|e| format!("reading the config: {e}"))?;
+    let (n, fds) = recv(SOCK_FD, &mut buf, 0).map_err(|e| format!("reading the config: {e}"))?;
     let cfg: Config =
         serde_json::from_slice(&buf[..n]).map_err(|e| format!("reading the config: {e}"))?;
     drop(buf);
+    if fds.len() != cfg.mounts.len() {
+        return Err(format!(
+            "the config names {} mounts and came with {} descriptors",
+            cfg.mounts.len(),
+            fds.len()
+        ));
+    }
+    *MOUNT_FDS.lock().unwrap_or_else(|e| e.into_inner()) = fds
+        .into_iter()
+        .map(std::os::fd::IntoRawFd::into_raw_fd)
+        .collect();
     let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -529,12 +576,18 @@ fn outer(cgroups: i32, early: bool) -> Result<i32, String> {
         unsafe { libc::pipe2(joined.as_mut_ptr(), libc::O_CLOEXEC) } as _,
         "pipe",
     )?;
+    // The outer process mounts an overlay again when PID 1 asks (init_remount.rs).
+    let helper = remount::prepare(&cfg)?;
     // SAFETY: fork in a single-threaded process.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(os_err("fork"));
     }
     if pid == 0 {
+        if let Some((ours, theirs)) = helper {
+            drop(ours);
+            remount::keep(theirs);
+        }
         // SAFETY: the inner keeps the read end only, and no cgroup descriptor.
         unsafe {
             libc::close(joined[1]);
@@ -545,6 +598,11 @@ fn outer(cgroups: i32, early: bool) -> Result<i32, String> {
         inner(&cfg, joined[0]);
     }
     INNER.store(pid, std::sync::atomic::Ordering::Relaxed);
+    // The mounts are the inner process's.
+    for fd in std::mem::take(&mut *MOUNT_FDS.lock().unwrap_or_else(|e| e.into_inner())) {
+        // SAFETY: closing descriptors we own.
+        unsafe { libc::close(fd) };
+    }
     // SAFETY: installing an async-signal-safe handler; closing our read end.
     unsafe {
         libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
@@ -577,6 +635,10 @@ fn outer(cgroups: i32, early: bool) -> Result<i32, String> {
         libc::write(joined[1], b"j".as_ptr().cast(), 1);
         libc::close(joined[1]);
         libc::close(SOCK_FD);
+    }
+    if let Some((ours, theirs)) = helper {
+        drop(theirs);
+        remount::serve_outer(&cfg, ours, pid);
     }
     loop {
         let mut st = 0;
@@ -637,12 +699,25 @@ fn inner(cfg: &Config, joined: RawFd) -> ! {
     // walk), then the process becomes the sandbox's user and binds them through the fds.
     let mut cfg = cfg.clone();
     let mut keep = Vec::new();
+    if let Err(e) = reopen_sources(&cfg) {
+        emit(&Event::SetupFailed { error: e }, &[]);
+        // SAFETY: leaving the process.
+        unsafe { libc::_exit(125) };
+    }
     let mut paths = vec![&mut cfg.workspace, &mut cfg.tmp];
     if let Some(img) = cfg.image.as_mut() {
         paths.push(&mut img.upper);
         paths.push(&mut img.work);
         if let Some(l) = img.lower.as_mut() {
             paths.push(l);
+        }
+    }
+    for m in cfg.mounts.iter_mut() {
+        if let Some(u) = m.upper.as_mut() {
+            paths.push(u);
+        }
+        if let Some(w) = m.work.as_mut() {
+            paths.push(w);
         }
     }
     for p in paths {
@@ -668,8 +743,13 @@ fn inner(cfg: &Config, joined: RawFd) -> ! {
     if let Err(e) = prepare_root(cfg)
         .and_then(|_| become_inner_user(cfg))
         .and_then(|_| build_root(cfg))
+        .and_then(|_| remount::hand_over())
         .and_then(|_| {
             drop(std::mem::take(&mut keep));
+            for fd in std::mem::take(&mut *MOUNT_FDS.lock().unwrap_or_else(|e| e.into_inner())) {
+                // SAFETY: closing descriptors we own (the mounts hold what they need).
+                unsafe { libc::close(fd) };
+            }
             lock_down(cfg)
         })
     {
@@ -898,13 +978,36 @@ fn mount_overlay(
     work: &Path,
     at: RawFd,
     target: &Path,
+    attrs: u64,
 ) -> Result<(), String> {
-    const FSCONFIG_SET_FLAG: u32 = 0;
-    const FSCONFIG_SET_FD: u32 = 5;
-    const FSCONFIG_CMD_CREATE: u32 = 6;
     let (l, _lk) = dir_fd(lower)?;
     let (u, _uk) = dir_fd(upper)?;
     let (w, _wk) = dir_fd(work)?;
+    let m = overlay_fd(l, u, w, attrs)?;
+    let t = cstr(target);
+    // SAFETY: move_mount between a descriptor we hold and a C string.
+    if unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            m.as_raw_fd(),
+            c"".as_ptr(),
+            at,
+            t.as_ptr(),
+            4u32, /* MOVE_MOUNT_F_EMPTY_PATH */
+        )
+    } < 0
+    {
+        return Err(os_err("move_mount"));
+    }
+    Ok(())
+}
+
+/// A detached overlay of the layers `l` (read-only), `u` and `w` (descriptors), with
+/// `userxattr` and the mount attributes `attrs`: the mount's descriptor.
+fn overlay_fd(l: RawFd, u: RawFd, w: RawFd, attrs: u64) -> Result<OwnedFd, String> {
+    const FSCONFIG_SET_FLAG: u32 = 0;
+    const FSCONFIG_SET_FD: u32 = 5;
+    const FSCONFIG_CMD_CREATE: u32 = 6;
     // SAFETY: the new mount API with C strings and descriptors we hold.
     unsafe {
         let fs = libc::syscall(libc::SYS_fsopen, c"overlay".as_ptr(), 1u32);
@@ -932,23 +1035,216 @@ fn mount_overlay(
         cfg(FSCONFIG_SET_FD, Some(c"upperdir"), u, "upperdir")?;
         cfg(FSCONFIG_SET_FD, Some(c"workdir"), w, "workdir")?;
         cfg(FSCONFIG_CMD_CREATE, None, 0, "creating the overlay")?;
-        let m = libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1u32, MOUNT_ATTR_NODEV);
+        let m = libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1u32, attrs);
         if m < 0 {
             return Err(os_err("fsmount"));
         }
-        let m = OwnedFd::from_raw_fd(m as RawFd);
-        let t = cstr(target);
-        if libc::syscall(
-            libc::SYS_move_mount,
-            m.as_raw_fd(),
-            c"".as_ptr(),
-            at,
-            t.as_ptr(),
-            4u32, /* MOVE_MOUNT_F_EMPTY_PATH */
-        ) < 0
-        {
-            return Err(os_err("move_mount"));
+        Ok(OwnedFd::from_raw_fd(m as RawFd))
+    }
+}
+
+/// A user's daemon passes each mount's source as an `O_PATH` descriptor of the daemon's
+/// mount namespace, which this one cannot clone: open the same real path here, without
+/// following any symlink, and keep it only when it is the same directory (device and
+/// inode) as the descriptor, which the daemon checked. A root daemon's trees are ready.
+fn reopen_sources(cfg: &Config) -> Result<(), String> {
+    let mut fds = MOUNT_FDS.lock().unwrap_or_else(|e| e.into_inner());
+    for (m, fd) in cfg.mounts.iter().zip(fds.iter_mut()) {
+        if m.tree {
+            continue;
         }
+        let given = crate::workspace::mounts::fstat(*fd).map_err(|e| format!("fstat: {e}"))?;
+        let how = OpenHow {
+            flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+            mode: 0,
+            resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        };
+        let p = cstr(&m.source);
+        // SAFETY: openat2 with a C string and a struct on the stack.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                libc::AT_FDCWD,
+                p.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        let refused =
+            |why: String| format!("E2010 mount of '{}' refused: {why}", m.source.display());
+        if n < 0 {
+            return Err(refused(format!(
+                "it cannot be opened again without following a symlink ({})",
+                io::Error::last_os_error()
+            )));
+        }
+        let n = n as RawFd;
+        let st = crate::workspace::mounts::fstat(n);
+        let same = st.as_ref().is_ok_and(|st| {
+            st.st_dev == given.st_dev
+                && st.st_ino == given.st_ino
+                && st.st_dev == m.dev
+                && st.st_ino == m.ino
+        });
+        if !same {
+            // SAFETY: closing our descriptor.
+            unsafe { libc::close(n) };
+            return Err(refused(
+                "its path no longer leads to the directory that was checked".into(),
+            ));
+        }
+        // SAFETY: replacing our descriptor.
+        unsafe { libc::close(*fd) };
+        *fd = n;
+    }
+    Ok(())
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+
+/// Walk `rel` beneath `.` (the new root) component by component, never following a
+/// symlink, making missing directories when `make`. Returns an `O_PATH` descriptor.
+fn walk_beneath(rel: &Path, make: bool) -> Result<OwnedFd, String> {
+    let open = |at: RawFd, name: &CStr| -> RawFd {
+        // SAFETY: openat with a C string.
+        unsafe {
+            libc::openat(
+                at,
+                name.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        }
+    };
+    let d = open(libc::AT_FDCWD, c".");
+    if d < 0 {
+        return Err(os_err("opening the root"));
+    }
+    // SAFETY: just opened.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(d) };
+    for c in rel.components() {
+        let std::path::Component::Normal(name) = c else {
+            continue;
+        };
+        let name = cstr(name);
+        if make {
+            // A directory fd for mkdirat: O_PATH descriptors serve as dirfds.
+            // SAFETY: mkdirat with a C string.
+            let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
+            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                return Err(os_err(&format!(
+                    "creating the mount point {}",
+                    rel.display()
+                )));
+            }
+        }
+        let n = open(dir.as_raw_fd(), &name);
+        if n < 0 {
+            return Err(os_err(&format!(
+                "the mount point /{} (a symlink, or not a directory)",
+                rel.display()
+            )));
+        }
+        // SAFETY: just opened.
+        dir = unsafe { OwnedFd::from_raw_fd(n) };
+    }
+    Ok(dir)
+}
+
+/// Mount the host directories (issue 43) beneath `.`, the sandbox's root, shallowest target
+/// first: each source's tree (read-only for `ro` and as an overlay's lower layer; never suid
+/// or devices) on its target, and an overlay's writable layer on top of it.
+fn mount_workspaces(cfg: &Config) -> Result<(), String> {
+    use crate::workspace::mounts as m;
+    use abx_protocol::api::MountMode;
+    if cfg.mounts.is_empty() {
+        return Ok(());
+    }
+    let fds = MOUNT_FDS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut order: Vec<usize> = (0..cfg.mounts.len()).collect();
+    order.sort_by_key(|&i| Path::new(&cfg.mounts[i].target).components().count());
+    for i in order {
+        let mc = &cfg.mounts[i];
+        let rel = Path::new(mc.target.trim_start_matches('/'));
+        let fail = |what: &str, e: String| {
+            format!(
+                "mounting {} at {}: {what}: {e}",
+                mc.source.display(),
+                mc.target
+            )
+        };
+        let at = walk_beneath(rel, true).map_err(|e| fail("its mount point", e))?;
+        let tree = if mc.tree {
+            // SAFETY: the daemon's tree, ours now (closed with the others after the build).
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fds[i]) }
+                .try_clone_to_owned()
+                .map_err(|e| fail("dup", e.to_string()))?
+        } else {
+            let t = m::clone_tree(fds[i]).map_err(|e| fail("open_tree", e.to_string()))?;
+            m::set_tree_attrs(t.as_raw_fd(), m::attrs(mc.mode), None)
+                .map_err(|e| fail("mount_setattr", e.to_string()))?;
+            t
+        };
+        // SAFETY: move_mount between descriptors we hold.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                at.as_raw_fd(),
+                c"".as_ptr(),
+                4u32 | 0x40u32, /* MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH */
+            )
+        };
+        if rc < 0 {
+            return Err(fail("move_mount", os_err("move_mount")));
+        }
+        drop(at);
+        remount::note_tree(
+            i,
+            &walk_beneath(rel, false).map_err(|e| fail("its tree", e))?,
+        )?;
+        if mc.mode != MountMode::Overlay {
+            continue;
+        }
+        // The tree just mounted is the lower layer; the overlay goes on top of it.
+        let lower = walk_beneath(rel, false).map_err(|e| fail("its tree", e))?;
+        let lower_rd = {
+            // SAFETY: reopening our O_PATH descriptor for reading (fsconfig wants a dir fd).
+            let n = unsafe {
+                libc::openat(
+                    lower.as_raw_fd(),
+                    c".".as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if n < 0 {
+                return Err(fail("opening its tree", os_err("open")));
+            }
+            // SAFETY: just opened.
+            unsafe { OwnedFd::from_raw_fd(n) }
+        };
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        let parent_fd = walk_beneath(parent, false).map_err(|e| fail("its parent", e))?;
+        let name = rel.file_name().map(Path::new).unwrap_or(Path::new("."));
+        let (Some(upper), Some(work)) = (&mc.upper, &mc.work) else {
+            return Err(fail("the overlay", "no layers".into()));
+        };
+        mount_overlay(
+            &PathBuf::from(format!("/proc/self/fd/{}", lower_rd.as_raw_fd())),
+            upper,
+            work,
+            parent_fd.as_raw_fd(),
+            name,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        )
+        .map_err(|e| fail("the overlay", e))?;
     }
     Ok(())
 }
@@ -1050,6 +1346,7 @@ fn build_root(cfg: &Config) -> Result<(), String> {
         gen("resolv.conf", String::new())?;
     }
     mount_common(cfg, r)?;
+    mount_workspaces(cfg)?;
     // The root itself read-only.
     check(
         mount(
@@ -1158,6 +1455,7 @@ fn build_image_root(cfg: &Config) -> Result<(), String> {
             &img.work,
             parent,
             Path::new(name),
+            MOUNT_ATTR_NODEV,
         )
         .map_err(|e| format!("mounting the image (overlay): {e}"))?;
         // SAFETY: fchdir/chdir/close on our descriptor and a C string we hold.
@@ -1173,6 +1471,7 @@ fn build_image_root(cfg: &Config) -> Result<(), String> {
     let r = Path::new(".");
     let rc = cstr(r);
     mount_common(cfg, r)?;
+    mount_workspaces(cfg)?;
     enter_root(cfg, &rc)
 }
 
@@ -1233,6 +1532,18 @@ fn loopback_up() -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the sandbox's Landlock write rule is `/` because of its mounts: an overlay whose
+/// target would be a write rule of its own (`/workspace`, or a target outside it) is mounted
+/// again on a discard (init_remount.rs), and a rule on the old overlay's root would not cover
+/// the new one.
+pub(crate) fn writes_beneath_root(cfg: &Config) -> bool {
+    cfg.mounts.iter().any(|m| {
+        let t = Path::new(&m.target);
+        m.mode == abx_protocol::api::MountMode::Overlay
+            && (t == Path::new("/workspace") || !t.starts_with("/workspace"))
+    })
+}
+
 /// Limits, no capabilities, no new privileges, a session keyring of its own and no keyring
 /// calls, Landlock: inherited by every process.
 fn lock_down(cfg: &Config) -> Result<(), String> {
@@ -1262,15 +1573,28 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
     let prepared = if cfg.landlock && abx_confine::landlock_abi() > 0 {
         let policy = abx_confine::Policy {
             read: vec![PathBuf::from("/")],
-            // An image root is the sandbox's own (its writable layer): all of it.
-            write: if cfg.image.is_some() {
+            // An image root is the sandbox's own (its writable layer): all of it. So with an
+            // overlay mount that must stay writable when it is mounted again (a discard: its
+            // target is a rule of its own, and Landlock ties a rule to the inode it had at
+            // lock-down): the root tmpfs is read-only, so what `/` adds is what an image
+            // sandbox has, its /dev tmpfs and its own /proc (docs/threat-model.md, "Mounts").
+            write: if cfg.image.is_some() || writes_beneath_root(cfg) {
                 vec![PathBuf::from("/")]
             } else {
-                vec![
+                let mut w = vec![
                     PathBuf::from("/workspace"),
                     PathBuf::from("/tmp"),
                     PathBuf::from("/dev/shm"),
-                ]
+                ];
+                // Writable mounts elsewhere (an `ro` mount refuses writes itself).
+                w.extend(
+                    cfg.mounts
+                        .iter()
+                        .filter(|m| m.mode != abx_protocol::api::MountMode::Ro)
+                        .filter(|m| !Path::new(&m.target).starts_with("/workspace"))
+                        .map(|m| PathBuf::from(&m.target)),
+                );
+                w
             },
             exec: None,
             net: abx_confine::Net::Any,
@@ -1280,6 +1604,17 @@ fn lock_down(cfg: &Config) -> Result<(), String> {
         policy.prepare()?
     } else {
         abx_confine::Prepared::refusing_keyrings()
+    };
+    // An `rw` mount writes host files as their owner: no setuid or setgid bit may be set
+    // through it (docs/threat-model.md, "Mounts").
+    let prepared = if cfg
+        .mounts
+        .iter()
+        .any(|m| m.mode == abx_protocol::api::MountMode::Rw)
+    {
+        prepared.refusing_setid()
+    } else {
+        prepared
     };
     // A session keyring of the sandbox's own, empty: the daemon's (a login's, with the
     // user's keys) is no longer possessed. Then the keyring system calls are refused (the
@@ -1439,11 +1774,59 @@ fn handle(req: Request, fds: Vec<OwnedFd>, started: &mut std::collections::HashS
             Ok(s) => emit(&Event::Connected { seq }, &[s.as_raw_fd()]),
             Err(errno) => fail(seq, "connect", errno),
         },
+        Request::Listen { seq } => match listen() {
+            Ok(s) => emit(&Event::Connected { seq }, &[s.as_raw_fd()]),
+            Err(errno) => fail(seq, "listen", errno),
+        },
+        Request::Root { seq } => {
+            // SAFETY: open(2) of a constant path.
+            let fd = unsafe {
+                libc::open(
+                    c"/".as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                fail(seq, "root", last_errno());
+            } else {
+                // SAFETY: just opened; closed once sent.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                emit(&Event::Connected { seq }, &[fd.as_raw_fd()]);
+            }
+        }
+        Request::Remount { seq, mount } => remount::forward(seq, mount),
         Request::SignalAll { seq, sig } => {
             // SAFETY: kill(2); -1 from PID 1 is every process of the namespace but itself.
             unsafe { libc::kill(-1, sig) };
             emit(&Event::Done { seq }, &[]);
         }
+    }
+}
+
+/// A TCP socket listening on `127.0.0.1:0` of the sandbox's network namespace (made here,
+/// where the init lives in it; the daemon, in the host's namespace, accepts on it).
+fn listen() -> Result<OwnedFd, i32> {
+    // SAFETY: a TCP socket, bind to a local sockaddr, listen.
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return Err(last_errno());
+        }
+        let s = OwnedFd::from_raw_fd(s);
+        let mut a: libc::sockaddr_in = std::mem::zeroed();
+        a.sin_family = libc::AF_INET as _;
+        a.sin_port = 0;
+        a.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+        if libc::bind(
+            s.as_raw_fd(),
+            (&a as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as _,
+        ) != 0
+            || libc::listen(s.as_raw_fd(), 1024) != 0
+        {
+            return Err(last_errno());
+        }
+        Ok(s)
     }
 }
 

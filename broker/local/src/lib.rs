@@ -10,9 +10,12 @@
 //! - [`code`]: `code/*`, contexts (long-lived interpreters) that run cells.
 //! - [`procs`]: finding, signalling and listing a sandbox's processes.
 //! - [`templates`]: OCI images (pull, import, store, unpack) and sandboxes saved as templates.
+//! - [`workspace`]: host directories mounted into sandboxes (`mounts`).
+//! - [`egress`]: network policies: each policy sandbox's egress proxy (crate `abx-egress`).
 
 pub mod code;
 pub mod container;
+pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod init;
@@ -23,6 +26,7 @@ pub mod procs;
 pub mod sandboxes;
 pub mod templates;
 pub mod watch;
+pub mod workspace;
 
 use abx_protocol::{AbxError, ErrorCode};
 use std::path::{Component, Path, PathBuf};
@@ -41,6 +45,49 @@ pub struct SandboxDirs {
     pub workspace: PathBuf,
     /// Bound at `/tmp`.
     pub tmp: PathBuf,
+    /// The sandbox's whole root as its processes see it (set per `files/*` call where the
+    /// path needs it: outside `/workspace` and `/tmp`, or on a mount).
+    pub view: Option<std::sync::Arc<RootView>>,
+}
+
+/// The root of a running sandbox as its init sees it: an `O_PATH` descriptor of its `/`
+/// (in its mount namespace, handed over by the init), beneath which `files/*` resolve
+/// paths with `openat2(RESOLVE_IN_ROOT)`: symlinks are followed as in the sandbox, `..` and
+/// absolute links stay inside it, nothing on the host is reached.
+#[derive(Debug)]
+pub struct RootView {
+    /// The init's `/`.
+    pub root: std::sync::Arc<std::os::fd::OwnedFd>,
+    /// The mounts' targets (`/workspace`, `/src`, ...): paths beneath them are resolved in
+    /// the view, never in the sandbox's own directories.
+    pub mounts: Vec<String>,
+    /// The host ids the daemon takes (per thread, `setfsuid`) while it works in the view: a
+    /// root daemon's sandbox user (its files through an idmapped mount are the owner's).
+    pub owner: Option<(u32, u32)>,
+}
+
+/// Whether `path` (a sandbox path; relative ones are under `/workspace`) must be resolved in
+/// the sandbox's whole view: outside `/workspace` and `/tmp`, or on one of `mounts`.
+pub fn in_view(path: &str, mounts: &[String]) -> bool {
+    let p = if path.starts_with('/') {
+        PathBuf::from(path)
+    } else {
+        Path::new(WORKSPACE).join(path)
+    };
+    let mut norm = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => norm.push(n),
+            Component::ParentDir => {
+                norm.pop();
+            }
+            _ => {}
+        }
+    }
+    if !norm.starts_with(WORKSPACE) && !norm.starts_with(TMP) {
+        return true;
+    }
+    mounts.iter().any(|m| norm.starts_with(m))
 }
 
 impl SandboxDirs {
@@ -50,6 +97,7 @@ impl SandboxDirs {
             workspace: root.join("workspace"),
             tmp: root.join("tmp"),
             root,
+            view: None,
         }
     }
 

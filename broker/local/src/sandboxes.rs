@@ -9,6 +9,7 @@ use super::container::{self, Container};
 use super::exec::{self, PtySize};
 use super::limits::{self, Cgroup, Limits};
 use super::templates::{self, Store};
+use super::workspace::mounts::{self, MountRecord};
 use super::{files, isolate, procs, watch, SandboxDirs};
 use abx_core::provider::{BoxFut, CallCx, Kind, Provider, ProviderSummary, Reply};
 use abx_home::util::{now_ms, replace_file, rfc3339};
@@ -16,8 +17,8 @@ use abx_protocol::api::{
     CodeContextParams, CodeCreateContextParams, CodeRunParams, ExecIdParams, ExecKillParams,
     ExecResizeParams, ExecRunParams, ExecStartParams, ExecWriteParams, FilesListParams,
     FilesReadParams, FilesWriteParams, MkdirParams, PathParams, PortParams, ProcessKillParams,
-    RemoveParams, RenameParams, SandboxCreateParams, SandboxParams, SetTimeoutParams,
-    TemplatesParams, TransferParams, UnwatchParams, WatchParams,
+    RemoveParams, RenameParams, SandboxCreateParams, SandboxParams, SetNetworkParams,
+    SetTimeoutParams, TemplatesParams, TransferParams, UnwatchParams, WatchParams,
 };
 use abx_protocol::{features, AbxError, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -55,6 +56,8 @@ pub const FEATURES: &[&str] = &[
     "code.interpret",
     "templates.read",
     "templates.build",
+    "storage.mount",
+    "network.vpc",
 ];
 
 /// A sandbox's persisted record.
@@ -71,15 +74,23 @@ struct Record {
     env: BTreeMap<String, String>,
     #[serde(default)]
     metadata: BTreeMap<String, Value>,
-    /// `none`, `internet` or `host`.
+    /// `none`, `internet` or `host` (`none` for a sandbox with a policy: what a daemon that
+    /// does not know `policy` would make of it is no network at all).
     #[serde(default = "default_network")]
     network: String,
+    /// A network policy `{allow, deny?}` as given (issue 44): the sandbox's only way out is
+    /// its egress proxy ([`super::egress`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<Value>,
     /// Memory, CPU and process limits.
     #[serde(default)]
     limits: Limits,
     /// The image it was made from (a template other than `base`): pinned by digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     image: Option<RecordImage>,
+    /// Host directories mounted into it (issue 43), in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<MountRecord>,
 }
 
 /// The image of a sandbox made from a template.
@@ -111,6 +122,13 @@ struct Sandbox {
     cgroup: Mutex<Option<Arc<Cgroup>>>,
     /// Port forwarders: sandbox port -> (host port, task).
     forwards: tokio::sync::Mutex<HashMap<u16, (u16, tokio::task::JoinHandle<()>)>>,
+    /// What a mount's source may not be.
+    guard: Arc<mounts::Guard>,
+    /// Its egress proxy, when its network is a policy.
+    egress: Mutex<Option<super::egress::SandboxEgress>>,
+    /// The mounts' sources as opened and checked at create, for the first start of the
+    /// init; later starts (after a daemon restart) open them again ([`mounts::reopen`]).
+    opened: Mutex<Option<Vec<std::os::fd::OwnedFd>>>,
 }
 
 /// What an exec in a sandbox needs besides its params (see [`Sandbox::exec_parts`]).
@@ -119,6 +137,23 @@ struct ExecParts {
     image: Option<templates::ImageConfig>,
     container: Option<Arc<Container>>,
     cgroup: Option<Arc<Cgroup>>,
+    home: &'static str,
+}
+
+/// `HOME` of a sandbox whose `/workspace` is a host directory (see [`Sandbox::home`]).
+const HOME_IN_TMP: &str = "/tmp/home";
+
+/// Make `/tmp/home` (the sandbox's `tmp/home`), owned by the sandbox's user, before its init
+/// starts: nothing of the sandbox runs then; an entry already there (even a symlink) is kept
+/// as it is, never followed.
+fn make_home(dirs: &SandboxDirs) {
+    use std::os::unix::fs::DirBuilderExt;
+    let home = dirs.tmp.join("home");
+    if std::fs::DirBuilder::new().mode(0o700).create(&home).is_ok() {
+        if let Some((u, g)) = container::sandbox_owner() {
+            let _ = std::os::unix::fs::lchown(&home, Some(u), Some(g));
+        }
+    }
 }
 
 impl ExecParts {
@@ -130,6 +165,7 @@ impl ExecParts {
             image: self.image.as_ref(),
             container: self.container.as_deref(),
             cgroup: self.cgroup.clone(),
+            home: self.home,
         }
     }
 }
@@ -143,12 +179,37 @@ impl Sandbox {
         };
         let container = self.container().await?;
         let cgroup = self.cgroup.lock().expect("cgroup").clone();
+        let mut env = env;
+        // A policy sandbox's commands find its proxy (over the create-time env: the proxy is
+        // the only way out; a command's own env may still set them for itself).
+        let (port, ca_env) = match self.egress.lock().expect("egress").as_mut() {
+            // A policy that adds headers: the sandbox trusts its proxy's CA (its own only).
+            Some(e) => (e.port, e.ca_env(&self.dirs.tmp)),
+            None => (None, Vec::new()),
+        };
+        if let Some(port) = port {
+            env.extend(super::egress::proxy_env(port));
+            env.extend(ca_env);
+        }
         Ok(ExecParts {
             env,
             image,
             container,
             cgroup,
+            home: self.home(),
         })
+    }
+
+    /// Its commands' `HOME`: `/workspace`, unless a host directory is mounted there; then
+    /// `/tmp/home`, so shells and tools keep their dotfiles (`.bash_history`, caches) out of
+    /// the user's project and out of `sandbox/diff`.
+    fn home(&self) -> &'static str {
+        let r = self.rec.lock().expect("record");
+        if r.mounts.iter().any(|m| m.target == "/workspace") {
+            HOME_IN_TMP
+        } else {
+            "/workspace"
+        }
     }
 
     fn save(&self) -> Result<(), AbxError> {
@@ -179,6 +240,15 @@ impl Sandbox {
         if let Some(i) = &r.image {
             v["templateDigest"] = json!(i.digest);
         }
+        if !r.mounts.is_empty() {
+            v["mounts"] = json!(r.mounts.iter().map(MountRecord::view).collect::<Vec<_>>());
+        }
+        if let Some(spec) = &r.policy {
+            v["network"] = match self.egress.lock().expect("egress").as_ref() {
+                Some(e) => e.view(),
+                None => super::egress::view(spec, &[]),
+            };
+        }
         v
     }
 
@@ -191,14 +261,41 @@ impl Sandbox {
         if let Some(c) = g.as_ref().filter(|c| c.alive()) {
             return Ok(Some(c.clone()));
         }
-        let (id, network, lim, image) = {
+        let (id, network, lim, image, recs) = {
             let r = self.rec.lock().expect("record");
             (
                 r.id.clone(),
                 r.network.clone(),
                 r.limits.clone(),
                 r.image.clone(),
+                r.mounts.clone(),
             )
+        };
+        // The mounts' sources: as opened at create, else opened again and checked to be the
+        // same directories (E2010 otherwise: the sandbox is not started without them).
+        let (mount_cfgs, mount_fds) = if recs.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let taken = self.opened.lock().expect("opened").take();
+            let fds = match taken {
+                Some(fds) => fds,
+                None => {
+                    let guard = self.guard.clone();
+                    let recs = recs.clone();
+                    tokio::task::spawn_blocking(move || {
+                        recs.iter()
+                            .map(|r| mounts::reopen(r, &guard))
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .await
+                    .map_err(AbxError::internal)??
+                }
+            };
+            let pairs: Vec<_> = fds.into_iter().zip(recs.iter().cloned()).collect();
+            let root = self.dirs.root.clone();
+            tokio::task::spawn_blocking(move || mounts::for_init(&root, &pairs))
+                .await
+                .map_err(AbxError::internal)??
         };
         let t0 = std::time::Instant::now();
         let mut spare = None;
@@ -225,6 +322,9 @@ impl Sandbox {
             _ => lim.pids,
         };
         container::own_dirs(&self.dirs);
+        if self.home() == HOME_IN_TMP {
+            make_home(&self.dirs);
+        }
         let from_spare = spare.is_some();
         let procs = match spare {
             Some(_) => Vec::new(),
@@ -236,6 +336,8 @@ impl Sandbox {
         };
         let t1 = std::time::Instant::now();
         let mut cfg = container::config(&self.dirs, &id, &network, nproc);
+        cfg.mounts = mount_cfgs;
+        cfg.fds = mount_fds.into_iter().map(Arc::new).collect();
         if let Some(img) = &image {
             let root = image_root(&self.dirs, &self.store, img)?;
             if let Some((u, g)) = image_user(&self.store, img)? {
@@ -264,6 +366,30 @@ impl Sandbox {
         // The next sandbox's outer process, made while nobody waits for it.
         tokio::task::spawn_blocking(move || container::make_spare(lim));
         let c = started?;
+        if self.rec.lock().expect("record").policy.is_some() {
+            // Its only way out: a listener in its namespace, served by its egress proxy.
+            let served = match c.listen().await {
+                Ok(fd) => match self.egress.lock().expect("egress").as_mut() {
+                    Some(eg) => eg.serve(fd).map(|_| ()),
+                    None => Err(std::io::Error::other("no egress proxy")),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(e) = served {
+                c.kill().await;
+                return Err(AbxError::new(
+                    ErrorCode::SandboxCreateFailed,
+                    &[
+                        ("detail", &format!("the egress proxy's listener: {e}")),
+                        ("provider", "local"),
+                    ],
+                ));
+            }
+        }
+        if !recs.is_empty() {
+            // Asked for now: a paused sandbox's init does not answer (files/* use it).
+            let _ = c.root().await;
+        }
         tracing::debug!(
             sandbox = %id,
             cgroup_us,
@@ -273,6 +399,39 @@ impl Sandbox {
         );
         *g = Some(c.clone());
         Ok(Some(c))
+    }
+
+    /// Its directories, with its whole view ([`crate::RootView`]) when one of `paths` needs
+    /// it (outside `/workspace` and `/tmp`, or on a mount): the container is started then.
+    async fn dirs_for(&self, paths: &[&str]) -> Result<SandboxDirs, AbxError> {
+        let mut dirs = self.dirs.clone();
+        if isolate::model() != isolate::Model::Namespaces {
+            return Ok(dirs);
+        }
+        let targets: Vec<String> = self
+            .rec
+            .lock()
+            .expect("record")
+            .mounts
+            .iter()
+            .map(|m| m.target.clone())
+            .collect();
+        if !paths.iter().any(|p| crate::in_view(p, &targets)) {
+            return Ok(dirs);
+        }
+        let Some(c) = self.container().await? else {
+            return Ok(dirs);
+        };
+        let root = c
+            .root()
+            .await
+            .map_err(|e| AbxError::internal(format!("the sandbox's root: {e}")))?;
+        dirs.view = Some(Arc::new(crate::RootView {
+            root,
+            mounts: targets,
+            owner: container::sandbox_owner(),
+        }));
+        Ok(dirs)
     }
 
     /// A host loopback port forwarded to `port` on the sandbox's loopback (in its network
@@ -302,6 +461,9 @@ impl Sandbox {
     async fn stop_processes(&self) {
         for (_, (_, task)) in self.forwards.lock().await.drain() {
             task.abort();
+        }
+        if let Some(eg) = self.egress.lock().expect("egress").as_mut() {
+            eg.stop_serving();
         }
         let c = self.container.lock().await.take();
         let cg = self.cgroup.lock().expect("cgroup").take();
@@ -339,6 +501,13 @@ pub struct Settings {
     pub registry: templates::RegistrySettings,
     /// Caps on an image's size (`template_max_bytes`, `template_max_entries`).
     pub template_limits: templates::Limits,
+    /// The broker's own directories (config, data, runtime, logs): never a mount's source.
+    pub protected: Vec<PathBuf>,
+    /// The named sets of network policies (`[network.sets]` of the broker config: `@NAME`).
+    pub sets: abx_egress::Sets,
+    /// The broker's secret store for egress headers (`secret:KEY`; the daemon's, kept in its
+    /// config dir; in memory by default).
+    pub secrets: std::sync::Arc<abx_egress::SecretStore>,
 }
 
 impl Default for Settings {
@@ -349,6 +518,9 @@ impl Default for Settings {
             limits: limits::DEFAULT,
             registry: templates::RegistrySettings::default(),
             template_limits: templates::Limits::default(),
+            protected: Vec::new(),
+            sets: abx_egress::Sets::new(),
+            secrets: std::sync::Arc::new(abx_egress::SecretStore::in_memory()),
         }
     }
 }
@@ -357,9 +529,25 @@ impl Default for Settings {
 pub const NETWORK_MODES: &[&str] = &["none", "internet", "host"];
 
 impl Settings {
+    /// These settings, with the broker's directories of `paths` refused as mount sources.
+    pub fn protecting(mut self, paths: &abx_home::paths::Paths) -> Settings {
+        self.protected.extend([
+            paths.config_dir.clone(),
+            paths.data_dir.clone(),
+            paths.runtime_dir.clone(),
+            paths.log_dir.clone(),
+        ]);
+        self.protected
+            .extend(paths.user_runtime_dirs.iter().cloned());
+        self
+    }
+
     /// Read the `[local]` table (bad values are logged and replaced by the defaults).
     pub fn from_config(config: &toml::Table) -> Settings {
-        let mut s = Settings::default();
+        let mut s = Settings {
+            sets: super::egress::sets_from_config(config),
+            ..Settings::default()
+        };
         let Some(t) = config.get("local").and_then(|v| v.as_table()) else {
             return s;
         };
@@ -454,6 +642,10 @@ impl Settings {
 }
 
 struct Inner {
+    /// What a mount's source may not be (the broker's directories, the home directory).
+    guard: Arc<mounts::Guard>,
+    /// What the egress proxies of policy sandboxes share (guard, sets, resolver).
+    net: super::egress::Net,
     settings: Settings,
     templates: Arc<Store>,
     summary: ProviderSummary,
@@ -755,7 +947,12 @@ impl Inner {
             )
             .with_limits(settings.template_limits),
         );
+        let mut protected = settings.protected.clone();
+        protected.push(data_dir.to_path_buf());
         let p = Arc::new(Inner {
+            guard: Arc::new(mounts::Guard::new(protected)),
+            net: super::egress::Net::new(settings.sets.clone())
+                .with_secrets(settings.secrets.clone()),
             templates,
             settings,
             summary: ProviderSummary {
@@ -796,7 +993,7 @@ impl Inner {
         let trash = self.trash();
         std::thread::spawn(move || {
             if trash.exists() {
-                let _ = std::fs::remove_dir_all(trash);
+                let _ = mounts::remove_all(&trash);
             }
             limits::remove_stale_spares();
         });
@@ -812,6 +1009,17 @@ impl Inner {
             match rec {
                 Some(r) if r.expires_ms > now_ms() => {
                     info!(sandbox = %r.id, "sandbox restored");
+                    let egress = r.policy.as_ref().map(|spec| {
+                        // The policy was checked at create; the config's sets may have
+                        // changed since: then nothing is allowed (logged), never more.
+                        let policy = self.net.parse_stored("sandbox/create", spec).unwrap_or_else(|e| {
+                            warn!(sandbox = %r.id, error = %e.message, "the sandbox's network policy no longer parses; nothing is allowed");
+                            self.net
+                                .parse("sandbox/create", &json!({"allow": []}))
+                                .expect("an empty policy parses")
+                        });
+                        super::egress::SandboxEgress::new(&self.net, &r.id, policy, self.events.clone())
+                    });
                     map.insert(
                         r.id.clone(),
                         Arc::new(Sandbox {
@@ -821,18 +1029,21 @@ impl Inner {
                             container: tokio::sync::Mutex::new(None),
                             forwards: tokio::sync::Mutex::new(HashMap::new()),
                             cgroup: Mutex::new(None),
+                            guard: self.guard.clone(),
+                            egress: Mutex::new(egress),
+                            opened: Mutex::new(None),
                         }),
                     );
                 }
                 Some(r) => {
                     info!(sandbox = %r.id, "reaping sandbox that expired while the broker was down");
                     procs::signal_all(&r.id, libc::SIGKILL);
-                    let _ = std::fs::remove_dir_all(&dir);
+                    let _ = mounts::remove_all(&dir);
                 }
                 None => {
                     // A crash during create leaves a directory without a record: not a sandbox.
                     warn!(dir = %dir.display(), "removing a half-created sandbox");
-                    let _ = std::fs::remove_dir_all(&dir);
+                    let _ = mounts::remove_all(&dir);
                 }
             }
         }
@@ -885,13 +1096,31 @@ impl Inner {
                 ));
             }
         }
-        let network = match p.network.as_deref() {
-            None | Some("") => self.settings.network.clone(),
-            Some(n) if NETWORK_MODES.contains(&n) => n.to_owned(),
-            Some(n) => {
+        let mut policy = None;
+        let network = match &p.network {
+            Some(spec @ Value::Object(_)) => {
+                // Only a network namespace makes the proxy the only way out: refused,
+                // never ignored, under the other isolation models.
+                if isolate::model() != isolate::Model::Namespaces {
+                    return Err(abx_core::provider::unsupported("local", "network.vpc")
+                            .with_suggestion("A network policy needs the namespaces isolation model (user namespaces); this broker runs another (ABX_ISOLATION). Use --network none or internet."));
+                }
+                policy = Some((spec.clone(), self.net.parse("sandbox/create", spec)?));
+                "none".to_owned()
+            }
+            None | Some(Value::Null) => self.settings.network.clone(),
+            Some(Value::String(n)) if n.is_empty() => self.settings.network.clone(),
+            Some(Value::String(n)) if NETWORK_MODES.contains(&n.as_str()) => n.clone(),
+            Some(Value::String(n)) => {
                 return Err(AbxError::invalid_params(
                     "sandbox/create",
                     format!("unknown network mode '{n}'; use none, internet or host"),
+                ))
+            }
+            Some(_) => {
+                return Err(AbxError::invalid_params(
+                    "sandbox/create",
+                    "network must be none, internet, host or a policy {allow: [...], deny?: [...]}",
                 ))
             }
         };
@@ -903,6 +1132,22 @@ impl Inner {
             Some(v) => limits::parse(v)?,
         }
         .resolve(&self.settings.limits)?;
+        // The mounts' sources, opened and checked once (what is mounted is what was opened).
+        let opened = {
+            let guard = self.guard.clone();
+            let v = p.mounts.clone();
+            tokio::task::spawn_blocking(move || mounts::open_all(v.as_ref(), &guard))
+                .await
+                .map_err(AbxError::internal)??
+        };
+        if !opened.is_empty() && isolate::model() != isolate::Model::Namespaces {
+            return Err(mounts::refused(
+                &opened[0].rec.source,
+                "mounts need the namespaces isolation model (user namespaces); this broker runs another (ABX_ISOLATION)",
+            ));
+        }
+        let (mount_fds, mount_recs): (Vec<_>, Vec<_>) =
+            opened.into_iter().map(|o| (o.fd, o.rec)).unzip();
         // Counted from here on: given back if anything below fails.
         let slot = self.reserve(limits.pids.unwrap_or(self.default_pids()))?;
         let id = format!("sb-{}", rand_id());
@@ -927,16 +1172,31 @@ impl Inner {
             env: p.env.unwrap_or_default(),
             metadata: p.metadata.unwrap_or_default().into_iter().collect(),
             network,
+            policy: policy.as_ref().map(|(spec, _)| spec.clone()),
             limits,
             image: image.map(|i| RecordImage {
                 digest: i.digest,
                 config: i.config,
                 copy: false,
             }),
+            mounts: mount_recs,
         };
         if rec.image.is_some() {
             prepare_layer(&dirs, &rec.image)?;
         }
+        if let Err(e) = mounts::prepare_layers(&dirs.root, &rec.mounts) {
+            let _ = std::fs::remove_dir_all(&dirs.root);
+            return Err(AbxError::new(
+                ErrorCode::SandboxCreateFailed,
+                &[
+                    ("detail", &format!("the mounts' layers: {e}")),
+                    ("provider", "local"),
+                ],
+            ));
+        }
+        let egress = policy.map(|(_, policy)| {
+            super::egress::SandboxEgress::new(&self.net, &id, policy, self.events.clone())
+        });
         let sb = Arc::new(Sandbox {
             dirs,
             store: self.templates.clone(),
@@ -944,9 +1204,12 @@ impl Inner {
             container: tokio::sync::Mutex::new(None),
             forwards: tokio::sync::Mutex::new(HashMap::new()),
             cgroup: Mutex::new(None),
+            guard: self.guard.clone(),
+            egress: Mutex::new(egress),
+            opened: Mutex::new(Some(mount_fds)),
         });
         if let Err(e) = sb.save() {
-            let _ = std::fs::remove_dir_all(&sb.dirs.root);
+            let _ = mounts::remove_all(&sb.dirs.root);
             return Err(e);
         }
         // Build the sandbox now: create fails (and leaves nothing) when it cannot be built.
@@ -964,7 +1227,10 @@ impl Inner {
             }
         }
         if let Err(e) = built {
-            let _ = std::fs::remove_dir_all(&sb.dirs.root);
+            if let Some(eg) = sb.egress.lock().expect("egress").as_mut() {
+                eg.shutdown();
+            }
+            let _ = mounts::remove_all(&sb.dirs.root);
             return Err(e);
         }
         slot.fill(id, sb.clone());
@@ -1128,6 +1394,7 @@ impl Inner {
             "templates/list" => {
                 let mut out = vec![json!({
                     "name": "base",
+                    "names": ["base"],
                     "digest": null,
                     "size": 0,
                     "pulledAt": null,
@@ -1259,6 +1526,9 @@ impl Inner {
         let t0 = std::time::Instant::now();
         self.code.drop_sandbox(id);
         sb.stop_processes().await;
+        if let Some(eg) = sb.egress.lock().expect("egress").as_mut() {
+            eg.shutdown();
+        }
         let stopped_us = t0.elapsed().as_micros();
         // The record goes first (a directory without one is not a sandbox), then the
         // directory moves to the trash at once and is emptied in the background: its files
@@ -1269,7 +1539,7 @@ impl Inner {
         let gone = std::fs::create_dir_all(self.trash())
             .and_then(|()| std::fs::rename(&root, &trash))
             .map_or(root, |()| trash);
-        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(gone));
+        tokio::task::spawn_blocking(move || mounts::remove_all(&gone));
         tracing::debug!(sandbox = %id, stopped_us, total_us = t0.elapsed().as_micros(), "sandbox killed");
         let streams: Vec<String> = self
             .streams
@@ -1287,6 +1557,38 @@ impl Inner {
             .expect("watches")
             .retain(|_, (sbid, _)| sbid != id);
         json!({"killed": true})
+    }
+
+    /// `sandbox/setNetwork`: a policy sandbox's policy, replaced live (new connections follow
+    /// it, open ones go on). A mode, or a policy for a sandbox made with a mode, is E1004:
+    /// its network namespace was built for the one or the other.
+    fn set_network(&self, id: &str, spec: &Value) -> Result<Value, AbxError> {
+        const M: &str = "sandbox/setNetwork";
+        let sb = self.get(id)?;
+        let has_policy = sb.rec.lock().expect("record").policy.is_some();
+        if !spec.is_object() {
+            return Err(AbxError::invalid_params(
+                M,
+                "network must be a policy {allow: [...], deny?: [...]}; a local sandbox cannot switch to a mode (none, internet, host) once made: create another",
+            ));
+        }
+        if !has_policy {
+            return Err(AbxError::invalid_params(
+                M,
+                "this sandbox was made with a network mode; a local sandbox cannot switch between a mode and a policy once made: create one with a policy ({allow: [...]})",
+            ));
+        }
+        let policy = self.net.parse(M, spec)?;
+        {
+            let mut g = sb.egress.lock().expect("egress");
+            let Some(eg) = g.as_mut() else {
+                return Err(AbxError::internal("a policy sandbox without its proxy"));
+            };
+            eg.egress.set_policy(policy);
+        }
+        sb.rec.lock().expect("record").policy = Some(spec.clone());
+        sb.save()?;
+        Ok(sb.view())
     }
 
     fn set_timeout(&self, id: &str, v: &Value) -> Result<Value, AbxError> {
@@ -1373,6 +1675,10 @@ impl Inner {
                 Ok(json!({"sandboxes": v}))
             }
             "sandbox/kill" => Ok(self.kill(&sandbox()?).await),
+            "sandbox/setNetwork" => {
+                let p: SetNetworkParams = parse(method, params)?;
+                self.set_network(&p.sandbox, &p.network)
+            }
             "sandbox/setTimeout" => {
                 let p: SetTimeoutParams = parse(method, params)?;
                 self.set_timeout(&p.sandbox, &p.timeout)
@@ -1390,7 +1696,12 @@ impl Inner {
                 let sb = self.get(&sandbox()?)?;
                 let (id, network, lim) = {
                     let r = sb.rec.lock().expect("record");
-                    (r.id.clone(), r.network.clone(), r.limits.clone())
+                    // A policy sandbox: loopback only, out through its egress proxy.
+                    let network = match r.policy {
+                        Some(_) => "policy".to_owned(),
+                        None => r.network.clone(),
+                    };
+                    (r.id.clone(), network, r.limits.clone())
                 };
                 let cg = sb.cgroup.lock().expect("cgroup").clone();
                 let mut v = system_info(&sb.dirs, &id, &network);
@@ -1692,7 +2003,7 @@ impl Inner {
             "files/upload" | "files/download" => {
                 let p: TransferParams = parse(method, params)?;
                 let sb = self.get(&p.sandbox)?;
-                let dirs = sb.dirs.clone();
+                let dirs = sb.dirs_for(&[&p.path]).await?;
                 let id = p.sandbox;
                 let local = PathBuf::from(p.local_path);
                 let path = p.path;
@@ -1758,8 +2069,23 @@ impl Inner {
             Op::Rename(p) => &p.sandbox,
         }
         .clone();
-        let dirs = self.get(&id)?.dirs.clone();
+        let paths: Vec<&str> = match &op {
+            Op::Read(p) => vec![&p.path],
+            Op::Write(p) => vec![&p.path],
+            Op::List(p) => vec![p.path.as_deref().unwrap_or("/workspace")],
+            Op::Stat(p) => vec![&p.path],
+            Op::Mkdir(p) => vec![&p.path],
+            Op::Remove(p) => vec![&p.path],
+            Op::Rename(p) => vec![&p.from, &p.to],
+        };
+        let dirs = self.get(&id)?.dirs_for(&paths).await?;
         tokio::task::spawn_blocking(move || -> Result<Value, AbxError> {
+            // In the sandbox's view, a root daemon works as the sandbox's user.
+            let _ids = dirs
+                .view
+                .as_ref()
+                .and_then(|v| v.owner)
+                .map(|(u, g)| files::FsIds::take(u, g));
             match op {
                 Op::Read(p) => {
                     let r = files::read(
@@ -1944,6 +2270,43 @@ impl Provider for LocalProvider {
             if method == "exec/run" {
                 // Built as raw JSON from the output itself: never a Value tree, never a copy.
                 return self.0.exec_run(cx, params).await;
+            }
+            if crate::workspace::changes::METHODS.contains(&method) {
+                // Issue 43 (part B): sandbox/diff|apply|discard on the overlay mounts, served on
+                // a blocking thread and answered as raw JSON (workspace/changes.rs).
+                let id = params
+                    .get("sandbox")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let sb = self.0.get(id)?;
+                let mounts = sb.rec.lock().expect("record").mounts.clone();
+                let root = sb.dirs.root.clone();
+                let sid = id.to_owned();
+                let served = crate::workspace::changes::serve(method, params, root, mounts).await?;
+                // overlayfs keeps serving what it looked up: a running sandbox sees what discard
+                // dropped once each overlay in `served.remount` is mounted again (its init
+                // does it). The discard is done whatever happens here: a failure is logged,
+                // not answered (docs/local-sandboxes.md, "A running sandbox and discard").
+                if !served.remount.is_empty() {
+                    let c = sb.container.lock().await.clone();
+                    for n in served.remount.iter().copied() {
+                        let Some(c) = c.as_ref().filter(|c| c.alive()) else {
+                            break;
+                        };
+                        match c.remount(n).await {
+                            Ok(()) => {
+                                tracing::debug!(sandbox = %sid, mount = n, "overlay mounted again")
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                                tracing::info!(sandbox = %sid, mount = n, "overlay not mounted again: {e}")
+                            }
+                            Err(e) => {
+                                tracing::error!(sandbox = %sid, mount = n, "mounting the overlay again after a discard failed: {e}")
+                            }
+                        }
+                    }
+                }
+                return Ok(served.reply);
             }
             let v = self.0.dispatch(cx, method, params).await?;
             serde_json::value::to_raw_value(&v).map_err(AbxError::internal)

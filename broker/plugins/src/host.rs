@@ -1144,7 +1144,7 @@ async fn start(spec: &Spec) -> Result<Arc<Running>, AbxError> {
                         &json!({"execId": sid, "exitCode": null, "timedOut": false, "error": format!("provider '{id}' crashed")}),
                     ),
                 );
-                let _ = r.tx.send(exit).await;
+                let _ = r.tx.send(exit, stream::Counted::none()).await;
             }
             dead.cancel();
         });
@@ -1545,14 +1545,29 @@ async fn read_loop(
                         _ => None,
                     }
                 };
+                // Counted before the stream holds it: the line's bytes (a long line), else
+                // taken from the budget (waiting, holding none of it, when it has no room).
+                // A stop is heard while it waits.
                 match tx {
-                    Some(tx) if end => tx.exit(body).await,
                     Some(tx) => {
-                        let _ = tx.send(body).await;
+                        let handed = async {
+                            let counted = stream::Counted::take(&pool, body.len(), counted).await;
+                            if end {
+                                tx.exit(body, counted).await;
+                            } else {
+                                let _ = tx.send(body, counted).await;
+                            }
+                        };
+                        tokio::select! {
+                            _ = handed => {}
+                            _ = kill.cancelled() => {
+                                let _ = child.start_kill();
+                                return "it was stopped".into();
+                            }
+                        }
                     }
                     None => debug!(provider = %id, key, "notification for an unknown stream"),
                 }
-                drop(counted);
             }
             PluginLine::Log { level, message } => {
                 if let Some(dropped) = log_limit.allow() {

@@ -38,7 +38,7 @@ pub struct Cli {
     /// More detail on errors.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Answer yes to confirmations (kill).
+    /// Answer yes to confirmations (kill, discard).
     #[arg(short = 'y', long, global = true)]
     pub yes: bool,
     #[command(subcommand)]
@@ -224,10 +224,10 @@ pub enum Command {
     /// Sandbox files, processes, system info, capabilities and named commands.
     #[command(subcommand)]
     Sandbox(Lazy<SandboxCmd>),
-    /// Templates of the provider: only where the provider declares templates.
-    /// `list`, `pull REF`, `build SANDBOX NAME`, `rm NAME|--prune`, `import PATH [NAME]`,
-    /// `init ...`.
-    Template(Deferred<TemplateArgs>),
+    /// Templates of the provider (list, pull, build, rm, import, init): only where the
+    /// provider declares templates.
+    #[command(subcommand)]
+    Template(Lazy<TemplateCmd>),
     /// Providers: install, list, info, doctor, test, update, uninstall, configure, default.
     #[command(subcommand)]
     Provider(Lazy<ProviderCmd>),
@@ -241,6 +241,101 @@ pub enum Command {
     /// resumed, expired, timeout), one line each, until interrupted; -j: one JSON object
     /// per line.
     Events(Deferred<EventsArgs>),
+    /// Every command run in a sandbox (exec, pty, code cell), with the client that asked.
+    Log(Deferred<LogArgs>),
+    /// What a sandbox changed under its overlay mounts, against the host.
+    Diff(Deferred<DiffArgs>),
+    /// Write a sandbox's changes (all, or PATHS) to the host; conflicts exit 1.
+    Apply(Deferred<ApplyArgs>),
+    /// Drop a sandbox's changes (all, or PATHS): it sees the host's files again.
+    Discard(Deferred<DiscardArgs>),
+    /// A sandbox's network policy, live: `show`, `allow HOST...`, `deny HOST...`.
+    Network(Deferred<NetworkArgs>),
+    /// The broker's secrets for egress headers: `set KEY` (the value from stdin, or asked
+    /// for without echo), `list` (keys only), `rm KEY`.
+    Secret(Deferred<SecretArgs>),
+}
+
+// `abx secret`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct SecretArgs {
+    /// set KEY (the value is read from stdin, or asked for on the terminal without echo;
+    /// never from the command line), list (the keys, never the values), rm KEY.
+    #[arg(value_parser = ["set", "list", "rm"])]
+    pub action: String,
+    /// The key a policy names as "secret:KEY" (letters, digits, '_', '-', '.').
+    #[arg(value_name = "KEY")]
+    pub key: Option<String>,
+}
+
+// `abx network`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct NetworkArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// show (the policy and the blocked hosts), allow HOST... (added to the allow-list),
+    /// deny HOST... (added to the deny-list).
+    #[arg(value_parser = ["show", "allow", "deny"])]
+    pub action: String,
+    /// Host patterns (example.com, *.example.com, HOST:PORT, an IP or CIDR, @SET).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
+}
+
+// `abx log`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct LogArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Only entries after this sequence number.
+    #[arg(long, value_name = "SEQ")]
+    pub since: Option<u64>,
+    /// At most this many entries (default and max 1000), the oldest first.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+}
+
+// `abx diff`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// A table of the changes with their sizes, and a summary.
+    #[arg(long, conflicts_with = "patch")]
+    pub stat: bool,
+    /// Unified diffs of the text files.
+    #[arg(long)]
+    pub patch: bool,
+    /// Only these paths in the sandbox (relative: under /workspace; a directory selects
+    /// what is beneath it).
+    #[arg(value_name = "PATHS")]
+    pub paths: Vec<String>,
+}
+
+// `abx apply`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct ApplyArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Only these paths in the sandbox (relative: under /workspace).
+    #[arg(value_name = "PATHS")]
+    pub paths: Vec<String>,
+    /// Say what would be applied, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Apply paths the host changed since create too (the sandbox's version wins).
+    #[arg(long)]
+    pub force: bool,
+}
+
+// `abx discard`. Not a doc comment: see [`Deferred`].
+#[derive(Args, Debug)]
+pub struct DiscardArgs {
+    /// Sandbox id (`id` or `provider:id`).
+    pub sandbox: String,
+    /// Only these paths in the sandbox (relative: under /workspace).
+    #[arg(value_name = "PATHS")]
+    pub paths: Vec<String>,
 }
 
 // `abx exec`. Not a doc comment: see [`Deferred`].
@@ -281,6 +376,10 @@ pub struct CodeArgs {
     /// Seconds before the code is interrupted (the context keeps its state).
     #[arg(long, value_parser = parse_seconds_f64)]
     pub timeout: Option<f64>,
+    /// Write each image result (a matplotlib figure, ...) to DIR as N.png / N.jpg / N.svg
+    /// (the first N not taken; DIR is created) and print its path.
+    #[arg(long, value_name = "DIR")]
+    pub save_images: Option<std::path::PathBuf>,
 }
 
 // `abx run`. Not a doc comment: see [`Deferred`].
@@ -289,6 +388,10 @@ pub struct RunArgs {
     /// Template of the sandbox.
     #[arg(long)]
     pub template: Option<String>,
+    /// A host directory in the sandbox: SRC[:TARGET][:ro|rw|overlay] (repeatable; TARGET
+    /// default /workspace, mode default overlay; `.` is the current directory).
+    #[arg(long = "mount", value_name = "SRC[:TARGET][:MODE]")]
+    pub mount: Vec<String>,
     /// Network and limits of the sandbox.
     #[command(flatten)]
     pub opts: SandboxOpts,
@@ -356,15 +459,87 @@ pub struct PortsArgs {
     pub port: u16,
 }
 
-// `abx template`. Not a doc comment: see [`Deferred`].
-#[derive(Args, Debug)]
-pub struct TemplateArgs {
-    /// list, pull, build, rm, import or init.
-    #[arg(value_parser = ["list", "pull", "build", "rm", "import", "init"])]
-    pub action: String,
-    /// Arguments for the provider.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    pub args: Vec<String>,
+// `abx template ...`: each action with its own arguments and help. Not a doc comment: see
+// [`Lazy`].
+#[derive(Subcommand, Debug)]
+pub enum TemplateCmd {
+    /// List the provider's templates: one row per name (NAME, DIGEST, SIZE, PULLED).
+    List,
+    /// Pull an image from a registry and keep it as a template (local: an OCI reference,
+    /// e.g. busybox:latest or registry.example/team/app@sha256:...).
+    Pull {
+        /// The image reference.
+        #[arg(value_name = "REF")]
+        reference: String,
+    },
+    /// Save a sandbox's filesystem as a new template NAME.
+    Build {
+        /// Sandbox id (`id` or `provider:id`).
+        sandbox: String,
+        /// The template's name.
+        name: String,
+    },
+    /// Remove a template by name or digest, or with --prune the images no name or sandbox
+    /// uses.
+    #[command(
+        override_usage = "abx template rm NAME|DIGEST\n       abx template rm --prune [--all]"
+    )]
+    Rm {
+        /// The template's name or digest.
+        #[arg(required_unless_present = "prune", conflicts_with = "prune")]
+        name: Option<String>,
+        /// Remove the images that no name points at and no sandbox uses.
+        #[arg(long)]
+        prune: bool,
+        /// With --prune: the named ones too (those no sandbox uses).
+        #[arg(long, requires = "prune")]
+        all: bool,
+    },
+    /// Import an image from this machine: a `docker save` archive (a tar, possibly gzip or
+    /// zstd) or an OCI layout (a directory, or a tar of one). The broker reads PATH (made
+    /// absolute here) as untrusted input.
+    #[command(
+        after_help = "Examples:\n  docker save busybox:latest -o bb.tar && abx template import bb.tar my/bb:1\n  abx create --template my/bb:1"
+    )]
+    Import {
+        /// The archive or OCI layout.
+        path: String,
+        /// The template's name (default: the archive's own tag).
+        name: Option<String>,
+    },
+    /// Write a template skeleton (the provider's own arguments).
+    Init {
+        /// Arguments for the provider.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+impl TemplateCmd {
+    /// The action's name and the words after it, as the broker's `templates/*` take them
+    /// (`args` goes along for providers of their own).
+    pub fn action_and_args(&self) -> (&'static str, Vec<String>) {
+        match self {
+            TemplateCmd::List => ("list", vec![]),
+            TemplateCmd::Pull { reference } => ("pull", vec![reference.clone()]),
+            TemplateCmd::Build { sandbox, name } => ("build", vec![sandbox.clone(), name.clone()]),
+            TemplateCmd::Rm { name, prune, all } => {
+                let mut a: Vec<String> = name.iter().cloned().collect();
+                if *prune {
+                    a.push("--prune".into());
+                }
+                if *all {
+                    a.push("--all".into());
+                }
+                ("rm", a)
+            }
+            TemplateCmd::Import { path, name } => (
+                "import",
+                std::iter::once(path).chain(name).cloned().collect(),
+            ),
+            TemplateCmd::Init { args } => ("init", args.clone()),
+        }
+    }
 }
 
 // `abx completions`. Not a doc comment: see [`Deferred`].
@@ -397,6 +572,10 @@ pub struct CreateArgs {
     /// Metadata to attach (repeatable).
     #[arg(long = "metadata", short = 'm', value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub metadata: Vec<(String, String)>,
+    /// A host directory in the sandbox: SRC[:TARGET][:ro|rw|overlay] (repeatable; TARGET
+    /// default /workspace, mode default overlay; `.` is the current directory).
+    #[arg(long = "mount", value_name = "SRC[:TARGET][:MODE]")]
+    pub mount: Vec<String>,
     /// Network and limits.
     #[command(flatten)]
     pub opts: SandboxOpts,
@@ -406,9 +585,14 @@ pub struct CreateArgs {
 // comment: see [`Deferred`] (flattened into `create` and `run`).
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct SandboxOpts {
-    /// Network: none (loopback only), internet (outbound, no host loopback), host.
-    #[arg(long, value_parser = ["none", "internet", "host"])]
+    /// Network: none (loopback only), internet (outbound, no host loopback), host, or
+    /// allow:HOST,HOST,... (only those hosts, through a filtering proxy).
+    #[arg(long, value_name = "none|internet|host|allow:HOST,...", value_parser = parse_network)]
     pub network: Option<String>,
+    /// Allow HOST (repeatable; a pattern: example.com, *.example.com, HOST:PORT, an IP or
+    /// CIDR, @SET): a network policy of the hosts allowed, nothing else.
+    #[arg(long = "allow", value_name = "HOST")]
+    pub allow: Vec<String>,
     /// Memory limit (bytes, or 512M, 2G).
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
@@ -424,8 +608,25 @@ impl SandboxOpts {
     /// Put the options into `sandbox/create` params.
     pub fn apply(&self, params: &mut abx_protocol::api::SandboxCreateParams) {
         use serde_json::json;
-        if let Some(n) = &self.network {
-            params.network = Some(n.clone());
+        let mut allow: Vec<String> = Vec::new();
+        match self.network.as_deref() {
+            Some(n) if n.starts_with("allow:") => allow.extend(
+                n["allow:".len()..]
+                    .split(',')
+                    .filter(|h| !h.trim().is_empty())
+                    .map(|h| h.trim().to_owned()),
+            ),
+            Some(n) => params.network = Some(serde_json::Value::String(n.to_owned())),
+            None => {}
+        }
+        allow.extend(self.allow.iter().cloned());
+        if !allow.is_empty()
+            || self
+                .network
+                .as_deref()
+                .is_some_and(|n| n.starts_with("allow:"))
+        {
+            params.network = Some(json!({ "allow": allow }));
         }
         let limits = abx_protocol::api::SandboxLimits {
             memory: self
@@ -694,6 +895,17 @@ fn parse_seconds_f64(s: &str) -> Result<f64, String> {
         return Err(format!("'{s}' is not a positive number of seconds"));
     }
     parse_seconds(s).map(|n| n as f64)
+}
+
+/// `--network`: a mode, or `allow:HOST,...`.
+fn parse_network(s: &str) -> Result<String, String> {
+    if matches!(s, "none" | "internet" | "host") || s.starts_with("allow:") {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "'{s}' is not a network: none, internet, host or allow:HOST,HOST,..."
+        ))
+    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {

@@ -48,6 +48,24 @@ pub const LATEST_HANDSHAKE: &str = "2025-11-25";
 
 /// `_meta` key of the per-request protocol version (2026-07-28).
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// `_meta` key of the client identity on requests (2026-07-28).
+const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+
+/// The name abx mcp gives the daemon (`sandbox/log` shows it): `<MCP client> via abx mcp`
+/// once the MCP client said its name (`initialize` `clientInfo`, or a request's `_meta`),
+/// `abx mcp` before. Said before the daemon connection is made (the first tool call).
+fn name_client(info: &Value) {
+    if let Some(name) = info
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+    {
+        let name: String = name.chars().take(128).collect();
+        abx_client::client::set_client_name(&format!("{name} via abx mcp"));
+    }
+}
+
 /// `_meta` key of the server identity on results (2026-07-28).
 const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
@@ -195,6 +213,7 @@ pub fn run(paths: &Paths) -> ExitCode {
 }
 
 async fn serve(paths: &Paths) -> ExitCode {
+    abx_client::client::set_client_name("abx mcp");
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
@@ -426,6 +445,10 @@ impl Server {
             Ok(e) => e,
             Err(e) => return Outcome::Error(e),
         };
+        // 2026-07-28: who the client is comes with each request.
+        if let Some(info) = params.get("_meta").and_then(|m| m.get(META_CLIENT_INFO)) {
+            name_client(info);
+        }
         let outcome = match method {
             "ping" => Outcome::Result(json!({})),
             "server/discover" => Outcome::Result(json!({
@@ -456,6 +479,9 @@ impl Server {
     }
 
     fn initialize(&self, params: &Value) -> Value {
+        if let Some(info) = params.get("clientInfo") {
+            name_client(info);
+        }
         let version = negotiate(params.get("protocolVersion").and_then(Value::as_str));
         *self.negotiated.lock().expect("negotiated") = Some(version);
         json!({

@@ -151,7 +151,7 @@ pub async fn run_cancellable(c: &mut Client, params: &Value) -> Result<Result<Va
 
 /// Run with `exec/run` and write its output at the end (stdout to stdout, stderr to
 /// stderr): the fallback of [`exec`] for providers without `exec.stream`.
-async fn run_to_end(c: &mut Client, params: &Value) -> Result<u8, Failure> {
+async fn run_to_end(c: &mut Client, params: &Value, sandbox: &str) -> Result<u8, Failure> {
     let r = match run_cancellable(c, params).await? {
         Ok(r) => r,
         Err(code) => return Ok(code),
@@ -178,7 +178,7 @@ async fn run_to_end(c: &mut Client, params: &Value) -> Result<u8, Failure> {
     if r["timedOut"] == true {
         eprintln!("[E3001] Command timed out.");
     }
-    Ok(exit_code(&r))
+    exit_code(&r, sandbox)
 }
 
 /// Start `command` in `sandbox`, stream it, return its exit code.
@@ -209,7 +209,7 @@ pub async fn exec(
                     params["stdinEncoding"] = json!("base64");
                 }
             }
-            return run_to_end(c, &params).await;
+            return run_to_end(c, &params, sandbox).await;
         }
         Err(e) => return Err(Failure::from(e).in_method("exec/start")),
     };
@@ -265,7 +265,7 @@ pub async fn exec(
                         if p["timedOut"] == true {
                             eprintln!("[E3001] Command timed out.");
                         }
-                        return Ok(exit_code(&p));
+                        return exit_code(&p, sandbox);
                     }
                     _ => {}
                 }
@@ -283,25 +283,100 @@ pub async fn exec(
     }
 }
 
-/// The exit code of an `exec/exit`: `exitCode`, else 128 + the signal, else 1.
-pub fn exit_code(p: &Value) -> u8 {
-    if let Some(c) = p["exitCode"].as_i64() {
-        return c.clamp(0, 255) as u8;
+/// The exit code of an `exec/exit` (or an `exec/run` result): `exitCode`, else 128 + the
+/// signal. A stream that ended with an error (a plugin's crash notice: `exitCode: null` and
+/// `error`), an exit code outside 0..=255 (EPP/1 allows no other) or none at all is a
+/// [`Failure`] naming what went wrong, never a success: `sandbox` (as the user gave it)
+/// names the provider when it is `provider:id`.
+pub fn exit_code(p: &Value, sandbox: &str) -> Result<u8, Failure> {
+    if let Some(e) = p.get("error").filter(|e| !e.is_null()) {
+        return Err(stream_error(e, sandbox));
     }
-    p["signal"]
-        .as_str()
-        .and_then(signal_number)
-        .map_or(1, |n| (128 + n).clamp(0, 255) as u8)
+    let bad = |detail: String| -> Failure {
+        let provider = sandbox.split_once(':').map_or("", |(p, _)| p);
+        let mut e = AbxError::new(
+            ErrorCode::BadPluginReply,
+            &[("provider", provider), ("detail", &detail)],
+        );
+        if provider.is_empty() {
+            e.message =
+                format!("The provider of sandbox '{sandbox}' sent an invalid reply: {detail}");
+        }
+        e.into()
+    };
+    match &p["exitCode"] {
+        Value::Null => {}
+        Value::Number(n) => {
+            return match n.as_i64().filter(|c| (0..=255).contains(c)) {
+                Some(c) => Ok(c as u8),
+                None => Err(bad(format!(
+                    "exit code {n} for the command (an exit code is 0 to 255; 128 + N for signal N)"
+                ))),
+            };
+        }
+        other => {
+            return Err(bad(format!(
+                "exit code {other} for the command (an exit code is 0 to 255; 128 + N for signal N)"
+            )))
+        }
+    }
+    if let Some(sig) = p["signal"].as_str().filter(|s| !s.is_empty()) {
+        return Ok(signal_number(sig).map_or(1, |n| (128 + n).clamp(0, 255) as u8));
+    }
+    if p["timedOut"] == true {
+        return Ok(137);
+    }
+    Err(bad(format!(
+        "no exit code and no signal for the command (its exit: {p})"
+    )))
+}
+
+/// The `error` of an `exec/exit`: an error object (`{code, message, data: {abx,
+/// suggestion}}`), an E-code, or a plugin's crash notice (`provider 'X' crashed`).
+fn stream_error(e: &Value, sandbox: &str) -> Failure {
+    if let Ok(rpc) = serde_json::from_value::<RpcError>(e.clone()) {
+        return rpc.into();
+    }
+    let text = crate::output::text(e);
+    if let Some(code) = ErrorCode::from_abx(text.trim()) {
+        return AbxError::new(code, &[("sandbox", sandbox)]).into();
+    }
+    if text.contains("crashed") {
+        let provider = text.split('\'').nth(1).unwrap_or(sandbox);
+        return AbxError::new(
+            ErrorCode::PluginCrashed,
+            &[
+                ("provider", provider),
+                ("detail", "the command's stream ended without its exit"),
+            ],
+        )
+        .into();
+    }
+    AbxError::internal(format!("the command's stream ended with an error: {text}")).into()
 }
 
 fn signal_number(name: &str) -> Option<i32> {
+    if let Ok(n) = name.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
     Some(match name.trim_start_matches("SIG") {
         "HUP" => 1,
         "INT" => 2,
         "QUIT" => 3,
+        "ILL" => 4,
+        "TRAP" => 5,
+        "ABRT" => 6,
+        "BUS" => 7,
+        "FPE" => 8,
         "KILL" => 9,
-        "TERM" => 15,
+        "USR1" => 10,
+        "SEGV" => 11,
+        "USR2" => 12,
         "PIPE" => 13,
+        "ALRM" => 14,
+        "TERM" => 15,
+        "XCPU" => 24,
+        "XFSZ" => 25,
         _ => return None,
     })
 }
@@ -335,5 +410,64 @@ mod tests {
             "python3 -c 'print('\\''x y'\\'')'"
         );
         assert_eq!(s(&["ls", ""]), "ls ''");
+    }
+
+    /// Issue 45, item 3: a provider's bad exit is never a success.
+    #[test]
+    fn a_bad_exit_is_an_error_never_a_success() {
+        use super::exit_code;
+        use serde_json::json;
+        assert_eq!(exit_code(&json!({"exitCode": 0}), "p:s").unwrap(), 0);
+        assert_eq!(exit_code(&json!({"exitCode": 255}), "p:s").unwrap(), 255);
+        assert_eq!(
+            exit_code(&json!({"exitCode": null, "signal": "SIGKILL"}), "s").unwrap(),
+            137
+        );
+        assert_eq!(
+            exit_code(&json!({"exitCode": null, "signal": "USR1"}), "s").unwrap(),
+            138
+        );
+        for bad in [
+            json!({"exitCode": -1}),
+            json!({"exitCode": 256}),
+            json!({"exitCode": null}),
+            json!({"exitCode": 1.5}),
+            json!({"exitCode": "0"}),
+            json!({}),
+        ] {
+            let f = exit_code(&bad, "bad-exit:s1").unwrap_err();
+            assert_eq!(f.abx, "E8009", "{bad}");
+            assert_eq!(f.exit, 1, "{bad}");
+            assert!(f.message.contains("Provider 'bad-exit'"), "{}", f.message);
+        }
+        let f = exit_code(&json!({"exitCode": -1}), "s1").unwrap_err();
+        assert!(
+            f.message.contains("-1") && f.message.contains("sandbox 's1'"),
+            "{}",
+            f.message
+        );
+        // A stream that ended with an error: the plugin's crash notice, an error object.
+        let f = exit_code(
+            &json!({"exitCode": null, "timedOut": false, "error": "provider 'bad-exit' crashed"}),
+            "s1",
+        )
+        .unwrap_err();
+        assert_eq!((f.abx.as_str(), f.exit), ("E8007", 1));
+        assert!(
+            f.message.starts_with("Provider 'bad-exit' crashed"),
+            "{}",
+            f.message
+        );
+        assert!(f
+            .suggestion
+            .unwrap()
+            .contains("abx provider doctor bad-exit"));
+        let e = json!({"code": 3001, "message": "Command timed out.",
+            "data": {"abx": "E3001", "suggestion": "Raise --timeout."}});
+        let f = exit_code(&json!({"exitCode": null, "error": e}), "s1").unwrap_err();
+        assert_eq!(
+            (f.abx.as_str(), f.suggestion.as_deref()),
+            ("E3001", Some("Raise --timeout."))
+        );
     }
 }

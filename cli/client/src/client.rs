@@ -52,6 +52,27 @@ pub struct Client {
     remote: Option<Remote>,
 }
 
+/// The name this process gives the daemon in `initialize` (`clientInfo.name`): `abx`, or
+/// what [`set_client_name`] set (`abx mcp`: its MCP client's name).
+static CLIENT_NAME: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Name this process to the daemon from now on (`initialize` `clientInfo.name`, shown by
+/// `sandbox/log`): `abx mcp` passes on its MCP client's name.
+pub fn set_client_name(name: &str) {
+    *CLIENT_NAME.write().expect("client name") = Some(name.to_owned());
+}
+
+fn initialize_params() -> serde_json::Value {
+    let name = CLIENT_NAME
+        .read()
+        .expect("client name")
+        .clone()
+        .unwrap_or_else(|| "abx".into());
+    serde_json::json!({
+        "clientInfo": PeerInfo { name, version: abx_home::VERSION.into() },
+    })
+}
+
 /// The most a client keeps to send again while no reply has come (more: no replay).
 const REPLAY_MAX: usize = 1 << 20;
 
@@ -294,10 +315,26 @@ impl Client {
 
     /// The `initialize` call itself (a broken connection is told from an error reply).
     async fn initialize_raw(&mut self) -> Result<serde_json::Value, CallError> {
-        let params = serde_json::json!({
-            "clientInfo": PeerInfo { name: "abx".into(), version: abx_home::VERSION.into() },
-        });
-        self.call(methods::INITIALIZE, Some(&params)).await
+        self.call(methods::INITIALIZE, Some(&initialize_params()))
+            .await
+    }
+
+    /// Say who we are on a connection made without the handshake ([`Client::connect`]), so
+    /// that what this client runs is logged under its name (`sandbox/log`): the
+    /// `initialize` the fast path skipped, answered before anything else is sent (the
+    /// broker serves requests concurrently). Nothing on a connection that made it.
+    pub async fn announce(&mut self) -> Result<(), AbxError> {
+        if self.server.is_some() {
+            return Ok(());
+        }
+        match self.initialize_raw().await {
+            Ok(v) => {
+                let _ = self.accept_init(v);
+                Ok(())
+            }
+            Err(CallError::Rpc(_)) => Ok(()),
+            Err(CallError::Broken(b)) => Err(b),
+        }
     }
 
     fn accept_init(&mut self, v: serde_json::Value) -> Result<InitializeResult, AbxError> {

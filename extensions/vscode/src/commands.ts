@@ -11,6 +11,7 @@ import { formatExpiry, formatPlan, formatPlanText, groupFeatures, parseDuration,
 import type { InstallParams, InstallPlan, ProviderSummary, Sandbox, TestResult } from './client/types';
 import { encodeAuthority, SCHEME } from './client/uri';
 import type { AbxDocuments } from './documents';
+import { networkNote, pickNetwork } from './network';
 import type { AbxService } from './service';
 import type { ProviderNode, ProvidersProvider, SandboxesProvider, SandboxNode } from './views';
 
@@ -244,7 +245,12 @@ export class Commands {
 
   // ------------------------------------------------------------ sandboxes
 
-  private async create(arg?: Arg): Promise<Sandbox | undefined> {
+  /**
+   * Create Sandbox: provider, template, then the network (providers with `network.vpc`:
+   * `none`, only these hosts, `internet`, `host`). `networkArg` (a mode or `{allow}`) skips
+   * that question.
+   */
+  private async create(arg?: Arg, networkArg?: unknown): Promise<Sandbox | undefined> {
     const provider = await this.pickProvider(
       arg && typeof arg === 'object' && 'kind' in arg && arg.kind === 'group' ? arg.provider : arg,
       'Create a sandbox with which provider?',
@@ -253,16 +259,24 @@ export class Commands {
     if (!provider) return undefined;
     const template = await this.pickTemplate(provider);
     if (template === undefined) return undefined;
+    const network = await pickNetwork(provider.features, networkArg);
+    if (network === undefined) return undefined;
     const timeout = this.service.settings.defaultTimeout;
     const sb = await vscode.window.withProgress(
       { location: vscode.ProgressLocation.Notification, title: `Creating a ${provider.id} sandbox…` },
-      async () => (await this.client()).sandboxCreate({ provider: provider.id, template: template || undefined, timeout }),
+      async () =>
+        (await this.client()).sandboxCreate({
+          provider: provider.id,
+          template: template || undefined,
+          timeout,
+          ...(network === null ? {} : { network: network as never }),
+        }),
     );
     await this.service.refreshSandboxes();
     const ref = sandboxRef(sb);
     // Only what the provider can do: a terminal needs `pty`.
     const offer = provider.features.includes('pty') ? ['Open Terminal', 'Browse Files'] : ['Browse Files'];
-    void vscode.window.showInformationMessage(`Sandbox ${ref} created (${sb.template ?? 'default template'}, ${formatExpiry(sb.expiresAt)}).`, ...offer).then((pick) => {
+    void vscode.window.showInformationMessage(`Sandbox ${ref} created (${sb.template ?? 'default template'}, ${formatExpiry(sb.expiresAt)})${networkNote(network)}.`, ...offer).then((pick) => {
       if (pick === 'Open Terminal') void vscode.commands.executeCommand('abx.openTerminal', ref);
       if (pick === 'Browse Files') void vscode.commands.executeCommand('abx.browseFiles', ref);
     });

@@ -8,8 +8,10 @@ import { SCHEME } from './client/uri';
 import { AbxDocuments, DOC_SCHEME } from './documents';
 import { createStatusBar } from './statusbar';
 import { registerMcp } from './mcp';
+import { Network } from './network';
 import { AbxService } from './service';
 import { ProvidersProvider, SandboxesProvider } from './views';
+import { ChangesProvider, registerWorkspace, SandboxContent } from './workspace';
 
 export interface AbxExtensionApi {
   service: AbxService;
@@ -18,6 +20,11 @@ export interface AbxExtensionApi {
   sandboxes: SandboxesProvider;
   providers: ProvidersProvider;
   documents: AbxDocuments;
+  /** The Sandbox Changes view and the `abx-sandbox:` documents (issue 43). */
+  changes: ChangesProvider;
+  sandboxContent: SandboxContent;
+  /** Network policies: `sandbox/blocked` notifications and Allow Host (issue 44). */
+  network: Network;
 }
 
 /** The running extension's service: deactivate() shuts it down. */
@@ -69,6 +76,10 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
   const commands = new Commands(service, sandboxes, providers, documents);
   parts.push(...commands.register());
   parts.push(...registerCode(service, commands));
+  const network = new Network(service);
+  parts.push(network, ...network.register());
+  const workspace = registerWorkspace(service, documents, (err) => showError(err, service));
+  parts.push(...workspace.disposables);
   parts.push(createStatusBar(service));
 
   const mcp = registerMcp(service, version);
@@ -91,7 +102,7 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
     );
   }
 
-  return { service, commands, fs, sandboxes, providers, documents };
+  return { service, commands, fs, sandboxes, providers, documents, changes: workspace.changes, sandboxContent: workspace.content, network };
 }
 
 /**

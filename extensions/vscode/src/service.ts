@@ -3,9 +3,10 @@
 import * as vscode from 'vscode';
 import { BrokerClient } from './client/broker';
 import { AbxError } from './client/errors';
-import { applySandboxChange, changedRef, changeEndsSandbox } from './client/format';
+import { applySandboxChange, changedRef, changeEndsSandbox, sandboxRef as sandboxRefOf } from './client/format';
 import type { Sandbox, SandboxChanged } from './client/types';
 import { abxEnv, readSettings, Settings } from './config';
+import { blockedRef, SandboxBlocked, withBlocked } from './network';
 
 export type BrokerState =
   | { kind: 'idle' }
@@ -63,6 +64,12 @@ export class AbxService implements vscode.Disposable {
    * the broker reports it: its editors, folder and terminals go.
    */
   readonly onDidEndSandbox = this.endedEmitter.event;
+  private readonly blockedEmitter = new vscode.EventEmitter<SandboxBlocked>();
+  /**
+   * Fires for each `sandbox/blocked` (a sandbox's network policy refused a connection;
+   * issue 44). The listed sandbox's `network.blocked` is updated first.
+   */
+  readonly onDidBlock = this.blockedEmitter.event;
   private settingsValue: Settings;
   /** Failed connection attempts in a row, and what the last one said. */
   private failures = 0;
@@ -187,6 +194,9 @@ export class AbxService implements vscode.Disposable {
       client.onSandboxChanged((c) => {
         if (this.client === client) this.sandboxChanged(c);
       });
+      client.onNotification(({ method, params }) => {
+        if (method === 'sandbox/blocked' && this.client === client) this.sandboxBlocked(params);
+      });
       // Before the first list: nothing that happens after it is missed.
       this.liveValue = await this.subscribe(client);
       if (this.client !== client) {
@@ -256,6 +266,36 @@ export class AbxService implements vscode.Disposable {
         this.log(`closing what showed ${changedRef(c)}: ${(err as Error)?.message ?? err}`);
       }
     }
+    this.repaintSoon();
+  }
+
+  /** One `sandbox/blocked`: the listed sandbox's counts follow (repainted once per burst), then listeners. */
+  private sandboxBlocked(params: unknown): void {
+    if (this.shutdownPromise) return;
+    const b = params as SandboxBlocked;
+    if (!b || typeof b.sandbox !== 'string' || typeof b.host !== 'string') return;
+    const ref = blockedRef(b);
+    if (this.sandboxesValue) {
+      this.sandboxesValue = this.sandboxesValue.map((s) => (sandboxRefOf(s) === ref || s.id === b.sandbox ? withBlocked(s, b) : s));
+      this.repaintSoon();
+    }
+    try {
+      this.blockedEmitter.fire(b);
+    } catch (err) {
+      this.log(`sandbox/blocked of ${ref}: ${(err as Error)?.message ?? err}`);
+    }
+  }
+
+  /** A sandbox as a call returned it (`sandbox/setNetwork`): the list shows it at once. */
+  updateSandbox(s: Sandbox): void {
+    if (!this.sandboxesValue || this.shutdownPromise) return;
+    const ref = sandboxRefOf(s);
+    this.sandboxesValue = this.sandboxesValue.map((x) => (sandboxRefOf(x) === ref ? { ...x, ...s } : x));
+    this.repaintSoon();
+  }
+
+  /** Repaints the views once for what came within EVENT_DEBOUNCE_MS (no request). */
+  private repaintSoon(): void {
     if (this.eventTimer) return;
     this.eventTimer = setTimeout(() => {
       this.eventTimer = undefined;
@@ -421,5 +461,6 @@ export class AbxService implements vscode.Disposable {
     this.stateEmitter.dispose();
     this.sandboxesEmitter.dispose();
     this.endedEmitter.dispose();
+    this.blockedEmitter.dispose();
   }
 }

@@ -4,13 +4,28 @@ import * as vscode from 'vscode';
 import { AbxError } from './client/errors';
 import { formatRemaining, groupByProvider, groupFeatures, sandboxRef } from './client/format';
 import type { DoctorResult, ProviderSummary, Sandbox } from './client/types';
+import { networkChildren, networkTooltip, policyOf } from './network';
 import type { AbxService } from './service';
 
 // ---------------------------------------------------------------- sandboxes
 
 export type SandboxNode =
   | { kind: 'group'; provider: string; sandboxes: Sandbox[] }
-  | { kind: 'sandbox'; sandbox: Sandbox };
+  | { kind: 'sandbox'; sandbox: Sandbox }
+  /** A row under a sandbox with a network policy: allowed, denied, each blocked host (issue 44). */
+  | {
+      kind: 'network';
+      id: string;
+      /** `provider:id` of its sandbox. */
+      ref: string;
+      label: string;
+      description?: string;
+      icon: string;
+      color?: string;
+      tooltip?: string;
+      /** A blocked host:port (its row offers Allow). */
+      blocked?: { host: string; port: number };
+    };
 
 export function sandboxIcon(status: string): vscode.ThemeIcon {
   switch (status) {
@@ -62,11 +77,24 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
       item.contextValue = 'sandboxGroup';
       return item;
     }
+    if (node.kind === 'network') {
+      const item = new vscode.TreeItem(node.label, vscode.TreeItemCollapsibleState.None);
+      item.id = node.id;
+      item.description = node.description;
+      item.iconPath = new vscode.ThemeIcon(node.icon, node.color ? new vscode.ThemeColor(node.color) : undefined);
+      item.tooltip = node.tooltip ?? [node.label, node.description].filter(Boolean).join(': ');
+      item.contextValue = node.blocked ? 'blockedHost' : 'networkLine';
+      item.accessibilityInformation = { label: [node.label, node.description].filter(Boolean).join(': ') };
+      return item;
+    }
     const s = node.sandbox;
-    const item = new vscode.TreeItem(s.id, vscode.TreeItemCollapsibleState.None);
+    const policy = policyOf(s);
+    // A sandbox with a network policy expands to it and what it refused.
+    const item = new vscode.TreeItem(s.id, policy ? vscode.TreeItemCollapsibleState.Collapsed : vscode.TreeItemCollapsibleState.None);
     item.id = `sandbox:${sandboxRef(s)}`;
     const left = s.expiresAt ? formatRemaining(Date.parse(s.expiresAt) - Date.now()) : undefined;
-    item.description = [s.template, s.status, left ? `expires in ${left}` : undefined].filter(Boolean).join(' · ');
+    const blocked = policy?.blocked?.length ? `${policy.blocked.length} blocked` : undefined;
+    item.description = [s.template, s.status, left ? `expires in ${left}` : undefined, blocked].filter(Boolean).join(' · ');
     item.iconPath = sandboxIcon(s.status);
     item.contextValue = sandboxContext(s, this.service.providerFeatures(s.provider));
     const md = new vscode.MarkdownString();
@@ -84,12 +112,20 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
     }
     const meta = s.metadata && Object.keys(s.metadata).length ? JSON.stringify(s.metadata) : '';
     if (meta) md.appendMarkdown(`- Metadata: \`${meta}\`\n`);
+    const net = networkTooltip(s);
+    if (net) md.appendMarkdown(net);
     item.tooltip = md;
     return item;
   }
 
   async getChildren(node?: SandboxNode): Promise<SandboxNode[]> {
     if (node?.kind === 'group') return node.sandboxes.map((sandbox) => ({ kind: 'sandbox', sandbox }));
+    if (node?.kind === 'sandbox') {
+      // The list's latest copy: blocked counts change without the row being asked again.
+      const ref = sandboxRef(node.sandbox);
+      const now = this.service.sandboxes?.find((x) => sandboxRef(x) === ref) ?? node.sandbox;
+      return networkChildren(now);
+    }
     if (node) return [];
     let list = this.service.sandboxes;
     if (!list && !this.service.sandboxesAttempted && this.service.state.kind !== 'error') {
@@ -106,10 +142,13 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
 
 /**
  * A sandbox row's `contextValue`: `sandbox-<status>`, then `:<feature>` for the features of
- * its provider that menus depend on (`sandbox-running:pty`). package.json's menus match it.
+ * its provider that menus depend on (`sandbox-running:pty`), and `:policy` for a sandbox with
+ * a network policy. package.json's menus match it.
  */
 export function sandboxContext(s: Sandbox, features: string[] | undefined): string {
   const tags = ['pty'].filter((f) => features?.includes(f));
+  // `policy`: a network policy (Allow Host applies).
+  if (policyOf(s)) tags.push('policy');
   return [`sandbox-${s.status}`, ...tags].join(':');
 }
 

@@ -14,7 +14,9 @@ import { COMMANDS } from '../src/commands';
 import { readSettings } from '../src/config';
 import { activate, AbxExtensionApi, deactivate } from '../src/extension';
 import { MCP_PROVIDER_ID, registerMcp } from '../src/mcp';
+import { NETWORK_COMMANDS } from '../src/network';
 import { EVENT_DEBOUNCE_MS, RETRY_BASE_MS } from '../src/service';
+import { WORKSPACE_COMMANDS } from '../src/workspace';
 import type { BrokerClient } from '../src/client/broker';
 import type { Sandbox } from '../src/client/types';
 import type { ProviderNode, SandboxNode } from '../src/views';
@@ -71,18 +73,18 @@ function lastContext(key: string): unknown {
 describe('the manifest', () => {
   test('contributes exactly the commands the extension registers, each with a title', () => {
     const contributed = manifest.contributes.commands.map((c: { command: string }) => c.command).sort();
-    assert.deepEqual(contributed, [...COMMANDS, ...CODE_COMMANDS].sort());
+    assert.deepEqual(contributed, [...COMMANDS, ...CODE_COMMANDS, ...WORKSPACE_COMMANDS, ...NETWORK_COMMANDS].sort());
     for (const c of manifest.contributes.commands) assert.ok(c.title && c.category === 'abx', c.command);
   });
 
   test('menus only name contributed commands; views and the MCP provider id match the code', () => {
-    const known = new Set([...COMMANDS, ...CODE_COMMANDS] as readonly string[]);
+    const known = new Set([...COMMANDS, ...CODE_COMMANDS, ...WORKSPACE_COMMANDS, ...NETWORK_COMMANDS] as readonly string[]);
     for (const list of Object.values(manifest.contributes.menus) as { command: string }[][]) {
       for (const m of list) assert.ok(known.has(m.command), m.command);
     }
     assert.deepEqual(
       manifest.contributes.views.abx.map((v: { id: string }) => v.id),
-      ['abx.sandboxes', 'abx.providers'],
+      ['abx.sandboxes', 'abx.providers', 'abx.changes'],
     );
     assert.deepEqual(manifest.contributes.mcpServerDefinitionProviders.map((p: { id: string }) => p.id), [MCP_PROVIDER_ID]);
   });
@@ -171,7 +173,7 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
   });
 
   test('create: the only provider with sandbox.lifecycle is used, the template picked from its templates/list; the view and status bar follow', async () => {
-    fake.recorded.answers.push('$(star) Default'); // template: the provider's default
+    fake.recorded.answers.push('$(star) Default', 'none'); // template: the provider's default; network: none
     const picks = fake.recorded.quickPicks.length;
     const created = await vscode.commands.executeCommand<{ id: string; provider: string; timeout: number }>('abx.create');
     assert.ok(created);

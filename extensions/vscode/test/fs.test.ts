@@ -113,7 +113,7 @@ describe('abx: file system provider (real broker)', { timeout: 120_000 }, () => 
     assert.match(err.message, /\[E4001\]/);
     await fsp.createDirectory(uri('/workspace/adir'));
     await assert.rejects(fsp.readFile(uri('/workspace/adir')), fsCode('FileIsADirectory'));
-    await assert.rejects(fsp.stat(uri('/etc/passwd')), fsCode('NoPermissions'));
+    await assert.rejects(fsp.stat(uri('/proc/version')), fsCode('NoPermissions'));
     const gone = sandboxUri('local:sb-gone', '/workspace/x');
     await assert.rejects(fsp.stat(gone), fsCode('FileNotFound'));
   });

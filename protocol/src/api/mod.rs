@@ -26,6 +26,7 @@ pub mod ports;
 pub mod process;
 pub mod provider;
 pub mod sandbox;
+pub mod secrets;
 pub mod templates;
 pub mod workspace;
 
@@ -37,6 +38,7 @@ pub use ports::*;
 pub use process::*;
 pub use provider::*;
 pub use sandbox::*;
+pub use secrets::*;
 pub use templates::*;
 pub use workspace::*;
 

@@ -109,17 +109,56 @@ impl ParamsEntry {
             return Ok(());
         }
         match member_names(params) {
-            Some(names) => self.check(names.iter().map(|n| &**n), also),
+            Some(names) if names.more => Err(AbxError::invalid_params(
+                self.method,
+                format!("params have more than {MAX_MEMBERS} members"),
+            )),
+            Some(names) => self.check(names.list.iter().map(|n| &**n), also),
             None => Ok(()),
         }
     }
 }
 
+/// The most members params may have (the broker refuses more, E1004: `abx_core::members`).
+pub const MAX_MEMBERS: usize = 256;
+/// The longest member name kept whole by [`member_names`]: a longer one is kept cut, with
+/// [`CUT`] after it (no method's member is that long, so a cut name never passes as one).
+pub const MAX_NAME: usize = 128;
+/// What ends a member name cut by [`member_names`].
+pub const CUT: &str = "…";
+
+/// The top-level member names of params as JSON text: bounded by construction, whatever the
+/// text holds.
+pub struct Names<'a> {
+    /// The first [`MAX_MEMBERS`] names, in order; each at most [`MAX_NAME`] bytes (a longer
+    /// one cut, [`CUT`] after it).
+    pub list: Vec<Cow<'a, str>>,
+    /// More members followed (read and skipped, not kept).
+    pub more: bool,
+}
+
 /// The top-level member names of params as JSON text, in order (values are skipped, never
-/// built); `None` for text that is not an object.
-pub fn member_names(params: &str) -> Option<Vec<Cow<'_, str>>> {
+/// built; at most [`MAX_MEMBERS`] names kept, each at most [`MAX_NAME`] bytes, so 10 million
+/// members or a name of 60 MB cost no more than 256 short names); `None` for text that is
+/// not an object.
+pub fn member_names(params: &str) -> Option<Names<'_>> {
     let mut de = serde_json::Deserializer::from_str(params);
     de.deserialize_map(NamesVisitor).ok()
+}
+
+/// `name`, cut to at most [`MAX_NAME`] bytes (at a character boundary, [`CUT`] after it).
+fn bounded(name: Cow<'_, str>) -> Cow<'_, str> {
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let mut at = MAX_NAME;
+    while !name.is_char_boundary(at) {
+        at -= 1;
+    }
+    let mut cut = String::with_capacity(at + CUT.len());
+    cut.push_str(&name[..at]);
+    cut.push_str(CUT);
+    Cow::Owned(cut)
 }
 
 /// E1004 for members `method` does not take: the message names them and the method; the
@@ -239,10 +278,11 @@ impl<'de> Deserialize<'de> for Name<'de> {
                 f.write_str("a string")
             }
             fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
-                Ok(Cow::Borrowed(s))
+                Ok(bounded(Cow::Borrowed(s)))
             }
+            // Made (escaped): never more of it than is kept.
             fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Cow::Owned(s.to_owned()))
+                Ok(Cow::Owned(bounded(Cow::Borrowed(s)).into_owned()))
             }
         }
         d.deserialize_str(V).map(Name)
@@ -250,17 +290,31 @@ impl<'de> Deserialize<'de> for Name<'de> {
 }
 
 impl<'de> Visitor<'de> for NamesVisitor {
-    type Value = Vec<Cow<'de, str>>;
+    type Value = Names<'de>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut names = Vec::new();
-        while let Some(Name(k)) = map.next_key()? {
+        let mut names = Names {
+            list: Vec::new(),
+            more: false,
+        };
+        loop {
+            if names.list.len() == MAX_MEMBERS {
+                // Past the cap: the rest is read to tell an object from broken text, and
+                // nothing of it kept (a name is skipped, never made).
+                while map.next_key::<IgnoredAny>()?.is_some() {
+                    map.next_value::<IgnoredAny>()?;
+                    names.more = true;
+                }
+                return Ok(names);
+            }
+            let Some(Name(k)) = map.next_key()? else {
+                return Ok(names);
+            };
             map.next_value::<IgnoredAny>()?;
-            names.push(k);
+            names.list.push(k);
         }
-        Ok(names)
     }
 }
 
@@ -350,10 +404,7 @@ mod tests {
             err.suggestion
         );
         assert!(err.suggestion.contains("upgrade abx"), "{}", err.suggestion);
-        assert_eq!(
-            err.data["unknown"],
-            serde_json::json!(["volumes", "binds"])
-        );
+        assert_eq!(err.data["unknown"], serde_json::json!(["volumes", "binds"]));
         // A member every method of the caller's kind takes.
         let info = params_of("sandbox/info").unwrap();
         info.check(["sandbox", "provider"], &["provider"]).unwrap();
@@ -396,5 +447,51 @@ mod tests {
         // Not an object: the typed parse says what is wrong.
         w.check_text("[1]", &[]).unwrap();
         w.check_text("3", &[]).unwrap();
+    }
+
+    /// The names collected are bounded by construction: at most 256 of them (the rest read
+    /// and skipped), each at most 128 bytes (a longer one cut and marked, so it never passes
+    /// as a member the method takes), however many members and however long their names.
+    #[test]
+    fn member_names_are_bounded_in_count_and_length() {
+        let mut many = String::from("{");
+        for i in 0..100_000 {
+            many.push_str(&format!(r#""m{i}":{{"x":[1,2]}},"#));
+        }
+        many.push_str(r#""sandbox":"s"}"#);
+        let n = member_names(&many).unwrap();
+        assert_eq!(n.list.len(), MAX_MEMBERS);
+        assert!(n.more);
+        assert_eq!(n.list[0], "m0");
+        assert_eq!(n.list[MAX_MEMBERS - 1], format!("m{}", MAX_MEMBERS - 1));
+        // Exactly the cap: nothing more.
+        let cap: Vec<String> = (0..MAX_MEMBERS).map(|i| format!(r#""m{i}":0"#)).collect();
+        let cap = format!("{{{}}}", cap.join(","));
+        assert!(!member_names(&cap).unwrap().more);
+        // Broken text past the cap is still not an object.
+        assert!(member_names(&many[..many.len() - 2]).is_none());
+        let e = params_of("files/write")
+            .unwrap()
+            .check_text(&many, &[])
+            .unwrap_err();
+        assert!(e.message.contains("more than 256 members"), "{}", e.message);
+        // A name of 1 MB (escaped, so it is made, not borrowed) is kept cut.
+        let long = format!(r#"{{"sandbox":"s","é{}":1}}"#, "é".repeat(1 << 19));
+        let n = member_names(&long).unwrap();
+        assert_eq!(n.list.len(), 2);
+        assert!(n.list[1].len() <= MAX_NAME + CUT.len());
+        assert!(n.list[1].ends_with(CUT) && n.list[1].starts_with("éé"));
+        let e = params_of("files/write")
+            .unwrap()
+            .check_text(&long, &[])
+            .unwrap_err();
+        assert!(e.message.contains(CUT), "{}", e.message);
+        assert!(e.message.len() < 1024, "{}", e.message.len());
+        // A long name that starts like a member the method takes is still unknown.
+        let like = format!(r#"{{"sandbox{}":"s"}}"#, "x".repeat(200));
+        assert!(params_of("files/write")
+            .unwrap()
+            .check_text(&like, &[])
+            .is_err());
     }
 }

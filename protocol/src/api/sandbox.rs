@@ -40,9 +40,11 @@ pub struct Sandbox {
     /// Metadata given at create.
     #[serde(default)]
     pub metadata: Map<String, Value>,
-    /// Its network mode (`local`: `none`, `internet` or `host`).
+    /// Its network: a mode (`local`: `none`, `internet` or `host`), or, for a policy, the
+    /// policy and what it refused (`{allow, deny, blocked: [{host, port, count, last}]}`).
     #[serde(default)]
-    pub network: Option<String>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<NetworkView>"))]
+    pub network: Option<Value>,
     /// Host directories mounted into it (`sandbox/create` `mounts`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<crate::api::Mount>,
@@ -109,10 +111,14 @@ pub struct SandboxCreateParams {
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
     /// Network of the sandbox (`local`): `none` (loopback only), `internet` (outbound, not
-    /// the host's loopback; needs `pasta`) or `host`; default from the broker config
-    /// (`[local] network`, else `none`). Unknown: E1004.
+    /// the host's loopback; needs `pasta`), `host`, or a policy `{allow: [pattern...],
+    /// deny?: [pattern...]}` (`network.vpc`: only the hosts allowed, through a filtering proxy
+    /// on the host); default from the broker config (`[local] network`, else `none`).
+    /// Unknown: E1004.
+    // Any JSON: the provider checks it and names the bad entry (E1004).
     #[serde(default)]
-    pub network: Option<String>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<NetworkSpec>"))]
+    pub network: Option<Value>,
     /// Limits (`local`): `{memory: bytes | "512M", cpus: 1.5, pids: 256}`; defaults from the
     /// broker config (`[local] memory|cpus|pids`, else 2G memory, 1024 processes).
     // Any JSON: the provider checks it and names the bad limit (`local`: E1004).
@@ -123,7 +129,10 @@ pub struct SandboxCreateParams {
     /// `overlay` (default: the host changes only on `sandbox/apply`), `ro` or `rw`.
     // Any JSON: the provider checks each entry and names the bad one (E1004, E2010).
     #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(with = "Option<Vec<crate::api::MountSpec>>"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "Option<Vec<crate::api::MountSpec>>")
+    )]
     pub mounts: Option<Value>,
 }
 
@@ -249,4 +258,101 @@ pub struct SystemInfo {
     /// How the sandbox is confined: `{model, landlock: {abi, enforced}, namespaces, network}`.
     #[serde(default)]
     pub isolation: Option<Map<String, Value>>,
+}
+
+/// A sandbox's network as asked for: a mode, or a policy.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(untagged)]
+pub enum NetworkSpec {
+    /// `none`, `internet` or `host`.
+    Mode(String),
+    /// Only the hosts allowed.
+    Policy(NetworkPolicy),
+}
+
+/// An egress policy: what a sandbox may reach, through a filtering proxy on the host.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// What it may reach: `example.com` (that host), `*.example.com` (its subdomains, not the
+    /// apex), with an optional `:port` (none: 80 and 443; `:*` every port), an IP or CIDR,
+    /// `@NAME` (a set of the broker config's `[network.sets.NAME]`), or `{host: pattern,
+    /// headers: {NAME: "secret:KEY"}}`.
+    pub allow: Vec<Value>,
+    /// What it may not reach, even when allowed (deny wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<Value>,
+}
+
+/// A sandbox's network as shown: a mode, or the policy and what it refused.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(untagged)]
+pub enum NetworkView {
+    /// `none`, `internet` or `host`.
+    Mode(String),
+    /// A policy.
+    Policy(NetworkPolicyView),
+}
+
+/// A policy sandbox's network in `sandbox/info`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicyView {
+    /// As given.
+    pub allow: Vec<Value>,
+    /// As given.
+    #[serde(default)]
+    pub deny: Vec<Value>,
+    /// Refused attempts per host and port, counted before the refusal was answered.
+    #[serde(default)]
+    pub blocked: Vec<BlockedCount>,
+}
+
+/// Refused attempts to reach one host and port.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedCount {
+    /// The name (or address) asked for; `other` once 1024 hosts are counted.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// How many times.
+    pub count: u64,
+    /// The last time (RFC 3339 UTC).
+    pub last: String,
+}
+
+/// `sandbox/setNetwork` params.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct SetNetworkParams {
+    /// The sandbox.
+    pub sandbox: String,
+    /// A policy (`{allow, deny?}`): new connections follow it, open ones go on. (`local`
+    /// cannot switch a running sandbox between modes and a policy: E1004 says so.)
+    #[cfg_attr(feature = "schema", schemars(with = "NetworkSpec"))]
+    pub network: Value,
+}
+
+/// `sandbox/blocked` notification params (to connections that called `sandbox/subscribe`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxBlocked {
+    /// The sandbox.
+    pub sandbox: String,
+    /// Its provider.
+    pub provider: String,
+    /// The host it tried to reach.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// Attempts refused so far for this host and port.
+    pub count: u64,
 }

@@ -192,6 +192,8 @@ pub struct PathReason {
 }
 
 /// `sandbox/apply` result: a conflict is an entry, and the other paths are still applied.
+/// Conflicts are part of the result, never an error: E4015 is the code the CLI exits with
+/// when there are conflicts (docs/broker-api.md, "Workspaces").
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -202,6 +204,10 @@ pub struct ApplyResult {
     pub conflicts: Vec<PathReason>,
     /// Left out, and why (a device node, an added symlink leaving the tree not named, ...).
     pub skipped: Vec<PathReason>,
+    /// Whether there were more changes than one call handles (100,000): apply again for the
+    /// rest (applied paths leave the diff).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 /// `sandbox/discard` params.
@@ -227,6 +233,10 @@ pub struct DiscardParams {
 pub struct DiscardResult {
     /// The paths whose changes were dropped (the sandbox sees the host's version again).
     pub discarded: Vec<String>,
+    /// Whether there were more changes than one call handles (100,000): discard again for
+    /// the rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 /// `sandbox/log` params.

@@ -27,7 +27,7 @@ function send(o) { writeAll(1, MARK + JSON.stringify(o) + '\n'); }
 const text = (args) => util.formatWithOptions({ colors: false }, ...args) + '\n';
 // In pieces (the broker drops a frame past its size limit), never between the halves of a
 // surrogate pair.
-const PIECE = 1 << 20;
+const PIECE = 1 << 16; // small frames: the broker counts a frame while it reads it (issue 42)
 function sendText(t, d) {
   for (let i = 0; i < d.length;) {
     let j = Math.min(i + PIECE, d.length);

@@ -15,8 +15,10 @@ os.dup2(_null, 0)
 os.close(_null)
 os.environ.setdefault("MPLBACKEND", "Agg")
 _st = {"running": False, "writing": False, "pending": False}
-# The longest text sent in one frame (characters).
-_PIECE = 1 << 20
+# The longest text sent in one frame (characters): the broker counts a frame in its memory
+# budget while it reads it, so a cell whose client is slow holds at most a small partial
+# frame (issue 42).
+_PIECE = 1 << 16
 # The name of this file's code (the bootstrap compiles it so): tracebacks leave it out.
 _DRIVER = "<abx-driver>"
 

@@ -333,6 +333,20 @@ impl Pipe {
         self.r.read_buf(&mut lim).await.unwrap_or(0)
     }
 
+    /// [`Pipe::fill`] for a cell whose output goes to `conn`: read only once the connection
+    /// has room for what the read may become (its client takes what it was sent), so the
+    /// cells of a client that does not read stop reading (their interpreters wait on a full
+    /// pipe) instead of holding the budget in output their client cannot take (issue 42:
+    /// such cells held the whole pool, and other such clients' cells got nothing). Nothing
+    /// is held while it waits (cancel-safe, and no partial frame waits on room another
+    /// holds). A cell that sends nothing more (`quiet`: cancelled) reads on, to its end.
+    async fn fill_for(&mut self, conn: &Outbound, pool: &Pool, quiet: bool) -> usize {
+        if !quiet {
+            conn.room(READ).await;
+        }
+        self.fill(Some(pool)).await
+    }
+
     /// The pieces complete after a read of `n` bytes.
     fn pieces(&mut self, n: usize) -> Vec<Piece> {
         if n == 0 {
@@ -629,10 +643,19 @@ impl Context {
             me.second_cancel.store(false, Ordering::SeqCst);
             drop(g);
             r.restarted |= restarted;
-            if let (Some(h), Some(p)) = (hold, kept) {
-                *h.lock().expect("hold") = Some(p);
+            let bytes = have(&kept);
+            let held = match (hold, kept) {
+                (Some(h), Some(p)) => {
+                    *h.lock().expect("hold") = Some(p);
+                    true
+                }
+                _ => false,
+            };
+            // A result nobody takes (a cancelled cell's, one of a client that went away) goes
+            // now: counted as freed, so the allocator gives its memory back after a burst.
+            if tx.send(r).is_err() || !held {
+                abx_core::outbound::note_released(bytes, true);
             }
-            let _ = tx.send(r);
         });
         rx.await
             .map_err(|_| AbxError::internal("the code/run task ended without an answer"))
@@ -710,13 +733,13 @@ impl Context {
                     dead = true;
                     drain.get_or_insert(Instant::now() + DRAIN_GRACE);
                 }
-                n = out.fill(Some(&pool)), if !out.eof => {
+                n = out.fill_for(&conn, &pool, run.quiet), if !out.eof => {
                     for piece in out.pieces(n) {
                         done |= run.stdout_piece(piece, out).await;
                     }
                     out.shrink();
                 }
-                n = err.fill(Some(&pool)), if !err.eof => {
+                n = err.fill_for(&conn, &pool, run.quiet), if !err.eof => {
                     for piece in err.pieces(n) {
                         err_end |= run.stderr_piece(piece, err).await;
                     }

@@ -33,7 +33,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-mod sys;
+pub(crate) mod sys;
 mod transfer;
 
 pub(crate) use sys::*;
@@ -121,6 +121,8 @@ pub(crate) fn op_err(e: &io::Error, view: &str, sandbox: &str) -> AbxError {
         Some(libc::ENAMETOOLONG) => ErrorCode::PathTooLong,
         Some(libc::ENOSPC) => ErrorCode::DiskFull,
         Some(libc::EDQUOT) => ErrorCode::QuotaExceeded,
+        // A read-only place of the sandbox: its system directories, an `ro` mount.
+        Some(libc::EROFS) => ErrorCode::ReadOnly,
         Some(libc::EFBIG | libc::EOVERFLOW) => {
             return offset_err(
                 view,
@@ -184,10 +186,51 @@ pub(crate) struct Target {
     pub(crate) area: Area,
     pub(crate) rel: PathBuf,
     pub(crate) root: OwnedFd,
+    /// Resolved in the sandbox's whole view ([`crate::RootView`]): `rel` is relative to
+    /// its `/`.
+    pub(crate) in_root: bool,
 }
+
+/// This thread's filesystem ids set to `uid:gid` (`setfsuid`, per thread) until dropped: a
+/// root daemon works in a sandbox's view as the sandbox's user, so files it makes through
+/// an idmapped mount are the source owner's and an overlay's layer stays the sandbox's.
+pub struct FsIds(u32, u32);
+
+impl FsIds {
+    /// Take `uid:gid` as this thread's filesystem ids.
+    pub fn take(uid: u32, gid: u32) -> FsIds {
+        // SAFETY: setfsuid/setfsgid affect this thread only.
+        unsafe {
+            let old_g = libc::setfsgid(gid) as u32;
+            let old_u = libc::setfsuid(uid) as u32;
+            FsIds(old_u, old_g)
+        }
+    }
+}
+
+impl Drop for FsIds {
+    fn drop(&mut self) {
+        // SAFETY: as in `take`: back to the ids this thread had.
+        unsafe {
+            libc::setfsuid(self.0);
+            libc::setfsgid(self.1);
+        }
+    }
+}
+
+/// Kernel interfaces of the sandbox that `files/*` do not serve (the daemon's credentials
+/// are not the sandbox's: read them with `exec`).
+const NOT_SERVED: &[&str] = &["proc", "sys", "dev"];
 
 impl Target {
     pub(crate) fn new(dirs: &SandboxDirs, path: &str) -> Result<Target, AbxError> {
+        if let Some(v) = dirs
+            .view
+            .as_ref()
+            .filter(|v| crate::in_view(path, &v.mounts))
+        {
+            return Target::in_view(v, path);
+        }
         let (area, rel) = split_path(path)?;
         let c = cstr(dirs.area_dir(area).as_os_str()).map_err(AbxError::internal)?;
         // The area directory itself is the broker's, not user-controlled.
@@ -206,7 +249,55 @@ impl Target {
         }
         // SAFETY: a fresh fd we own.
         let root = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Target { area, rel, root })
+        Ok(Target {
+            area,
+            rel,
+            root,
+            in_root: false,
+        })
+    }
+
+    /// A path of the sandbox's whole view, relative to the init's `/`.
+    fn in_view(v: &crate::RootView, path: &str) -> Result<Target, AbxError> {
+        let outside = || AbxError::new(ErrorCode::PathOutsideSandbox, &[("path", path)]);
+        if path.contains('\0') {
+            return Err(outside());
+        }
+        let p = if path.starts_with('/') {
+            PathBuf::from(path)
+        } else {
+            Path::new(crate::WORKSPACE).join(path)
+        };
+        let mut rel = PathBuf::new();
+        for c in p.components() {
+            match c {
+                Component::Normal(n) => rel.push(n),
+                Component::ParentDir if rel.pop() => {}
+                Component::ParentDir => return Err(outside()),
+                _ => {}
+            }
+        }
+        if let Some(Component::Normal(first)) = rel.components().next() {
+            if NOT_SERVED.iter().any(|n| first == OsStr::new(n)) {
+                return Err(AbxError::new(
+                    ErrorCode::FilePermissionDenied,
+                    &[("path", &format!("/{}", rel.display())), ("sandbox", "")],
+                )
+                .with_suggestion(
+                    "files/* do not serve /proc, /sys and /dev (the kernel's interfaces): read them with exec ('cat /proc/...').",
+                ));
+            }
+        }
+        let root = v
+            .root
+            .try_clone()
+            .map_err(|e| AbxError::internal(format!("the sandbox's root: {e}")))?;
+        Ok(Target {
+            area: Area::Workspace,
+            rel,
+            root,
+            in_root: true,
+        })
     }
 
     pub(crate) fn root_fd(&self) -> RawFd {
@@ -215,16 +306,25 @@ impl Target {
 
     /// The sandbox-view path of this target.
     pub(crate) fn view(&self) -> String {
-        view_path(self.area, &self.rel)
+        self.view_of(&self.rel)
     }
 
     pub(crate) fn view_of(&self, rel: &Path) -> String {
+        if self.in_root {
+            return format!("/{}", rel.display());
+        }
         view_path(self.area, rel)
     }
 
-    /// `openat2` of an area-relative path beneath the area.
+    /// `openat2` of an area-relative path beneath the area (in the whole view: beneath its
+    /// root, symlinks followed as the sandbox would, `RESOLVE_IN_ROOT`).
     pub(crate) fn open(&self, rel: &Path, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
-        openat2(self.root_fd(), rel, flags, mode, RESOLVE)
+        let how = if self.in_root {
+            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS
+        } else {
+            RESOLVE
+        };
+        openat2(self.root_fd(), rel, flags, mode, how)
     }
 
     /// The parent directory (`O_PATH`) of `rel` and its last component. `rel` must not be
@@ -736,7 +836,14 @@ pub fn stat(dirs: &SandboxDirs, sandbox: &str, path: &str) -> Result<Entry, AbxE
     let view = t.view();
     if t.rel.as_os_str().is_empty() {
         let st = fstat(t.root_fd()).map_err(|e| op_err(&e, &view, sandbox))?;
-        let name = t.area.prefix().trim_start_matches('/').to_owned();
+        let name = if t.in_root {
+            t.rel
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            t.area.prefix().trim_start_matches('/').to_owned()
+        };
         return Ok(entry(name, view, &st));
     }
     let (dir, name) = t.parent(&t.rel, sandbox)?;

@@ -176,7 +176,7 @@ impl Copier {
     }
 }
 
-pub(super) fn pread_full(fd: RawFd, buf: &mut [u8], mut off: u64) -> io::Result<usize> {
+pub(crate) fn pread_full(fd: RawFd, buf: &mut [u8], mut off: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         let rest = &mut buf[done..];
@@ -222,7 +222,7 @@ pub(super) fn pwrite_all(fd: RawFd, mut buf: &[u8], mut off: u64) -> io::Result<
     Ok(())
 }
 
-pub(super) fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+pub(crate) fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         // SAFETY: the pointer and length describe `buf`.
         let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
@@ -265,22 +265,31 @@ impl Dir {
     /// Every name but `.` and `..`.
     pub(crate) fn names(&mut self) -> io::Result<Vec<CString>> {
         let mut out = Vec::new();
+        while let Some(n) = self.next_name()? {
+            out.push(n);
+        }
+        Ok(out)
+    }
+
+    /// The next name but `.` and `..`; None at the end (memory does not grow with the
+    /// directory).
+    pub(crate) fn next_name(&mut self) -> io::Result<Option<CString>> {
         loop {
             // SAFETY: errno is thread-local; readdir returns NULL at the end or on error.
             unsafe { *libc::__errno_location() = 0 };
             let ent = unsafe { libc::readdir(self.0) };
             if ent.is_null() {
                 let e = io::Error::last_os_error();
-                if e.raw_os_error().unwrap_or(0) != 0 {
-                    return Err(e);
-                }
-                return Ok(out);
+                return match e.raw_os_error() {
+                    Some(0) | None => Ok(None),
+                    _ => Err(e),
+                };
             }
             // SAFETY: d_name is NUL-terminated and valid until the next readdir.
             let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
             let b = name.to_bytes();
             if b != b"." && b != b".." {
-                out.push(name.to_owned());
+                return Ok(Some(name.to_owned()));
             }
         }
     }

@@ -36,6 +36,12 @@ pub fn upload(
         return Err(local_err(local, "is not a regular file"));
     }
     let total = meta.len();
+    // The local file is open: in the sandbox's view, a root daemon writes as its user.
+    let _ids = dirs
+        .view
+        .as_ref()
+        .and_then(|v| v.owner)
+        .map(|(u, g)| super::FsIds::take(u, g));
     let t = Target::new(dirs, path)?;
     let view = t.view();
     let mut done = 0u64;
@@ -84,7 +90,15 @@ pub fn download(
 ) -> Result<u64, AbxError> {
     let t = Target::new(dirs, path)?;
     let view = t.view();
-    let (src, st) = t.open_read(sandbox)?;
+    let (src, st) = {
+        // In the sandbox's view, a root daemon opens as its user (the local side as itself).
+        let _ids = dirs
+            .view
+            .as_ref()
+            .and_then(|v| v.owner)
+            .map(|(u, g)| super::FsIds::take(u, g));
+        t.open_read(sandbox)?
+    };
     let total = st.st_size.max(0) as u64;
 
     if local.is_dir() {

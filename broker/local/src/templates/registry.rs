@@ -289,21 +289,98 @@ pub async fn pull(
     }
     let map_err =
         |e: oci_client::errors::OciDistributionError| map_err(reference, &registry, from, e);
-    let (manifest, digest) = client
-        .pull_image_manifest(&r, &auth)
+    // The token exchange (oci-client keeps the token for the blobs), then the manifests by
+    // our own requests, each read with a cap before it is held (issue 42: oci-client reads a
+    // manifest, and an error's body, whole whatever its size).
+    let token = client
+        .auth(&r, &auth, oci_client::RegistryOperation::Pull)
         .await
         .map_err(map_err)?;
+    let authz = match (token, &auth) {
+        (Some(t), _) => Some(format!("Bearer {t}")),
+        (None, RegistryAuth::Basic(u, p)) => Some(format!(
+            "Basic {}",
+            abx_protocol::b64::encode(format!("{u}:{p}"))
+        )),
+        _ => None,
+    };
+    let fetch_manifest = ManifestFetch {
+        http: reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(15))
+            .read_timeout(std::time::Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(AbxError::internal)?,
+        base: format!(
+            "{}://{}/v2/{}/manifests/",
+            if plain { "http" } else { "https" },
+            r.resolve_registry(),
+            r.repository()
+        ),
+        ns: r
+            .namespace()
+            .map(|ns| format!("?ns={ns}"))
+            .unwrap_or_default(),
+        authz,
+        reference,
+        registry: &registry,
+        from,
+    };
+    let first = r.digest().or(r.tag()).unwrap_or("latest");
+    let (raw, mut digest) = fetch_manifest.get(first).await?;
+    if let Some(want) = r.digest() {
+        if want != digest {
+            return Err(super::mismatch(want, &digest));
+        }
+    }
+    let bad = |e: serde_json::Error| {
+        // Where, never what (a message could quote the registry's text).
+        unreachable(
+            reference,
+            format!(
+                "its manifest is not an image manifest or index (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
+        )
+    };
+    let manifest = match serde_json::from_slice::<oci_client::manifest::OciManifest>(&raw)
+        .map_err(bad)?
+    {
+        oci_client::manifest::OciManifest::Image(m) => m,
+        oci_client::manifest::OciManifest::ImageIndex(index) => {
+            drop(raw);
+            let Some(entry) = index.manifests.iter().find(|e| {
+                e.platform
+                    .as_ref()
+                    .is_some_and(|p| p.os == "linux" && p.architecture == go_arch())
+            }) else {
+                return Err(unreachable(
+                    reference,
+                    format!("the image has no manifest for linux/{}", go_arch()),
+                ));
+            };
+            let (raw, got) = fetch_manifest.get(&entry.digest).await?;
+            if got != entry.digest {
+                return Err(super::mismatch(&entry.digest, &got));
+            }
+            digest = got;
+            match serde_json::from_slice::<oci_client::manifest::OciManifest>(&raw).map_err(bad)? {
+                oci_client::manifest::OciManifest::Image(m) => m,
+                oci_client::manifest::OciManifest::ImageIndex(_) => {
+                    return Err(unreachable(
+                        reference,
+                        "its index names another index for this platform",
+                    ))
+                }
+            }
+        }
+    };
     if super::digest_hex(&digest).is_none() {
         return Err(unreachable(
             reference,
             format!("unsupported manifest digest {digest}"),
         ));
-    }
-    if let Some(want) = r.digest() {
-        // An index digest resolves to a platform manifest; a manifest digest must match.
-        if want != digest && !manifest_is_platform_of(&client, &r, &auth, want, &digest).await {
-            return Err(super::mismatch(want, &digest));
-        }
     }
     let total: u64 = manifest
         .layers
@@ -411,36 +488,92 @@ pub async fn pull(
     Ok(img)
 }
 
-async fn manifest_is_platform_of(
-    client: &oci_client::Client,
-    r: &Reference,
-    auth: &RegistryAuth,
-    index: &str,
-    platform: &str,
-) -> bool {
-    let Ok((raw, got)) = client
-        .pull_manifest_raw(
-            r,
-            auth,
-            &[
-                "application/vnd.oci.image.index.v1+json",
-                "application/vnd.docker.distribution.manifest.list.v2+json",
-            ],
-        )
-        .await
-    else {
-        return false;
-    };
-    if got != index
-        || raw.len() as u64 > super::manifest::MAX_MANIFEST
-        || super::sha256_digest(&raw) != index
-    {
-        return false;
+/// The most of a manifest or an index read from a registry (registries cap them at 4 MiB).
+pub const MAX_MANIFEST_BODY: u64 = super::manifest::MAX_MANIFEST;
+/// The most of an error answer's body read (it is never shown: a hostile registry could
+/// echo what it was sent); the rest is not read.
+pub const MAX_ERROR_BODY: u64 = 64 * 1024;
+
+/// Manifests fetched by our own requests: each body read with a cap, counted before it is
+/// held (a declared length over the cap is refused before anything is read).
+struct ManifestFetch<'a> {
+    http: reqwest::Client,
+    /// `<scheme>://<registry>/v2/<repository>/manifests/`.
+    base: String,
+    /// The `?ns=` of a reference through a mirror (as oci-client asks).
+    ns: String,
+    /// The `Authorization` value (a bearer token from the exchange, or Basic credentials).
+    authz: Option<String>,
+    reference: &'a str,
+    registry: &'a str,
+    from: AuthFrom,
+}
+
+impl ManifestFetch<'_> {
+    /// The manifest or index `what` (a tag or a digest): its bytes and their digest.
+    async fn get(&self, what: &str) -> Result<(Vec<u8>, String), AbxError> {
+        let mut req = self
+            .http
+            .get(format!("{}{what}{}", self.base, self.ns))
+            .header(
+                reqwest::header::ACCEPT,
+                [
+                    oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
+                    oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE,
+                    oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE,
+                    oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+                ]
+                .join(", "),
+            );
+        if let Some(a) = &self.authz {
+            req = req.header(reqwest::header::AUTHORIZATION, a);
+        }
+        let res = req
+            .send()
+            .await
+            .map_err(|e| unreachable(self.reference, e.without_url()))?;
+        let status = res.status();
+        if !status.is_success() {
+            // Read a little of it (nothing of it is shown), never all of it.
+            let _ = read_capped(res, MAX_ERROR_BODY).await;
+            return Err(match status.as_u16() {
+                401 | 403 => auth_err(self.reference, self.registry, self.from),
+                404 => AbxError::new(ErrorCode::TemplateNotFound, &[("template", self.reference)]),
+                n => unreachable(self.reference, format!("the registry answered HTTP {n}")),
+            });
+        }
+        let body = match read_capped(res, MAX_MANIFEST_BODY).await {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return Err(unreachable(
+                    self.reference,
+                    format!("its manifest is over {MAX_MANIFEST_BODY} bytes (not read)"),
+                ))
+            }
+            Err(e) => return Err(unreachable(self.reference, e.without_url())),
+        };
+        let digest = super::sha256_digest(&body);
+        Ok((body, digest))
     }
-    super::manifest::manifest(&raw)
-        .ok()
-        .and_then(|m| m.manifests)
-        .is_some_and(|m| m.0.iter().any(|e| e.digest == platform))
+}
+
+/// At most `cap` bytes of a response's body, counted before they are read: `None` when it
+/// declares more, or sends more (the rest is never read).
+async fn read_capped(
+    mut res: reqwest::Response,
+    cap: u64,
+) -> Result<Option<Vec<u8>>, reqwest::Error> {
+    if res.content_length().is_some_and(|n| n > cap) {
+        return Ok(None);
+    }
+    let mut body = Vec::with_capacity(res.content_length().unwrap_or(0).min(cap) as usize);
+    while let Some(chunk) = res.chunk().await? {
+        if body.len() as u64 + chunk.len() as u64 > cap {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body))
 }
 
 /// Where a blob being pulled goes; never more than `limit` bytes (its declared size).

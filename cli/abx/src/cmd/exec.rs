@@ -26,8 +26,14 @@ fn run_params(sandbox: &str, command: &str, timeout: Option<f64>, cwd: Option<&s
     to_params(&p)
 }
 
-fn exit_of(r: &Value) -> u8 {
-    r["exitCode"].as_i64().unwrap_or(1).clamp(0, 255) as u8
+/// The exit code of an `exec/run` result printed with -j: the command's; a provider's bad
+/// exit (an exit code outside 0..=255, or none) is said on stderr (the result on stdout
+/// shows it) and is exit 1, never a success.
+fn exit_of(r: &Value, sandbox: &str) -> u8 {
+    stream::exit_code(r, sandbox).unwrap_or_else(|f| {
+        f.print(false, false, None);
+        f.exit.clamp(1, 255) as u8
+    })
 }
 
 /// `abx exec SANDBOX CMD...`.
@@ -38,7 +44,7 @@ pub async fn exec(
     timeout: Option<f64>,
     cwd: Option<&str>,
 ) -> Result<u8, Failure> {
-    let mut c = cx.connect().await?;
+    let mut c = cx.connect_announced().await?;
     let cmd = stream::shell_join(command);
     if cx.json {
         return run_json(&mut c, sandbox, &cmd, timeout, cwd).await;
@@ -59,7 +65,7 @@ async fn run_json(
     match stream::run_cancellable(c, &params).await? {
         Ok(r) => {
             print_json(&r);
-            Ok(exit_of(&r))
+            Ok(exit_of(&r, sandbox))
         }
         Err(code) => Ok(code),
     }
@@ -69,14 +75,16 @@ async fn run_json(
 pub async fn run(
     cx: &Ctx,
     template: Option<&str>,
+    mounts: Option<Value>,
     opts: &crate::args::SandboxOpts,
     timeout: Option<f64>,
     command: &[String],
 ) -> Result<u8, Failure> {
-    let mut c = cx.connect().await?;
+    let mut c = cx.connect_announced().await?;
     let mut create = api::SandboxCreateParams {
         provider: cx.provider.clone(),
         template: template.map(Into::into),
+        mounts,
         ..Default::default()
     };
     opts.apply(&mut create);
@@ -92,7 +100,7 @@ pub async fn run(
                 let mut r = r;
                 r["sandbox"] = json!(full);
                 print_json(&r);
-                exit_of(&r)
+                exit_of(&r, &full)
             }),
             _ = tokio::signal::ctrl_c() => Ok(130),
             sig = ending.recv() => Ok((128 + sig) as u8),

@@ -4,15 +4,18 @@ mod broker;
 mod code;
 mod exec;
 mod files;
+mod network;
 mod process;
 mod provider;
 mod sandbox;
+mod secret;
 mod shell;
+mod workspace;
 
 use crate::args::{
     BrokerAction, BrokerArgs, Cli, CodeArgs, Command, CommandCmd, CompletionsArgs, Deferred,
     DownloadArgs, EventsArgs, ExecArgs, Lazy, PortsArgs, ProviderCmd, RunArgs, SandboxCmd,
-    SetTimeoutArgs, ShellArgs, SystemCmd, TemplateArgs, UploadArgs,
+    SetTimeoutArgs, ShellArgs, SystemCmd, UploadArgs,
 };
 use crate::output::{print_json, Failure};
 use abx_client::client::Client;
@@ -35,6 +38,14 @@ impl Ctx {
     /// Connect to the daemon, starting it when none answers.
     pub async fn connect(&self) -> Result<Client, Failure> {
         Ok(Client::connect(&self.paths).await?)
+    }
+
+    /// [`Ctx::connect`] for commands that run something in a sandbox: the daemon is told
+    /// who asked (`initialize`, not waited for), so `abx log` names `abx`.
+    pub async fn connect_announced(&self) -> Result<Client, Failure> {
+        let mut c = self.connect().await?;
+        c.announce().await?;
+        Ok(c)
     }
 }
 
@@ -98,6 +109,12 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             Some(BrokerAction::Run { .. }) => unreachable!("handled in run"),
         },
         Command::Events(Deferred(EventsArgs { count })) => sandbox::events(cx, count).await,
+        Command::Log(Deferred(a)) => workspace::log(cx, a).await,
+        Command::Diff(Deferred(a)) => workspace::diff(cx, a).await,
+        Command::Apply(Deferred(a)) => workspace::apply(cx, a).await,
+        Command::Discard(Deferred(a)) => workspace::discard(cx, a).await,
+        Command::Network(Deferred(a)) => network::network(cx, a).await,
+        Command::Secret(Deferred(a)) => secret::secret(cx, a).await,
         Command::Rpc => {
             crate::rpc::run(&cx.paths).await?;
             Ok(0)
@@ -126,6 +143,7 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             context,
             language,
             timeout,
+            save_images,
         })) => {
             code::code(
                 cx,
@@ -133,16 +151,21 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
                 file.as_deref(),
                 context.as_deref(),
                 language.as_deref(),
+                save_images.as_deref(),
                 timeout,
             )
             .await
         }
         Command::Run(Deferred(RunArgs {
             template,
+            mount,
             opts,
             timeout,
             command,
-        })) => exec::run(cx, template.as_deref(), &opts, timeout, &command).await,
+        })) => {
+            let mounts = workspace::mounts(&mount)?;
+            exec::run(cx, template.as_deref(), mounts, &opts, timeout, &command).await
+        }
         Command::Shell(Deferred(ShellArgs { sandbox, command })) => {
             shell::shell(cx, &sandbox, &command).await
         }
@@ -169,8 +192,9 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             name,
             args,
         })))) => sandbox::command_run(cx, &sandbox, &name, &args).await,
-        Command::Template(Deferred(TemplateArgs { action, args })) => {
-            provider::template(cx, &action, &args).await
+        Command::Template(Lazy(t)) => {
+            let (action, args) = t.action_and_args();
+            provider::template(cx, action, &args).await
         }
         Command::Provider(Lazy(ProviderCmd::List)) => provider::list(cx).await,
         Command::Provider(Lazy(ProviderCmd::Info { id })) => provider::info(cx, &id).await,
@@ -209,4 +233,37 @@ fn completions(cx: &Ctx, shell: clap_complete::Shell) -> Result<u8, Failure> {
         crate::output::out_bytes(&buf);
     }
     Ok(0)
+}
+
+/// A destructive command's confirmation (`abx kill`, `abx discard`): nothing to ask with
+/// `--yes`; else a `[y/N]` prompt on a terminal; refused (E1009, exit 2) when the answer is no
+/// or there is no terminal to ask on. `question` is asked as is; `aborted` says what was not
+/// done; `doing` names the action for the refusal ("kill sandbox 'X'"); `again` is the
+/// command to run with `--yes`.
+pub(crate) fn confirm_or_refuse(
+    cx: &Ctx,
+    question: &str,
+    aborted: &str,
+    doing: &str,
+    again: &str,
+) -> Result<(), Failure> {
+    if cx.yes {
+        return Ok(());
+    }
+    let answer = if crate::term::stdin_is_tty() {
+        crate::term::confirm(question)
+    } else {
+        None
+    };
+    match answer {
+        Some(true) => Ok(()),
+        Some(false) => Err(Failure::usage(
+            format!("Aborted: {aborted}."),
+            format!("Answer 'y' to go on, or run '{again}'."),
+        )),
+        None => Err(Failure::usage(
+            format!("Refusing to {doing} without confirmation (no terminal to ask on)."),
+            format!("Re-run with --yes: {again}"),
+        )),
+    }
 }

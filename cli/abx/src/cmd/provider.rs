@@ -549,6 +549,26 @@ pub async fn set_default(cx: &Ctx, id: &str) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// The rows of `abx template list`: one per name of each template (an image imported under
+/// two names is listed under both), else its `name`.
+fn template_rows(templates: &Value) -> Vec<(String, &Value)> {
+    let mut rows = Vec::new();
+    for t in templates.as_array().into_iter().flatten() {
+        let names: Vec<&str> = t["names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if names.is_empty() {
+            rows.push((text(&t["name"]), t));
+        } else {
+            rows.extend(names.into_iter().map(|n| (n.to_owned(), t)));
+        }
+    }
+    rows
+}
+
 /// `abx template list|pull|build|rm|import|init`: gated on templates.read / templates.build
 /// like every other method (the seed's open problem: they ignored --provider and never said
 /// E8004). The words after the action go as `args` too, for providers of their own.
@@ -616,13 +636,13 @@ pub async fn template(cx: &Ctx, action: &str, args: &[String]) -> Result<u8, Fai
             "{:<40} {:<19} {:>10}  {}",
             "NAME", "DIGEST", "SIZE", "PULLED"
         ));
-        for t in r["templates"].as_array().into_iter().flatten() {
+        for (name, t) in template_rows(&r["templates"]) {
             let digest = t["digest"].as_str().map_or("-".to_owned(), |d| {
                 d.trim_start_matches("sha256:").chars().take(12).collect()
             });
             line(&format!(
                 "{:<40} {:<19} {:>10}  {}",
-                t["name"].as_str().unwrap_or(""),
+                name,
                 digest,
                 t["size"].as_u64().unwrap_or(0),
                 t["pulledAt"].as_str().unwrap_or("-")
@@ -632,4 +652,24 @@ pub async fn template(cx: &Ctx, action: &str, args: &[String]) -> Result<u8, Fai
         line(&serde_json::to_string_pretty(&r).unwrap_or_default());
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// Issue 45, item 8: every name of an image is listed, not one per digest.
+    #[test]
+    fn template_list_shows_every_name() {
+        let t = json!([
+            {"name": "base", "names": ["base"], "digest": null},
+            {"name": "a/bb:1", "names": ["a/bb:1", "b/bb:2"], "digest": "sha256:ab"},
+            {"name": "other", "digest": "sha256:cd"},
+        ]);
+        let rows: Vec<String> = super::template_rows(&t)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(rows, ["base", "a/bb:1", "b/bb:2", "other"]);
+    }
 }

@@ -7,7 +7,7 @@ use crate::output::{out, print_fields, print_json, provider_warning, text, Failu
 use crate::table::Table;
 use crate::term;
 use abx_protocol::api::{self, to_params};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// The params of the calls that name only a sandbox.
 fn sandbox_params(sandbox: &str) -> Value {
@@ -25,10 +25,11 @@ pub fn full_id(sb: &Value) -> String {
     }
 }
 
-/// The Sandbox as -j prints it: the API's keys, always all of them, in a stable order.
+/// The Sandbox as -j prints it: the broker's result whole (`templateDigest`, `network` as a
+/// mode or a policy, `mounts`, whatever a provider adds), with the keys every Sandbox has
+/// (docs/cli.md) filled in when the provider left one out.
 pub fn sandbox_json(sb: &Value) -> Value {
-    let get = |k: &str| sb.get(k).cloned().unwrap_or(Value::Null);
-    let mut m = Map::new();
+    let mut m = sb.as_object().cloned().unwrap_or_default();
     for k in [
         "id",
         "provider",
@@ -40,15 +41,11 @@ pub fn sandbox_json(sb: &Value) -> Value {
         "startedAt",
         "expiresAt",
     ] {
-        m.insert(k.into(), get(k));
+        m.entry(k).or_insert(Value::Null);
     }
-    m.insert(
-        "metadata".into(),
-        sb.get("metadata")
-            .filter(|v| v.is_object())
-            .cloned()
-            .unwrap_or_else(|| json!({})),
-    );
+    if !m.get("metadata").is_some_and(Value::is_object) {
+        m.insert("metadata".into(), json!({}));
+    }
     Value::Object(m)
 }
 
@@ -90,6 +87,13 @@ pub fn print_sandbox(sb: &Value) {
             .join(", ");
         rows.push(("Metadata", kv));
     }
+    if let Some(m) = super::workspace::mounts_row(sb) {
+        rows.push(("Mounts", m));
+    }
+    // A policy and its blocked hosts (a mode is not shown: `abx network SANDBOX show`).
+    if sb["network"].is_object() {
+        rows.extend(super::network::rows(&sb["network"]));
+    }
     print_fields(&rows);
 }
 
@@ -112,6 +116,7 @@ pub async fn create(cx: &Ctx, a: CreateArgs) -> Result<u8, Failure> {
             .then(|| a.metadata.into_iter().map(|(k, v)| (k, json!(v))).collect()),
         ..Default::default()
     };
+    create.mounts = super::workspace::mounts(&a.mount)?;
     a.opts.apply(&mut create);
     let params = to_params(&create);
     let sb = call1(cx, "sandbox/create", params).await?;
@@ -172,30 +177,13 @@ pub async fn list(cx: &Ctx) -> Result<u8, Failure> {
 /// `abx kill`: `--yes`, or a `[y/N]` prompt on a terminal; refused (E1009, exit 2)
 /// without either. Idempotent.
 pub async fn kill(cx: &Ctx, sandbox: &str) -> Result<u8, Failure> {
-    if !cx.yes {
-        let answer = if term::stdin_is_tty() {
-            term::confirm(&format!("Kill sandbox {sandbox}?"))
-        } else {
-            None
-        };
-        match answer {
-            Some(true) => {}
-            Some(false) => {
-                return Err(Failure::usage(
-                    format!("Aborted: sandbox '{sandbox}' was not killed."),
-                    format!("Answer 'y' to kill it, or run 'abx kill {sandbox} --yes'."),
-                ))
-            }
-            None => {
-                return Err(Failure::usage(
-                    format!(
-                        "Refusing to kill sandbox '{sandbox}' without confirmation (no terminal to ask on)."
-                    ),
-                    format!("Re-run with --yes: abx kill {sandbox} --yes"),
-                ))
-            }
-        }
-    }
+    super::confirm_or_refuse(
+        cx,
+        &format!("Kill sandbox {sandbox}?"),
+        &format!("sandbox '{sandbox}' was not killed"),
+        &format!("kill sandbox '{sandbox}'"),
+        &format!("abx kill {sandbox} --yes"),
+    )?;
     let r = call1(cx, "sandbox/kill", sandbox_params(sandbox)).await?;
     let killed = r["killed"].as_bool().unwrap_or(true);
     if cx.json {
@@ -401,10 +389,19 @@ pub async fn command_run(
         }),
     )
     .await?;
-    let code = r["exitCode"].as_i64().unwrap_or(0).clamp(0, 255) as u8;
+    // A result without an exit code is a success (a provider's own kind of command); one
+    // outside 0..=255 is the provider's bad exit, never a success (exit 1, said after the
+    // output).
+    let code = match r.get("exitCode") {
+        None | Some(Value::Null) => Ok(0),
+        Some(_) => crate::stream::exit_code(&r, sandbox),
+    };
     if cx.json {
         print_json(&r);
-        return Ok(code);
+        return Ok(code.unwrap_or_else(|f| {
+            f.print(false, false, None);
+            f.exit.clamp(1, 255) as u8
+        }));
     }
     match (r.get("stdout"), r.get("stderr")) {
         (None, None) => print_json(&r),
@@ -417,7 +414,7 @@ pub async fn command_run(
             }
         }
     }
-    Ok(code)
+    code
 }
 
 /// `abx events`: subscribe and print each `sandbox/changed` (human: `TIME CHANGE
@@ -506,6 +503,17 @@ mod tests {
         let j = sandbox_json(&sb);
         assert_eq!(j["metadata"], json!({}));
         assert!(j["expiresAt"].is_null());
+        // The broker's result whole: nothing it sends is dropped (issue 45, item 7).
+        let full = json!({"id": "sb-1", "provider": "local", "templateDigest": "sha256:ab",
+            "network": "none", "mounts": [{"source": "/p", "target": "/workspace", "mode": "ro"}],
+            "metadata": {"a": "b"}, "extra": 1});
+        let j = sandbox_json(&full);
+        for k in ["templateDigest", "network", "mounts", "extra", "metadata"] {
+            assert_eq!(j[k], full[k], "{k}");
+        }
+        let policy =
+            json!({"id": "sb-2", "network": {"allow": ["a.example"], "deny": [], "blocked": []}});
+        assert_eq!(sandbox_json(&policy)["network"], policy["network"]);
         assert_eq!(title_key("pythonVersion"), "Python_Version");
     }
 }

@@ -46,7 +46,7 @@ pub async fn shell(cx: &Ctx, sandbox: &str, command: &[String]) -> Result<u8, Fa
         }
     }
     let params = to_params(&start);
-    let mut c = cx.connect().await?;
+    let mut c = cx.connect_announced().await?;
     let started = super::call(&mut c, "exec/start", params).await?;
     let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
     let mut winch = signal(SignalKind::window_change()).map_err(AbxError::internal)?;
@@ -73,7 +73,7 @@ pub async fn shell(cx: &Ctx, sandbox: &str, command: &[String]) -> Result<u8, Fa
                 }
                 match n.method.as_str() {
                     "exec/output" => out_bytes(&decode(&p)),
-                    "exec/exit" => return Ok(stream::exit_code(&p)),
+                    "exec/exit" => return stream::exit_code(&p, sandbox),
                     _ => {}
                 }
             }

@@ -59,12 +59,72 @@ const TOOLS: &[Def] = &[
         title: "Create a sandbox",
         description: "Create a sandbox and return it (its `id` is the `sandbox` argument of every \
             other tool). It lives `timeout` seconds (default 300) unless extended with \
-            sandbox_set_timeout; kill it with sandbox_kill when done.",
+            sandbox_set_timeout; kill it with sandbox_kill when done. `mounts` brings host \
+            directories in (the user's project: `{\"source\": \".\"}` mounts the directory \
+            abx mcp runs in at /workspace): by default through an overlay, so the user's files \
+            change only when sandbox_apply is called; review with sandbox_diff. `network`: \
+            'none' (the local provider's default: no network), 'internet', or a policy \
+            `{\"allow\": [\"registry.example\", \"*.files.example\"]}` (only those hosts, \
+            through a filtering proxy; ask the user before allowing hosts).",
         input: input_schema::<CreateArgs>,
         output: output_schema::<api::Sandbox>,
         read_only: false,
         destructive: false,
         idempotent: false,
+    },
+    Def {
+        name: "sandbox_diff",
+        title: "Review a sandbox's changes",
+        description: "List what the sandbox changed under its overlay mounts (sandbox_create \
+            `mounts`), against the user's files as they were at create: path, added / \
+            modified / deleted / typeChanged / modeChanged, type, size. format 'patch' adds a \
+            unified diff to each text file. The user's files are not changed until \
+            sandbox_apply.",
+        input: input_schema::<DiffArgs>,
+        output: output_schema::<api::DiffResult>,
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "sandbox_apply",
+        title: "Apply a sandbox's changes to the user's files",
+        description: "Write the sandbox's changes (all, or the `paths` given) to the user's \
+            own files on the host: this changes the user's files, so the host should ask the \
+            user first (show them sandbox_diff). Each file is written atomically. A file the \
+            user changed since the sandbox was created is a conflict, left as it is and \
+            listed in `conflicts` (E4015), unless `force`; the other paths are still applied. \
+            `dryRun` says what would be applied and changes nothing.",
+        input: input_schema::<ApplyArgs>,
+        output: output_schema::<api::ApplyResult>,
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+    },
+    Def {
+        name: "sandbox_discard",
+        title: "Discard a sandbox's changes",
+        description: "Drop the sandbox's changes under its overlay mounts (all, or the `paths` \
+            given): the sandbox sees the user's files again and the work done there is lost. \
+            The user's own files are not touched.",
+        input: input_schema::<DiscardArgs>,
+        output: output_schema::<api::DiscardResult>,
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+    },
+    Def {
+        name: "sandbox_log",
+        title: "Commands run in a sandbox",
+        description: "The history of every command run in a sandbox (exec, run_code, terminals), \
+            kept by the broker: sequence number, the client that asked, argv or code, cwd, \
+            start, duration and exit. `since` (a sequence number) gives only what came after \
+            it.",
+        input: input_schema::<LogArgs>,
+        output: output_schema::<api::LogResult>,
+        read_only: true,
+        destructive: false,
+        idempotent: true,
     },
     Def {
         name: "sandbox_list",
@@ -95,6 +155,20 @@ const TOOLS: &[Def] = &[
         output: output_schema::<api::KillResult>,
         read_only: false,
         destructive: true,
+        idempotent: true,
+    },
+    Def {
+        name: "sandbox_set_network",
+        title: "Change what a sandbox may reach",
+        description: "Replace the network policy of a sandbox created with one (`{allow: [...], \
+            deny?: [...]}`): new connections follow it, open ones go on. ASK THE USER FIRST, \
+            naming the hosts and why: this lets code in the sandbox reach them (a blocked \
+            attempt shows in sandbox_info's network.blocked and the proxy's 403 names the host). \
+            Read the current policy with sandbox_info and pass the whole new one.",
+        input: input_schema::<SetNetworkArgs>,
+        output: output_schema::<api::Sandbox>,
+        read_only: false,
+        destructive: false,
         idempotent: true,
     },
     Def {
@@ -131,6 +205,53 @@ const TOOLS: &[Def] = &[
             the context.",
         input: input_schema::<RunCodeArgs>,
         output: output_schema::<api::CodeResult>,
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+    },
+    Def {
+        name: "code_context_create",
+        title: "Create a code context",
+        description: "Create a code context: an interpreter of its own (python by default; \
+            javascript, bash) in a sandbox, with its own variables, working directory \
+            (`cwd`, default /workspace), interpreter program (`interpreter`, e.g. a \
+            virtualenv's python) and environment. Pass its `id` as run_code's `context`. It \
+            starts on its first run. run_code without a context uses the sandbox's default \
+            context of the language, which needs no creating.",
+        input: input_schema::<CreateContextArgs>,
+        output: output_schema::<api::CodeContext>,
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+    },
+    Def {
+        name: "code_context_list",
+        title: "List code contexts",
+        description: "List a sandbox's code contexts (oldest first): id, language, cwd, \
+            whether it is the default one, cells run, running, restarts.",
+        input: input_schema::<SandboxArg>,
+        output: output_schema::<api::CodeContexts>,
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    },
+    Def {
+        name: "code_context_restart",
+        title: "Restart a code context",
+        description: "Restart a code context's interpreter: its variables and imports are \
+            lost (a cell still running ends as restarted); the context id stays.",
+        input: input_schema::<ContextArgs>,
+        output: output_schema::<api::CodeContext>,
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+    },
+    Def {
+        name: "code_context_remove",
+        title: "Remove a code context",
+        description: "Remove a code context and end its interpreter (its state is lost).",
+        input: input_schema::<ContextArgs>,
+        output: output_schema::<api::Empty>,
         read_only: false,
         destructive: true,
         idempotent: false,
@@ -203,6 +324,7 @@ fn input_schema<T: JsonSchema>() -> Value {
         .with(|s| s.inline_subschemas = true)
         .into_generator();
     let mut v = g.root_schema_for::<T>().to_value();
+    drop_null_defaults(&mut v);
     if let Some(o) = v.as_object_mut() {
         for k in ["$schema", "title", "description"] {
             o.remove(k);
@@ -226,6 +348,21 @@ fn input_schema<T: JsonSchema>() -> Value {
         }
     }
     v
+}
+
+/// Leave out the `default: null` schemars gives an optional member that is not nullable in
+/// the schema (`sandbox_create`'s mounts: left out is the default, `null` is not a value).
+fn drop_null_defaults(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            if o.get("default") == Some(&Value::Null) {
+                o.remove("default");
+            }
+            o.values_mut().for_each(drop_null_defaults);
+        }
+        Value::Array(a) => a.iter_mut().for_each(drop_null_defaults),
+        _ => {}
+    }
 }
 
 /// A tool's output schema, generated from the type of its structured result: inlined,
@@ -289,7 +426,8 @@ pub fn list(era: Era) -> Vec<Value> {
                     "readOnlyHint": d.read_only,
                     "destructiveHint": d.destructive,
                     "idempotentHint": d.idempotent,
-                    "openWorldHint": false,
+                    // Only the tool that opens the sandbox to hosts of the outside world.
+                    "openWorldHint": d.name == "sandbox_set_network",
                 });
             }
             t
@@ -385,17 +523,207 @@ struct CreateArgs {
     /// Labels to attach to the sandbox.
     #[schemars(with = "Option<BTreeMap<String, String>>")]
     metadata: Option<Map<String, Value>>,
+    /// Host directories to bring into the sandbox.
+    mounts: Option<Vec<MountArg>>,
+    /// Network: 'none' (no network), 'internet', 'host', or a policy {allow: [host...],
+    /// deny?: [host...]}: only the hosts allowed ('example.com', '*.example.com',
+    /// 'HOST:PORT', an IP or CIDR), through a filtering proxy. Ask the user before allowing
+    /// hosts.
+    #[schemars(with = "Option<api::NetworkSpec>")]
+    network: Option<Value>,
+    /// Limits of the sandbox (the local provider's defaults: 2G memory, 1024 processes).
+    limits: Option<LimitsArg>,
+}
+
+// `sandbox_create`'s `limits` → `sandbox/create` `limits` (`api::SandboxLimits`).
+#[derive(Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct LimitsArg {
+    /// Memory: bytes, or a size with a unit ('512M', '2G'). A command that goes over it is
+    /// killed (oomKilled in its exit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "MemoryArg")]
+    memory: Option<MemoryArg>,
+    /// CPUs (0.5: half a core).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "f64", range(min = 0.01))]
+    cpus: Option<f64>,
+    /// Processes and threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64", range(min = 1))]
+    pids: Option<u64>,
+}
+
+// A memory limit: bytes or a size with a unit.
+#[derive(Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+enum MemoryArg {
+    Bytes(u64),
+    Size(String),
+}
+
+// `sandbox_set_network` → `sandbox/setNetwork`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SetNetworkArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// The whole new policy: {allow: [host...], deny?: [host...]}.
+    #[schemars(with = "api::NetworkPolicy")]
+    network: Value,
+}
+
+impl From<SetNetworkArgs> for api::SetNetworkParams {
+    fn from(a: SetNetworkArgs) -> Self {
+        api::SetNetworkParams {
+            sandbox: a.sandbox,
+            network: a.network,
+        }
+    }
+}
+
+// One of `sandbox_create`'s `mounts` → a `sandbox/create` mount.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct MountArg {
+    /// A directory on the user's machine: absolute, or relative to the directory abx mcp
+    /// runs in ('.' is that directory, usually the user's project).
+    source: String,
+    /// Where the sandbox sees it (absolute; default /workspace).
+    #[serde(default)]
+    #[schemars(with = "String")]
+    target: Option<String>,
+    /// overlay (default: the sandbox writes to its own layer, the user's files change only
+    /// on sandbox_apply), ro (read-only) or rw (writes go to the user's files at once: only
+    /// when the user asked for it).
+    #[serde(default)]
+    #[schemars(with = "api::MountMode")]
+    mode: Option<api::MountMode>,
 }
 
 impl From<CreateArgs> for api::SandboxCreateParams {
     fn from(a: CreateArgs) -> Self {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+        let mounts = a.mounts.map(|list| {
+            let specs: Vec<api::MountSpec> = list
+                .into_iter()
+                .map(|m| api::MountSpec {
+                    source: cwd.join(&m.source).to_string_lossy().into_owned(),
+                    target: m.target,
+                    mode: m.mode,
+                })
+                .collect();
+            serde_json::to_value(specs).expect("mounts serialize")
+        });
         api::SandboxCreateParams {
             provider: a.provider,
             template: a.template,
             timeout: a.timeout.map(Value::from),
             env: a.env,
             metadata: a.metadata,
-            ..Default::default()
+            mounts,
+            network: a.network,
+            limits: a
+                .limits
+                .map(|l| serde_json::to_value(l).expect("limits serialize")),
+        }
+    }
+}
+
+// `sandbox_diff` → `sandbox/diff`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct DiffArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// One mount, by its target (default: every overlay mount).
+    target: Option<String>,
+    /// Only these paths (absolute paths in the sandbox; a directory selects what is beneath it).
+    paths: Option<Vec<String>>,
+    /// list (default) or patch (a unified diff for each text file).
+    format: Option<api::DiffFormat>,
+}
+
+impl From<DiffArgs> for api::DiffParams {
+    fn from(a: DiffArgs) -> Self {
+        api::DiffParams {
+            sandbox: a.sandbox,
+            target: a.target,
+            paths: a.paths,
+            format: a.format,
+        }
+    }
+}
+
+// `sandbox_apply` → `sandbox/apply`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ApplyArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// One mount, by its target (default: every overlay mount).
+    target: Option<String>,
+    /// Only these paths (absolute paths in the sandbox; default: every change).
+    paths: Option<Vec<String>>,
+    /// Say what would be applied, and change nothing.
+    dry_run: Option<bool>,
+    /// Also overwrite files the user changed since the sandbox was created.
+    force: Option<bool>,
+}
+
+impl From<ApplyArgs> for api::ApplyParams {
+    fn from(a: ApplyArgs) -> Self {
+        api::ApplyParams {
+            sandbox: a.sandbox,
+            target: a.target,
+            paths: a.paths,
+            dry_run: a.dry_run,
+            force: a.force,
+        }
+    }
+}
+
+// `sandbox_discard` → `sandbox/discard`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct DiscardArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// One mount, by its target (default: every overlay mount).
+    target: Option<String>,
+    /// Only these paths (absolute paths in the sandbox; default: every change).
+    paths: Option<Vec<String>>,
+}
+
+impl From<DiscardArgs> for api::DiscardParams {
+    fn from(a: DiscardArgs) -> Self {
+        api::DiscardParams {
+            sandbox: a.sandbox,
+            target: a.target,
+            paths: a.paths,
+        }
+    }
+}
+
+// `sandbox_log` → `sandbox/log`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct LogArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// Only commands with a larger sequence number.
+    since: Option<u64>,
+    /// At most this many (default and max 1000), the oldest first.
+    #[schemars(range(max = 1000))]
+    limit: Option<u64>,
+}
+
+impl From<LogArgs> for api::LogParams {
+    fn from(a: LogArgs) -> Self {
+        api::LogParams {
+            sandbox: a.sandbox,
+            since: a.since,
+            limit: a.limit,
         }
     }
 }
@@ -590,7 +918,8 @@ struct RunCodeArgs {
     code: String,
     /// python (default), javascript or bash.
     language: Option<String>,
-    /// A context id (from code/createContext); default: the sandbox's default context of the language.
+    /// A context id (from code_context_create or code_context_list); default: the sandbox's
+    /// default context of the language.
     context: Option<String>,
     /// Seconds before the code is interrupted (the context and its variables stay).
     #[schemars(extend("exclusiveMinimum" = 0))]
@@ -607,6 +936,56 @@ impl From<RunCodeArgs> for api::CodeRunParams {
             timeout: a.timeout,
             env: None,
             run_id: None,
+        }
+    }
+}
+
+// `code_context_create` → `code/createContext`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CreateContextArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// python (default), javascript or bash.
+    language: Option<String>,
+    /// Working directory the interpreter starts in (default /workspace).
+    cwd: Option<String>,
+    /// The interpreter program in the sandbox (default python3, node or bash on its PATH),
+    /// e.g. a virtualenv's /workspace/.venv/bin/python.
+    interpreter: Option<String>,
+    /// Environment variables of the interpreter.
+    env: Option<BTreeMap<String, String>>,
+}
+
+impl From<CreateContextArgs> for api::CodeCreateContextParams {
+    fn from(a: CreateContextArgs) -> Self {
+        api::CodeCreateContextParams {
+            sandbox: a.sandbox,
+            language: a.language,
+            cwd: a.cwd,
+            interpreter: a.interpreter,
+            env: a.env,
+        }
+    }
+}
+
+// `code_context_restart`, `code_context_remove` → `code/restartContext`,
+// `code/removeContext`.
+#[derive(Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ContextArgs {
+    #[schemars(description = SANDBOX_ARG)]
+    sandbox: String,
+    /// The context id (from code_context_create or code_context_list; a default context's is
+    /// default-<language>).
+    context: String,
+}
+
+impl From<ContextArgs> for api::CodeContextParams {
+    fn from(a: ContextArgs) -> Self {
+        api::CodeContextParams {
+            sandbox: a.sandbox,
+            context: a.context,
         }
     }
 }
@@ -734,6 +1113,32 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
             let sb = call("sandbox/create", p).await?;
             ok(cx, pretty(&sb), sb)
         }
+        "sandbox_diff" => {
+            let a: DiffArgs = args(name, a)?;
+            let r = call("sandbox/diff", to_params(&api::DiffParams::from(a))).await?;
+            ok(cx, diff_text(&r), r)
+        }
+        "sandbox_apply" => {
+            let a: ApplyArgs = args(name, a)?;
+            let sandbox = a.sandbox.clone();
+            let r = call("sandbox/apply", to_params(&api::ApplyParams::from(a))).await?;
+            ok(cx, apply_text(&sandbox, &r), r)
+        }
+        "sandbox_discard" => {
+            let a: DiscardArgs = args(name, a)?;
+            let r = call("sandbox/discard", to_params(&api::DiscardParams::from(a))).await?;
+            let n = r["discarded"].as_array().map_or(0, Vec::len);
+            ok(
+                cx,
+                format!("Discarded the changes of {n} paths.\n{}", pretty(&r)),
+                r,
+            )
+        }
+        "sandbox_log" => {
+            let a: LogArgs = args(name, a)?;
+            let r = call("sandbox/log", to_params(&api::LogParams::from(a))).await?;
+            ok(cx, pretty(&r), r)
+        }
         "sandbox_list" => {
             let a: ProviderArg = args(name, a)?;
             let r = call("sandbox/list", to_params(&api::SandboxListParams::from(a))).await?;
@@ -761,6 +1166,12 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
                 format!("Sandbox '{}' was already gone.", a.sandbox)
             };
             ok(cx, text, json!({"killed": killed}))
+        }
+        "sandbox_set_network" => {
+            let a: SetNetworkArgs = args(name, a)?;
+            let p = to_params(&api::SetNetworkParams::from(a));
+            let sb = call("sandbox/setNetwork", p).await?;
+            ok(cx, pretty(&sb), sb)
         }
         "sandbox_set_timeout" => {
             let a: TimeoutArgs = args(name, a)?;
@@ -854,6 +1265,33 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
             let url = r["url"].clone();
             ok(cx, pretty(&r), json!({"url": url, "headers": headers}))
         }
+        "code_context_create" => {
+            let a: CreateContextArgs = args(name, a)?;
+            let p = to_params(&api::CodeCreateContextParams::from(a));
+            let r = call("code/createContext", p).await?;
+            ok(cx, pretty(&r), r)
+        }
+        "code_context_list" => {
+            let a: SandboxArg = args(name, a)?;
+            let r = call("code/listContexts", to_params(&api::SandboxParams::from(a))).await?;
+            ok(cx, pretty(&r), r)
+        }
+        "code_context_restart" => {
+            let a: ContextArgs = args(name, a)?;
+            let p = to_params(&api::CodeContextParams::from(a));
+            let r = call("code/restartContext", p).await?;
+            ok(cx, pretty(&r), r)
+        }
+        "code_context_remove" => {
+            let a: ContextArgs = args(name, a)?;
+            let p = to_params(&api::CodeContextParams::from(a.clone()));
+            let r = call("code/removeContext", p).await?;
+            let text = format!(
+                "Context '{}' of sandbox '{}' removed.",
+                a.context, a.sandbox
+            );
+            ok(cx, text, r)
+        }
         "provider_list" => {
             let a: NoArgs = args(name, a)?;
             let r = call("provider/list", to_params(&api::NoParams::from(a))).await?;
@@ -861,6 +1299,75 @@ async fn simple(cx: &Cx<'_>, name: &str, a: Value) -> Result<Value, Value> {
         }
         other => return Err(fail_text(format!("Unknown tool '{other}'."))),
     })
+}
+
+/// `sandbox_diff`'s text: one line per change (`modified /workspace/a.txt (file, 12 bytes)`),
+/// then the patches.
+fn diff_text(r: &Value) -> String {
+    let changes = r["changes"].as_array().cloned().unwrap_or_default();
+    if changes.is_empty() {
+        return "No changes.".into();
+    }
+    let mut text = String::new();
+    for c in &changes {
+        text.push_str(&format!(
+            "{} {} ({}, {} bytes{})\n",
+            c["change"].as_str().unwrap_or("?"),
+            c["path"].as_str().unwrap_or("?"),
+            c["type"].as_str().unwrap_or("?"),
+            c["size"].as_u64().unwrap_or(0),
+            if c["binary"] == true { ", binary" } else { "" },
+        ));
+    }
+    for c in &changes {
+        if let Some(p) = c["patch"].as_str() {
+            text.push('\n');
+            text.push_str(p);
+        }
+    }
+    if r["truncated"] == true {
+        text.push_str("\n(the list was cut: ask again with paths)\n");
+    }
+    text
+}
+
+/// `sandbox_apply`'s text: what was applied, skipped, and the conflicts with E4015's line.
+fn apply_text(sandbox: &str, r: &Value) -> String {
+    let list = |k: &str| r[k].as_array().cloned().unwrap_or_default();
+    let mut text = String::new();
+    for p in list("applied") {
+        text.push_str(&format!("applied {}\n", p.as_str().unwrap_or("?")));
+    }
+    for s in list("skipped") {
+        text.push_str(&format!(
+            "skipped {}: {}\n",
+            s["path"].as_str().unwrap_or("?"),
+            s["reason"].as_str().unwrap_or("")
+        ));
+    }
+    let conflicts = list("conflicts");
+    for c in &conflicts {
+        text.push_str(&format!(
+            "conflict {}: {}\n",
+            c["path"].as_str().unwrap_or("?"),
+            c["reason"].as_str().unwrap_or("")
+        ));
+    }
+    if !conflicts.is_empty() {
+        let paths: Vec<&str> = conflicts
+            .iter()
+            .filter_map(|c| c["path"].as_str())
+            .collect();
+        let e = AbxError::new(
+            ErrorCode::ApplyConflict,
+            &[("sandbox", sandbox), ("paths", &paths.join(", "))],
+        );
+        text.push_str(&format!("{e}\nSuggestion: {}\n", e.suggestion));
+    }
+    if text.is_empty() {
+        text.push_str("Nothing to apply.\n");
+    }
+    text
 }
 
 /// The parent directory of a sandbox path, when it has one worth creating.
@@ -1119,12 +1626,39 @@ mod unit {
     }
 
     /// The input schemas agents see are generated from the argument types, and say what the
-    /// hand-written ones said (names, types, bounds, descriptions, required, closed).
+    /// hand-written ones said (names, types, bounds, descriptions, required, closed). After a
+    /// deliberate change, `ABX_UPDATE_MCP_SCHEMAS=1 cargo test -p abx-cli input_schemas`
+    /// rewrites the fixture's entries that changed (and adds new tools'), then fails once:
+    /// review the fixture's diff.
     #[test]
     fn input_schemas_are_generated_and_unchanged_for_agents() {
         let want: Value =
             serde_json::from_str(include_str!("../../tests/fixtures/mcp_input_schemas.json"))
                 .expect("fixture");
+        if std::env::var_os("ABX_UPDATE_MCP_SCHEMAS").is_some() {
+            let mut next = want.as_object().expect("object").clone();
+            next.retain(|k, _| TOOLS.iter().any(|d| d.name == k));
+            let mut changed = false;
+            for d in TOOLS {
+                let have = (d.input)();
+                if next.get(d.name).map(|w| essential(w.clone())) != Some(essential(have.clone())) {
+                    next.insert(d.name.to_owned(), have);
+                    changed = true;
+                }
+            }
+            if changed || next.len() != want.as_object().map_or(0, |w| w.len()) {
+                let mut buf = Vec::new();
+                let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
+                let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
+                Value::Object(next).serialize(&mut ser).expect("serialize");
+                let path = concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/fixtures/mcp_input_schemas.json"
+                );
+                std::fs::write(path, buf).expect("write the fixture");
+                panic!("{path} rewritten: review its diff and run the test again");
+            }
+        }
         let want = want.as_object().expect("object");
         assert_eq!(want.len(), TOOLS.len());
         for d in TOOLS {
@@ -1155,6 +1689,10 @@ mod unit {
                 &[],
             ),
             ("sandbox_list", api_props::<api::SandboxListParams>(), &[]),
+            ("sandbox_diff", api_props::<api::DiffParams>(), &[]),
+            ("sandbox_apply", api_props::<api::ApplyParams>(), &[]),
+            ("sandbox_discard", api_props::<api::DiscardParams>(), &[]),
+            ("sandbox_log", api_props::<api::LogParams>(), &[]),
             ("sandbox_info", api_props::<api::SandboxParams>(), &[]),
             ("sandbox_kill", api_props::<api::SandboxParams>(), &[]),
             (
@@ -1162,8 +1700,29 @@ mod unit {
                 api_props::<api::SetTimeoutParams>(),
                 &[],
             ),
+            (
+                "sandbox_set_network",
+                api_props::<api::SetNetworkParams>(),
+                &[],
+            ),
             ("exec", api_props::<api::ExecStartParams>(), &[]),
             ("run_code", api_props::<api::CodeRunParams>(), &[]),
+            (
+                "code_context_create",
+                api_props::<api::CodeCreateContextParams>(),
+                &[],
+            ),
+            ("code_context_list", api_props::<api::SandboxParams>(), &[]),
+            (
+                "code_context_restart",
+                api_props::<api::CodeContextParams>(),
+                &[],
+            ),
+            (
+                "code_context_remove",
+                api_props::<api::CodeContextParams>(),
+                &[],
+            ),
             ("files_read", api_props::<api::FilesReadParams>(), &[]),
             (
                 "files_write",
@@ -1208,12 +1767,59 @@ mod unit {
             to_params(&api::SandboxCreateParams::from(a)),
             json!({"timeout": 60, "metadata": {"k": "v"}})
         );
+        // Mounts: a relative source is taken from abx mcp's directory.
+        let cwd = std::env::current_dir().unwrap();
+        let a: CreateArgs = serde_json::from_value(json!({"mounts": [
+            {"source": "/srv/p", "target": "/workspace/p", "mode": "ro"},
+            {"source": "sub"},
+        ]}))
+        .expect("args");
+        assert_eq!(
+            to_params(&api::SandboxCreateParams::from(a)),
+            json!({"mounts": [
+                {"source": "/srv/p", "target": "/workspace/p", "mode": "ro"},
+                {"source": cwd.join("sub").to_string_lossy()},
+            ]})
+        );
+        assert!(serde_json::from_value::<CreateArgs>(
+            json!({"mounts": [{"source": ".", "mode": "rwx"}]})
+        )
+        .is_err());
+        let a: ApplyArgs = serde_json::from_value(
+            json!({"sandbox": "s", "paths": ["/workspace/a"], "dryRun": true, "force": false}),
+        )
+        .expect("args");
+        assert_eq!(
+            to_params(&api::ApplyParams::from(a)),
+            json!({"sandbox": "s", "paths": ["/workspace/a"], "dryRun": true, "force": false})
+        );
         let a: WriteArgs =
             serde_json::from_value(json!({"sandbox": "s", "path": "p", "content": "x"}))
                 .expect("args");
         assert_eq!(
             to_params(&api::FilesWriteParams::from(a)),
             json!({"sandbox": "s", "path": "p", "data": "x", "append": false})
+        );
+        let a: CreateArgs =
+            serde_json::from_value(json!({"limits": {"memory": "512M", "cpus": 1.5, "pids": 64}}))
+                .expect("args");
+        assert_eq!(
+            to_params(&api::SandboxCreateParams::from(a)),
+            json!({"limits": {"memory": "512M", "cpus": 1.5, "pids": 64}})
+        );
+        let a: CreateContextArgs = serde_json::from_value(
+            json!({"sandbox": "s", "language": "python", "cwd": "/tmp", "interpreter": "/v/bin/python", "env": {"A": "1"}}),
+        )
+        .expect("args");
+        assert_eq!(
+            to_params(&api::CodeCreateContextParams::from(a)),
+            json!({"sandbox": "s", "language": "python", "cwd": "/tmp", "interpreter": "/v/bin/python", "env": {"A": "1"}})
+        );
+        let a: ContextArgs =
+            serde_json::from_value(json!({"sandbox": "s", "context": "c1"})).expect("args");
+        assert_eq!(
+            to_params(&api::CodeContextParams::from(a)),
+            json!({"sandbox": "s", "context": "c1"})
         );
         // Unknown arguments are refused (the schemas are closed).
         assert!(
@@ -1242,11 +1848,20 @@ mod unit {
         let cases = [
             case::<api::Sandbox>("sandbox_create", Some("sandbox/create")),
             case::<api::SandboxList>("sandbox_list", Some("sandbox/list")),
+            case::<api::DiffResult>("sandbox_diff", Some("sandbox/diff")),
+            case::<api::ApplyResult>("sandbox_apply", Some("sandbox/apply")),
+            case::<api::DiscardResult>("sandbox_discard", Some("sandbox/discard")),
+            case::<api::LogResult>("sandbox_log", Some("sandbox/log")),
             case::<api::Sandbox>("sandbox_info", Some("sandbox/info")),
             case::<api::KillResult>("sandbox_kill", Some("sandbox/kill")),
             case::<api::Sandbox>("sandbox_set_timeout", Some("sandbox/setTimeout")),
+            case::<api::Sandbox>("sandbox_set_network", Some("sandbox/setNetwork")),
             case::<ExecOutcome>("exec", None),
             case::<api::CodeResult>("run_code", Some("code/run")),
+            case::<api::CodeContext>("code_context_create", Some("code/createContext")),
+            case::<api::CodeContexts>("code_context_list", Some("code/listContexts")),
+            case::<api::CodeContext>("code_context_restart", Some("code/restartContext")),
+            case::<api::Empty>("code_context_remove", Some("code/removeContext")),
             case::<ReadOutcome>("files_read", None),
             case::<WriteOutcome>("files_write", None),
             case::<api::FileList>("files_list", Some("files/list")),

@@ -71,6 +71,14 @@ function M.sandbox_lines(sb)
     end
     rows[#rows + 1] = { "Metadata", table.concat(parts, ", ") }
   end
+  local net = util.v(sb.network)
+  local policy = require("abx.network").policy_of(sb)
+  if policy then
+    local blocked = util.v(policy.blocked) or {}
+    rows[#rows + 1] = { "Network", "only these hosts (" .. #(util.v(policy.allow) or {}) .. " allowed, " .. #blocked .. " blocked: :Abx network)" }
+  elseif type(net) == "string" then
+    rows[#rows + 1] = { "Network", net }
+  end
   return util.kv_lines(rows)
 end
 
@@ -86,18 +94,34 @@ function M.create(opts, cb)
     timeout = tonumber(opts.timeout or c.timeout),
     env = not util.is_empty(opts.env) and opts.env or nil,
     metadata = not util.is_empty(opts.metadata) and opts.metadata or nil,
+    -- a mode (none, internet, host) or a policy {allow = {HOST, ...}} (issue 44)
+    network = opts.network,
   }
   util.notify("Creating a sandbox...", INFO)
   abx.call("sandbox/create", params, function(err, sb)
     invalidate()
     if not err then
       abx.set_current(abx.qualified(sb))
+      local net = ""
+      local policy = require("abx.network").policy_of(sb)
+      if policy then
+        local hosts = {}
+        for _, e in ipairs(util.v(policy.allow) or {}) do
+          hosts[#hosts + 1] = type(e) == "table" and tostring(util.v(e.host)) or tostring(e)
+        end
+        net = ", network: only " .. table.concat(hosts, ", ")
+        -- its refusals are shown as they come (sandbox/blocked)
+        require("abx.network").watch()
+      elseif type(util.v(sb.network)) == "string" and sb.network ~= "none" then
+        net = ", network: " .. sb.network
+      end
       util.notify(
         string.format(
-          "Created sandbox %s (template %s, expires %s).",
+          "Created sandbox %s (template %s, expires %s%s).",
           abx.qualified(sb),
           tostring(util.v(sb.template) or "-"),
-          fmt_time(sb.expiresAt)
+          fmt_time(sb.expiresAt),
+          net
         ),
         INFO
       )

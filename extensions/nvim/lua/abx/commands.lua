@@ -23,13 +23,36 @@ local function words(s)
   end
 end
 
--- key=value arguments of create
+-- key=value arguments of create, and the CLI's network flags: --allow HOST (repeatable),
+-- --network none|internet|host|allow:HOST,... (also as allow=HOST and network=...)
 local function kv_args(ws, from)
   local opts, env, md = {}, {}, {}
-  for i = from, #ws do
-    local k, v = ws[i]:match("^([%w_%.%-]+)=(.*)$")
+  local allow, mode = {}, nil
+  local i = from
+  while i <= #ws do
+    local w = ws[i]
+    local flag, fv = w:match("^%-%-(%a+)=(.*)$")
+    if not flag then
+      flag = w:match("^%-%-(%a+)$")
+      if flag then
+        i = i + 1
+        fv = ws[i]
+        if not fv then
+          return nil, "--" .. flag .. " needs a value"
+        end
+      end
+    end
+    local k, v
+    if flag then
+      if flag ~= "allow" and flag ~= "network" then
+        return nil, "unknown flag '--" .. flag .. "' (--allow HOST, --network MODE)"
+      end
+      k, v = flag, fv
+    else
+      k, v = w:match("^([%w_%.%-]+)=(.*)$")
+    end
     if not k then
-      return nil, "expected key=value, got '" .. ws[i] .. "'"
+      return nil, "expected key=value, got '" .. w .. "'"
     end
     local ek = k:match("^env%.(.+)$")
     local mk = k:match("^metadata%.(.+)$") or k:match("^meta%.(.+)$")
@@ -39,9 +62,30 @@ local function kv_args(ws, from)
       md[mk] = v
     elseif k == "template" or k == "timeout" or k == "provider" then
       opts[k] = v
+    elseif k == "allow" then
+      vim.list_extend(allow, require("abx.network").split_hosts(v))
+    elseif k == "network" then
+      local n, err = require("abx.network").parse_network(v)
+      if not n then
+        return nil, err
+      end
+      if type(n) == "table" then
+        vim.list_extend(allow, n.allow)
+      else
+        mode = n
+      end
     else
-      return nil, "unknown option '" .. k .. "' (template=, timeout=, provider=, env.K=, metadata.K=)"
+      return nil, "unknown option '" .. k .. "' (template=, timeout=, provider=, env.K=, metadata.K=, --allow HOST, --network MODE)"
     end
+    i = i + 1
+  end
+  if mode and #allow > 0 then
+    return nil, "--network " .. mode .. " and --allow cannot go together: the hosts allowed are a policy of their own"
+  end
+  if #allow > 0 then
+    opts.network = { allow = allow }
+  elseif mode then
+    opts.network = mode
   end
   opts.env, opts.metadata = env, md
   return opts
@@ -54,7 +98,7 @@ end
 -- name -> {run = function(ws, rest), args = completion kinds per position, help}
 M.subcommands = {
   create = {
-    help = "create [template=T] [timeout=S] [provider=P] [env.K=V] [metadata.K=V]",
+    help = "create [template=T] [timeout=S] [provider=P] [env.K=V] [metadata.K=V] [--allow HOST]... [--network none|internet|host|allow:HOST,...]",
     run = function(ws)
       local opts, err = kv_args(ws, 2)
       if not opts then
@@ -207,6 +251,88 @@ M.subcommands = {
     end,
     args = { "sandbox", "remote" },
   },
+  mount = {
+    help = "mount [PATH] [overlay|ro|rw]",
+    run = function(ws)
+      local dir, mode = ws[2], ws[3]
+      if dir and require("abx.workspace").MODES[dir] and not mode then
+        dir, mode = nil, dir
+      end
+      require("abx.workspace").mount(dir, mode)
+    end,
+    args = { "dir", "mode" },
+  },
+  diff = {
+    help = "diff [SANDBOX]",
+    run = function(ws)
+      local id = ws[2]
+      if not id and abx.current_sandbox() then
+        id = "."
+      end
+      actions().with_sandbox(id, "Changes of", function(sb)
+        require("abx.workspace").diff(sb)
+      end)
+    end,
+    args = { "sandbox" },
+  },
+  apply = {
+    help = "apply[!] [PATHS...]",
+    bang = true,
+    run = function(ws, _, _, bang)
+      require("abx.workspace").apply(vim.list_slice(ws, 2), bang)
+    end,
+    args = { "change", "change", "change", "change", "change", "change", "change", "change" },
+  },
+  discard = {
+    help = "discard [PATHS...]",
+    run = function(ws)
+      require("abx.workspace").discard(vim.list_slice(ws, 2))
+    end,
+    args = { "change", "change", "change", "change", "change", "change", "change", "change" },
+  },
+  log = {
+    help = "log [SANDBOX]",
+    run = function(ws)
+      local id = ws[2]
+      if not id and abx.current_sandbox() then
+        id = "."
+      end
+      actions().with_sandbox(id, "Command log of", function(sb)
+        require("abx.workspace").log(sb)
+      end)
+    end,
+    args = { "sandbox" },
+  },
+  network = {
+    help = "network [SANDBOX]",
+    run = function(ws)
+      local id = ws[2]
+      if not id and abx.current_sandbox() then
+        id = "."
+      end
+      actions().with_sandbox(id, "Network of", function(sb)
+        require("abx.network").show(sb)
+      end)
+    end,
+    args = { "sandbox" },
+  },
+  allow = {
+    help = "allow HOST[,HOST...] [SANDBOX]",
+    run = function(ws)
+      if not ws[2] then
+        return usage("Usage: :Abx allow HOST[,HOST...] [SANDBOX]")
+      end
+      local hosts = require("abx.network").split_hosts(ws[2])
+      local id = ws[3]
+      if not id and abx.current_sandbox() then
+        id = "."
+      end
+      actions().with_sandbox(id, "Allow " .. ws[2] .. " for", function(sb)
+        require("abx.network").allow(sb, hosts)
+      end)
+    end,
+    args = { "host", "sandbox" },
+  },
   providers = {
     help = "providers",
     run = function()
@@ -273,11 +399,16 @@ function M.run(args, o)
     end
     return util.notify(table.concat(lines, "\n"))
   end
+  -- `:Abx apply! ...` and `:Abx! apply ...` are the same
+  local bang = o ~= nil and o.bang == true
   local sub = M.subcommands[name]
-  if not sub then
-    return usage("Unknown subcommand '" .. name .. "'. Subcommands: " .. table.concat(M.names(), ", ") .. ".")
+  if not sub and name:sub(-1) == "!" and M.subcommands[name:sub(1, -2)] then
+    sub, bang = M.subcommands[name:sub(1, -2)], true
   end
-  sub.run(ws, rest, o)
+  if not sub or (bang and not sub.bang) then
+    return usage("Unknown subcommand '" .. name .. (bang and name:sub(-1) ~= "!" and "!" or "") .. "'. Subcommands: " .. table.concat(M.names(), ", ") .. ".")
+  end
+  sub.run(ws, rest, o, bang)
 end
 
 -- completion -------------------------------------------------------------------------
@@ -373,7 +504,7 @@ function M.complete(arglead, cmdline, cursorpos)
   if index <= 1 then
     return filter(M.names(), arglead)
   end
-  local sub = M.subcommands[ws[1]]
+  local sub = M.subcommands[ws[1]] or M.subcommands[(ws[1]:gsub("!$", ""))]
   if not sub then
     return {}
   end
@@ -396,9 +527,50 @@ function M.complete(arglead, cmdline, cursorpos)
       end
       return filter(out, arglead)
     end
-    return filter({ "template=", "timeout=", "provider=", "env.", "metadata." }, arglead)
+    local n = arglead:match("^network=(.*)$") or arglead:match("^%-%-network=(.*)$")
+    if n then
+      local prefix = arglead:sub(1, #arglead - #n)
+      return filter({ prefix .. "none", prefix .. "internet", prefix .. "host", prefix .. "allow:" }, arglead)
+    end
+    local prev = before:match("%s$") and ws[#ws] or ws[#ws - 1]
+    if prev == "--network" then
+      return filter({ "none", "internet", "host", "allow:" }, arglead)
+    end
+    return filter({ "template=", "timeout=", "provider=", "env.", "metadata.", "--allow", "--network", "allow=", "network=" }, arglead)
+  elseif kind == "host" then
+    -- the hosts the sandbox (argument or current) was refused, as :Abx allow takes them
+    local ok, list = pcall(function()
+      local id = abx.current_sandbox()
+      if not id then
+        return {}
+      end
+      local sb = abx.call_sync("sandbox/info", { sandbox = id }, 3000)
+      local p = require("abx.network").policy_of(sb)
+      local out = {}
+      for _, b in ipairs(p and util.v(p.blocked) or {}) do
+        out[#out + 1] = require("abx.network").allow_entry(tostring(b.host), b.port)
+      end
+      return out
+    end)
+    return ok and filter(list, arglead) or {}
   elseif kind == "file" then
     return vim.fn.getcompletion(arglead, "file")
+  elseif kind == "dir" then
+    local out = vim.fn.getcompletion(arglead, "dir")
+    if arglead == "" then
+      vim.list_extend(out, { "overlay", "ro", "rw" })
+    end
+    return filter(out, arglead)
+  elseif kind == "mode" then
+    return filter({ "overlay", "ro", "rw" }, arglead)
+  elseif kind == "change" then
+    -- the paths of the last :Abx diff
+    local last = require("abx.workspace").last
+    local out = {}
+    for _, c in ipairs(last and last.changes or {}) do
+      out[#out + 1] = c.path
+    end
+    return filter(out, arglead)
   elseif kind == "remote" then
     local ok, list = pcall(remote_paths, ws[2], arglead)
     return ok and filter(list, arglead) or {}
@@ -416,6 +588,7 @@ function M.setup_command()
   end, {
     nargs = "*",
     range = true,
+    bang = true,
     complete = function(a, c, p)
       return M.complete(a, c, p)
     end,

@@ -76,6 +76,7 @@ function M.client()
       cmd = { M.config.abx, "rpc" },
       env = M.bridge_env(),
       request_timeout = M.config.request_timeout,
+      client_info = { name = "abx.nvim", version = M.version },
     })
   end
   return client

@@ -32,12 +32,14 @@ Client.__index = Client
 local HELD_MAX = 4096
 local STDERR_KEEP = 20
 
---- opts: cmd (argv list), env (table or nil), request_timeout (ms)
+--- opts: cmd (argv list), env (table or nil), request_timeout (ms), client_info
+--- ({name, version}: sent with `initialize` on every new bridge)
 function M.new(opts)
   local self = setmetatable({}, Client)
   self.cmd = opts.cmd
   self.env = opts.env
   self.request_timeout = opts.request_timeout or 30000
+  self.client_info = opts.client_info
   self.next_id = 0
   self.pending = {} -- id -> {method, cb, job}
   self.listeners = {} -- method -> {fn, ...}
@@ -217,6 +219,11 @@ function Client:start()
   end
   self.job = job
   self.partial[job] = {}
+  -- who asks, first: the broker names this client in the log of the commands it runs
+  -- (`sandbox/log`); an error here changes nothing else
+  if self.client_info then
+    self:request("initialize", { clientInfo = self.client_info }, function() end)
+  end
   -- before whatever request started this bridge: a subscription precedes the list it guards
   for _, p in pairs(self.persistent) do
     if not p.after_undo then

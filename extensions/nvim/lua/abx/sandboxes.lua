@@ -262,13 +262,17 @@ function M.subscribe()
   state.client = c
   state.live = nil
   state.off = c:on("sandbox/changed", on_changed)
+  -- a subscribed connection also gets sandbox/blocked (network policies): shown as they come
+  require("abx.network").listen()
   c:persist(KEY, "sandbox/subscribe", nil, on_subscribed)
 end
 
 --- No more events: unsubscribed, the listener removed (the buffer went).
 function M.unsubscribe()
   if state.client then
-    state.client:forget(KEY, { "sandbox/unsubscribe", nil })
+    -- abx.network keeps the connection subscribed for sandbox/blocked: then no unsubscribe
+    local keep = require("abx.network").watching(state.client)
+    state.client:forget(KEY, not keep and { "sandbox/unsubscribe", nil } or nil)
   end
   if state.off then
     state.off()

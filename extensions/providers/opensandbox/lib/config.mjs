@@ -11,6 +11,7 @@ export const DEFAULTS = {
   image_aliases: "",
   entrypoint: "tail -f /dev/null",
   ready_timeout: 90,
+  poll_interval: 10,
   network_policy: "",
   platform: "",
   secure_access: false,
@@ -93,6 +94,13 @@ export function parseConfig(raw = {}) {
     throw bad("ready_timeout", "must be a number of seconds between 1 and 3600");
   }
 
+  // Seconds between two looks at the server's sandbox list (sandbox/changed for what changed
+  // there without the broker); 0 turns the polling off.
+  const pollInterval = cfg.poll_interval ?? DEFAULTS.poll_interval;
+  if (typeof pollInterval !== "number" || !(pollInterval >= 0) || pollInterval > 86400 || (pollInterval > 0 && pollInterval < 0.05)) {
+    throw bad("poll_interval", "must be a number of seconds (at most 86400), or 0 for no polling");
+  }
+
   let entrypoint = text(cfg.entrypoint ?? DEFAULTS.entrypoint);
   if (Array.isArray(entrypoint)) {
     // as given
@@ -165,6 +173,7 @@ export function parseConfig(raw = {}) {
     aliases,
     entrypoint,
     readyTimeoutMs: Math.round(readyTimeout * 1000),
+    pollIntervalMs: Math.round(pollInterval * 1000),
     registry: registryUser ? { username: registryUser, password: registryPassword } : null,
     networkPolicy,
     platform,

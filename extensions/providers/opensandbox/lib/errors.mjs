@@ -58,6 +58,44 @@ export const sandboxNotFound = (id) => new RpcError(2009, `Sandbox '${id}' not f
 export const sandboxPaused = (id, state = "paused") =>
   new RpcError(2002, `Sandbox '${id}' is ${state}, not running.`, `Resume it first: abx resume ${id}.`);
 
+// A sandbox the server shows in a state other than Running (`sb` its lifecycle answer), as the
+// error of a call that needs it running. Only Paused/Pausing is paused ("Resume it first");
+// the states of a sandbox that is going away (Stopping, Terminated) are E2009; Failed is E2002
+// with what to do instead (it cannot be resumed: a deleted sandbox is Failed on the real
+// server while the delete runs, a crashed one stays Failed); Pending/Resuming are on their way
+// to Running; any other (unknown) state says which it is.
+export function notRunning(id, sb) {
+  const st = sb?.status ?? {};
+  const state = typeof st.state === "string" && st.state ? st.state : "Unknown";
+  const why = [st.reason, st.message].filter((x) => typeof x === "string" && x).join(": ");
+  switch (state) {
+    case "Paused":
+    case "Pausing":
+      return sandboxPaused(id, state.toLowerCase());
+    case "Stopping":
+    case "Terminated":
+      return sandboxNotFound(id);
+    case "Failed": {
+      const e = new RpcError(
+        2002,
+        `Sandbox '${id}' has failed${why ? ` (${why})` : ""}: it cannot run commands.`,
+        `A failed sandbox does not come back: remove it (abx kill ${id}) and create a new one; the OpenSandbox server's log says why it failed.`,
+      );
+      e.sandboxFailed = true; // its processes are gone with it
+      return e;
+    }
+    case "Pending":
+    case "Resuming":
+      return new RpcError(2002, `Sandbox '${id}' is ${state.toLowerCase()}, not running yet.`, `Wait a moment and retry; 'abx info ${id}' shows its state.`);
+    default:
+      return new RpcError(
+        2002,
+        `Sandbox '${id}' is in state '${state}'${why ? ` (${why})` : ""}, not running.`,
+        `Retry when it is running again ('abx info ${id}' shows its state), or remove it: abx kill ${id}.`,
+      );
+  }
+}
+
 const PATH_MESSAGES = {
   4001: (p) => `File '${p}' not found.`,
   4002: (p) => `Path '${p}' is outside the sandbox.`,

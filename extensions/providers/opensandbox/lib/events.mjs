@@ -123,3 +123,26 @@ export function lineText(event) {
   const t = typeof event.text === "string" ? event.text : "";
   return t === "\n" ? "\n" : `${t}\n`;
 }
+
+// execd reports a command killed by a signal as evalue "-1" (Go's ExitError.ExitCode()), with
+// the Go error text in the traceback: "signal: killed", "signal: terminated", ... (syscall
+// Signal.String()). -> {name, number} of that signal, or null.
+const GO_SIGNALS = {
+  hangup: ["HUP", 1],
+  interrupt: ["INT", 2],
+  quit: ["QUIT", 3],
+  aborted: ["ABRT", 6],
+  killed: ["KILL", 9],
+  "user defined signal 1": ["USR1", 10],
+  "user defined signal 2": ["USR2", 12],
+  "broken pipe": ["PIPE", 13],
+  "alarm clock": ["ALRM", 14],
+  terminated: ["TERM", 15],
+};
+export function signalOfTraceback(event) {
+  const err = event?.error ?? {};
+  const text = [...(Array.isArray(err.traceback) ? err.traceback : []), typeof err.evalue === "string" ? err.evalue : ""].join("\n");
+  const m = /signal: ([a-z0-9 ]+)/i.exec(text);
+  const known = m && GO_SIGNALS[m[1].trim().toLowerCase()];
+  return known ? { name: known[0], number: known[1] } : null;
+}

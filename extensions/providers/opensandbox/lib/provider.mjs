@@ -28,14 +28,14 @@ import {
   looksLikeImageError,
   pathError,
   sandboxNotFound,
-  sandboxPaused,
+  notRunning,
   sharedExecd,
   unreachable,
   isDestinationExists,
   workingDirError,
   workingDirProblem,
 } from "./errors.mjs";
-import { exitOf, lineText } from "./events.mjs";
+import { exitOf, lineText, signalOfTraceback } from "./events.mjs";
 import { EXECD_PORT, Execd, Lifecycle, waitForState } from "./opensandbox.mjs";
 import { WORKSPACE, baseName, joinPath, parentOf, sandboxPath } from "./paths.mjs";
 import {
@@ -43,12 +43,14 @@ import {
   MARK_ERROR,
   MARK_NOCMD,
   MARK_PID,
+  MARK_SIGNAL,
   SYSTEM_INFO_SCRIPT,
   appendScript,
   killPidScript,
   killScript,
   parseSignal,
   replaceScript,
+  signalNumber,
   wrapperScript,
 } from "./shell.mjs";
 
@@ -232,7 +234,26 @@ export class OpenSandboxProvider {
     this.endpointUrls = new Map(); // id -> its execd endpoint (to see sandboxes that share one execd)
     this.execs = new Map(); // execId -> Exec
     this.tombstones = new Map(); // id -> when abx's lifetime of it ended (E2009 from then on)
+    this.killing = new Set(); // ids whose sandbox/kill (DELETE) is in progress: E2009 already
     this.saving = Promise.resolve();
+    // sandbox/changed (docs/epp-1.md §7.5): the server's list is polled while the plugin runs
+    // (EPP/1 does not tell a plugin whether anyone is subscribed), and what changed there
+    // without the broker is reported. `known`: id -> last stable state seen (Running, Paused,
+    // or the first state seen), and what the broker's own calls made; the first poll only
+    // learns what is there (`baselined` after it). `busy`: ids with a call of the broker in
+    // flight that changes them (create, kill, pause, resume), `touched`: when such a call
+    // last ended: a poll that started before then does not judge that id.
+    this.known = new Map();
+    this.baselined = false;
+    this.serverExpiry = new Map(); // id -> the server's own expiry of it (ms), from the last poll
+    this.busy = new Map();
+    this.touched = new Map();
+    this.creating = 0;
+    this.lastCreateEnd = 0;
+    this.pollTimer = null;
+    this.polling = false;
+    this.pollFailed = false;
+    this.stopped = false;
   }
 
   // -------------------------------------------------------------------------------------------
@@ -243,7 +264,118 @@ export class OpenSandboxProvider {
     this.life = new Lifecycle(this.cfg);
     this.dataDir = params.dataDir || process.env.ABX_DATA_DIR || null;
     await this.load();
+    this.schedulePoll(0);
     return { protocol: "EPP/1", provider: PROVIDER, features: FEATURES };
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // sandbox/changed
+
+  changed(id, change, sandboxInfo = null) {
+    const params = { sandbox: id, change };
+    if (sandboxInfo) params.sandboxInfo = sandboxInfo;
+    this.notify("sandbox/changed", params);
+  }
+
+  schedulePoll(ms = this.cfg?.pollIntervalMs) {
+    clearTimeout(this.pollTimer);
+    this.pollTimer = null;
+    if (this.stopped || !this.cfg?.pollIntervalMs) return;
+    this.pollTimer = setTimeout(() => {
+      this.poll()
+        .catch((e) => {
+          if (!this.pollFailed) this.log(`polling ${this.cfg.api} for sandbox changes failed: ${e.message} (logged once until it works again)`);
+          this.pollFailed = true;
+        })
+        .finally(() => this.schedulePoll());
+    }, ms);
+    this.pollTimer.unref?.();
+  }
+
+  // Run a call of the broker that changes sandbox `id` (its change is the broker's to report):
+  // the poller does not judge `id` meanwhile, nor with a list it fetched before the end.
+  async own(id, fn) {
+    this.busy.set(id, (this.busy.get(id) ?? 0) + 1);
+    try {
+      return await fn();
+    } finally {
+      const n = this.busy.get(id) - 1;
+      if (n > 0) this.busy.set(id, n);
+      else this.busy.delete(id);
+      this.touched.set(id, Date.now());
+    }
+  }
+
+  // One look at the server's list: report what changed since the last one without the broker.
+  async poll() {
+    if (this.polling) return;
+    this.polling = true;
+    try {
+      const t0 = Date.now();
+      const creatingAtStart = this.creating > 0;
+      const items = await this.life.list();
+      this.pollFailed = false;
+      const now = new Map();
+      for (const sb of items) {
+        if (!sb || typeof sb.id !== "string" || GONE_STATES.has(sb?.status?.state)) continue;
+        now.set(sb.id, sb);
+        this.serverExpiry.set(sb.id, parseTime(sb.expiresAt));
+      }
+      const first = !this.baselined;
+      const known = this.known;
+      const judged = (id) => !this.busy.has(id) && !this.killing.has(id) && !this.tombstones.has(id) && !((this.touched.get(id) ?? 0) >= t0);
+      // A create of the broker may be between the server making the sandbox and the plugin
+      // learning its id: an unknown id is judged on the next poll then.
+      const createRace = creatingAtStart || this.creating > 0 || this.lastCreateEnd >= t0;
+      for (const [id, sb] of now) {
+        const state = sb?.status?.state ?? "Unknown";
+        const before = known.get(id);
+        if (!judged(id)) continue;
+        if (before === undefined) {
+          if (createRace && !first) continue;
+          known.set(id, state);
+          if (!first) this.changed(id, "created", this.view(id, sb, this.records.get(id) ?? null));
+          continue;
+        }
+        if (state === "Paused" && before !== "Paused") {
+          known.set(id, state);
+          this.syncRecordPaused(id, true);
+          this.changed(id, "paused", this.view(id, sb, this.records.get(id) ?? null));
+        } else if (state === "Running" && before !== "Running") {
+          known.set(id, state);
+          if (before === "Paused") {
+            this.syncRecordPaused(id, false);
+            this.endpoints.delete(id);
+            this.changed(id, "resumed", this.view(id, sb, this.records.get(id) ?? null));
+          }
+        } else if (state === "Running" || state === "Paused") {
+          known.set(id, state);
+        }
+      }
+      for (const id of [...known.keys()]) {
+        if (now.has(id)) continue;
+        if (this.busy.has(id) || this.killing.has(id) || (this.touched.get(id) ?? 0) >= t0) continue;
+        known.delete(id);
+        if (this.tombstones.has(id) || first) continue; // expired: reported by reap()
+        // Deleted on the server by someone else, or expired there (its own lifetime).
+        const exp = this.serverExpiry.get(id);
+        this.serverExpiry.delete(id);
+        this.forget(id);
+        this.changed(id, exp != null && Date.now() >= exp - 1000 ? "expired" : "killed");
+      }
+      this.baselined = true;
+      for (const [id, t] of this.touched) if (t < t0 - 60000) this.touched.delete(id);
+    } finally {
+      this.polling = false;
+    }
+  }
+
+  syncRecordPaused(id, paused) {
+    const rec = this.records.get(id);
+    if (rec && rec.paused !== paused) {
+      rec.paused = paused;
+      this.save();
+    }
   }
 
   get stateFile() {
@@ -310,9 +442,13 @@ export class OpenSandboxProvider {
   // The lifetime abx reported has ended: delete the sandbox. Its id answers E2009 from now on,
   // also while the server still shows it (a delete that failed, or is still in progress).
   async reap(id) {
+    const first = !this.tombstones.has(id);
     this.tombstones.set(id, Date.now());
     this.forget(id);
     this.save();
+    this.known.delete(id);
+    // Nobody asked the broker for this: subscribers learn it from the plugin (§7.5).
+    if (first) this.changed(id, "expired");
     try {
       await this.life.delete(id);
       this.log(`sandbox ${id} expired and was deleted`);
@@ -323,7 +459,7 @@ export class OpenSandboxProvider {
 
   // The record of a sandbox, after enforcing its lifetime (E2009 when it has ended).
   async liveRecord(id) {
-    if (this.tombstones.has(id)) throw sandboxNotFound(id);
+    if (this.tombstones.has(id) || this.killing.has(id)) throw sandboxNotFound(id);
     const rec = this.records.get(id);
     if (rec && Date.now() >= rec.expiresAt) {
       this.reap(id).catch(() => {});
@@ -334,7 +470,7 @@ export class OpenSandboxProvider {
 
   // GET the sandbox; E2009 when the server does not know it or it is being deleted.
   async fetch(id, signal) {
-    if (this.tombstones.has(id)) throw sandboxNotFound(id);
+    if (this.tombstones.has(id) || this.killing.has(id)) throw sandboxNotFound(id);
     let sb;
     try {
       sb = await this.life.get(id, signal);
@@ -373,8 +509,7 @@ export class OpenSandboxProvider {
     const rec = await this.liveRecord(id);
     if (rec?.paused) {
       const sb = await this.fetch(id, signal);
-      const state = sb?.status?.state;
-      if (state === "Paused" || state === "Pausing") throw sandboxPaused(id, statusOf(state));
+      if (sb?.status?.state !== "Running") throw notRunning(id, sb);
       rec.paused = false;
       this.save();
     }
@@ -491,14 +626,19 @@ export class OpenSandboxProvider {
       return e;
     }
     const state = sb?.status?.state;
-    if (state && state !== "Running") return sandboxPaused(id, statusOf(state));
+    if (state && state !== "Running") return notRunning(id, sb);
     const where = execd?.url ?? "its endpoint";
-    if (err instanceof NetworkError) {
+    // Unreachable the same way in both modes (E8006): directly, the connection fails; through
+    // the server's proxy (use_server_proxy), the proxy answers HTTP 502 BACKEND_CONNECTION_FAILED
+    // (or another gateway error) because it could not connect to execd.
+    const viaProxy = err instanceof HttpError && err.status >= 502 && err.status <= 504;
+    if (err instanceof NetworkError || viaProxy) {
+      const why = viaProxy ? `the server's proxy answered HTTP ${err.status}${err.serverCode ? ` ${err.serverCode}` : ""}${err.serverMessage ? ` (${err.serverMessage})` : ""}` : err.message;
       return new RpcError(
         8006,
-        `execd of sandbox '${id}' at ${where} is unreachable: ${err.message}.`,
+        `execd of sandbox '${id}' at ${where} is unreachable: ${why}.`,
         this.cfg.useServerProxy
-          ? "Check that the OpenSandbox server can reach its sandboxes (its proxy answered for this one)."
+          ? `The OpenSandbox server could not connect to the sandbox's execd: retry in a moment (right after a create or resume it may still be starting); if it persists, check the sandbox (abx info ${id}) and the server's log, or kill it and create a new one.`
           : "If this machine cannot reach sandbox endpoints directly, route through the server: abx provider configure opensandbox use_server_proxy=true",
       );
     }
@@ -543,6 +683,19 @@ export class OpenSandboxProvider {
   // Sandboxes
 
   async create(p, ctx) {
+    this.creating++;
+    try {
+      const view = await this.createSandbox(p, ctx);
+      this.known.set(view.id, "Running"); // the broker reports this one
+      this.touched.set(view.id, Date.now());
+      return view;
+    } finally {
+      this.creating--;
+      this.lastCreateEnd = Date.now();
+    }
+  }
+
+  async createSandbox(p, ctx) {
     const timeout = p.timeout == null ? DEFAULT_TIMEOUT : parseTimeout(p.timeout);
     const env = strDict(p.env, "sandbox/create", "env");
     if (p.metadata != null && !isObj(p.metadata)) throw invalidParams("sandbox/create", "'metadata' must be an object");
@@ -690,7 +843,7 @@ export class OpenSandboxProvider {
     for (const sb of items) {
       if (!sb || typeof sb.id !== "string") continue;
       seen.add(sb.id);
-      if (GONE_STATES.has(sb?.status?.state) || this.tombstones.has(sb.id)) continue;
+      if (GONE_STATES.has(sb?.status?.state) || this.tombstones.has(sb.id) || this.killing.has(sb.id)) continue;
       const rec = this.records.get(sb.id) ?? null;
       if (rec && Date.now() >= rec.expiresAt) {
         this.reap(sb.id).catch(() => {});
@@ -710,15 +863,27 @@ export class OpenSandboxProvider {
       await this.reap(id); // deletes it again, should it still be there
       return { killed: false };
     }
+    if (this.killing.has(id)) return { killed: false }; // another kill of it is under way
+    // While the DELETE runs, the real server already cuts the sandbox's execd streams and shows
+    // it as Failed: its running commands end as killed (137, SIGKILL) and every other call
+    // answers E2009, as after the delete.
+    this.killing.add(id);
+    for (const ex of this.execs.values()) if (ex.sandbox === id) ex.sandboxKilled = true;
     let killed;
     try {
-      killed = await this.life.delete(id, ctx.abort.signal);
+      killed = await this.own(id, () => this.life.delete(id, ctx.abort.signal));
     } catch (e) {
       if (e instanceof RpcError && e.code === 2009) killed = false;
       else if (e instanceof RpcError && /HTTP 409/.test(e.message)) killed = false;
-      else throw e;
+      else {
+        this.killing.delete(id);
+        for (const ex of this.execs.values()) if (ex.sandbox === id) ex.sandboxKilled = false;
+        throw e;
+      }
     }
+    this.known.delete(id);
     this.forget(id);
+    this.killing.delete(id);
     return { killed };
   }
 
@@ -761,11 +926,16 @@ export class OpenSandboxProvider {
   async pause(p, ctx) {
     const id = sandboxParam(p, "sandbox/pause");
     const rec = await this.liveRecord(id);
-    await this.life.pause(id, ctx.abort.signal); // 409: not running (already paused, or moving)
-    const sb = await waitForState(() => this.fetch(id, ctx.abort.signal), ["Paused"], {
-      fail: ["Failed"],
-      timeoutMs: 120000,
-      signal: ctx.abort.signal,
+    const sb = await this.own(id, async () => {
+      await this.life.pause(id, ctx.abort.signal); // 409: not running (already paused, or moving)
+      const s = await waitForState(() => this.fetch(id, ctx.abort.signal), ["Paused"], {
+        fail: ["Failed"],
+        timeoutMs: 120000,
+        signal: ctx.abort.signal,
+        onFail: (x) => notRunning(id, x),
+      });
+      this.known.set(id, "Paused");
+      return s;
     });
     if (rec) {
       rec.paused = true;
@@ -777,11 +947,16 @@ export class OpenSandboxProvider {
   async resume(p, ctx) {
     const id = sandboxParam(p, "sandbox/resume");
     const rec = await this.liveRecord(id);
-    await this.life.resume(id, ctx.abort.signal);
-    const sb = await waitForState(() => this.fetch(id, ctx.abort.signal), ["Running"], {
-      fail: ["Failed"],
-      timeoutMs: 120000,
-      signal: ctx.abort.signal,
+    const sb = await this.own(id, async () => {
+      await this.life.resume(id, ctx.abort.signal);
+      const s = await waitForState(() => this.fetch(id, ctx.abort.signal), ["Running"], {
+        fail: ["Failed"],
+        timeoutMs: 120000,
+        signal: ctx.abort.signal,
+        onFail: (x) => notRunning(id, x),
+      });
+      this.known.set(id, "Running");
+      return s;
     });
     this.endpoints.delete(id);
     if (rec) {
@@ -915,6 +1090,7 @@ export class OpenSandboxProvider {
       };
       ctx.abort.signal.addEventListener("abort", onAbort, { once: true });
       let terminal;
+      let sandboxKilled = false;
       try {
         terminal = await this.startCommand(
           execd,
@@ -924,9 +1100,14 @@ export class OpenSandboxProvider {
         );
       } catch (e) {
         if (e instanceof Cancelled && ex.cancelled) throw e;
-        if (ex.gone) throw sandboxNotFound(id);
-        if (e instanceof RpcError) throw e;
-        throw await this.diagnose(id, e, execd);
+        if (ex.gone || ex.sandboxKilled) {
+          sandboxKilled = true;
+        } else {
+          if (e instanceof RpcError) throw e;
+          const d = await this.diagnose(id, e, execd);
+          if (d.code === 2009 || d.sandboxFailed) sandboxKilled = true;
+          else throw d;
+        }
       } finally {
         clearTimeout(timer);
         clearTimeout(giveUp);
@@ -935,7 +1116,15 @@ export class OpenSandboxProvider {
         ex.forgetLater();
       }
       if (ex.cancelled) throw new Cancelled();
-      const { code, reason } = exitOf(terminal);
+      if (sandboxKilled) {
+        // The sandbox was killed (or failed) while the command ran: it died with it, as a killed
+        // process does; its output went with the sandbox.
+        if (ex.pid == null) throw sandboxNotFound(id);
+        return { exitCode: 137, signal: "SIGKILL", timedOut: ex.timedOut, durationMs: Date.now() - t0, truncated: false, stdout: "", stderr: "" };
+      }
+      let { code, reason } = exitOf(terminal);
+      let killedBy = null;
+      if (code != null && code < 0 && ex.pid != null) ({ code, signal: killedBy } = ex.wrapperKilled(terminal));
       if (ex.nocmd) throw new RpcError(3003, `Could not start the command: ${spec.argv[0]}: not found.`);
       if (ex.pid == null) throw new RpcError(3003, `Could not start the command: ${reason ?? ex.errorText ?? "the command did not start"}.`);
       let out;
@@ -959,7 +1148,7 @@ export class OpenSandboxProvider {
         durationMs: Date.now() - t0,
         truncated,
       };
-      const signal = ex.signalFor(code);
+      const signal = killedBy ?? ex.signalFor(code);
       if (signal) result.signal = signal;
       const o = tryUtf8(out.data);
       const e = tryUtf8(err.data);
@@ -1365,6 +1554,8 @@ export class OpenSandboxProvider {
 
   // Stop the commands abx started (shutdown): best effort, bounded in time.
   async stopAll(ms = 1500) {
+    this.stopped = true;
+    clearTimeout(this.pollTimer);
     const running = [...this.execs.values()].filter((x) => !x.exited && x.pid != null);
     await Promise.race([Promise.allSettled(running.map((x) => x.kill({ name: "KILL", number: 9 }))), new Promise((r) => setTimeout(r, ms))]);
     await Promise.race([this.saving, new Promise((r) => setTimeout(r, 300))]);
@@ -1396,7 +1587,26 @@ export class OpenSandboxProvider {
       "files/remove": (p, c) => this.filesRemove(p, c),
       "files/rename": (p, c) => this.filesRename(p, c),
       "ports/url": (p, c) => this.portUrl(p, c),
+      "provider/doctor": (p, c) => this.doctor(p, c),
     };
+  }
+
+  // provider/doctor (EPP/1 extension, optional: a broker that does not send it loses nothing):
+  // the checks only the plugin can make, in the shape of the broker's own doctor checks. Here:
+  // whether the server answers at the configured URL and takes the API key (never shown).
+  async doctor(p, ctx) {
+    const url = this.cfg.api;
+    let check;
+    try {
+      const r = await this.life.req("GET", "/sandboxes", { query: { page: 1, pageSize: 1 }, what: "list sandboxes", timeoutMs: 5000, signal: ctx.abort.signal });
+      const total = r.json?.pagination?.totalItems;
+      check = { name: "server", ok: true, detail: `OpenSandbox server at ${url} answers${typeof total === "number" ? ` (${total} sandbox${total === 1 ? "" : "es"})` : ""}` };
+    } catch (e) {
+      if (e instanceof Cancelled) throw e;
+      const err = e instanceof RpcError ? e : new RpcError(8006, `The OpenSandbox server at ${url} did not answer: ${e?.message ?? e}.`);
+      check = { name: "server", ok: false, detail: err.suggestion ? `${err.message} ${err.suggestion}` : err.message, code: err.abx };
+    }
+    return { ok: check.ok, checks: [check] };
   }
 }
 
@@ -1459,6 +1669,12 @@ class Exec {
         this.errorText = e.text.slice(MARK_ERROR.length);
         return true;
       }
+      if (e.text.startsWith(MARK_SIGNAL)) {
+        const name = e.text.slice(MARK_SIGNAL.length).trim();
+        const number = signalNumber(name);
+        if (number) this.forwardedSignal = { name, number };
+        return true;
+      }
       if (!this.stream) return true;
     }
     if (e.type === "stderr" && !this.stream) {
@@ -1469,6 +1685,14 @@ class Exec {
   }
 
   onEvent(e) {
+    // The wrapper's signal line comes after everything the command printed: after a last line
+    // without its newline it shares that line.
+    const at = e.type === "stdout" && typeof e.text === "string" ? e.text.indexOf(MARK_SIGNAL) : -1;
+    if (at > 0) {
+      this.onEvent({ ...e, text: e.text.slice(0, at) });
+      this.onEvent({ ...e, text: e.text.slice(at) });
+      return;
+    }
     // The wrapper's lines come before anything the command prints (same stream, written first).
     if (this.control(e)) return;
     this.emit("exec/output", { execId: this.id, stream: e.type, data: lineText(e) });
@@ -1506,7 +1730,20 @@ class Exec {
 
   signalFor(code) {
     if (this.killSignal && code === 128 + this.killSignal.number) return `SIG${this.killSignal.name}`;
+    if (this.forwardedSignal && code === 128 + this.forwardedSignal.number) return `SIG${this.forwardedSignal.name}`;
     return null;
+  }
+
+  // execd reports -1 when the wrapper itself was killed by a signal (execd's interrupt or its
+  // context's cancellation SIGKILL the wrapper's group, which is not the job's): EPP/1 has no
+  // -1, so the command ends as killed by that signal (128+n and its name), and its group,
+  // which outlived the wrapper, is killed too. -> {code, signal}
+  wrapperKilled(terminal) {
+    const sig = signalOfTraceback(terminal) ?? this.killSignal ?? { name: "KILL", number: 9 };
+    if (this.pid != null) {
+      this.p.script(this.execd, killScript(this.pid, "KILL")).catch((e) => this.p.log(`kill of the job of ${this.id} (pgid ${this.pid}) failed: ${e.message}`));
+    }
+    return { code: 128 + sig.number, signal: `SIG${sig.name}` };
   }
 
   // The stream ended with a terminal event (or without one).
@@ -1520,6 +1757,10 @@ class Exec {
       this.forgetLater();
       return;
     }
+    if (code != null && code < 0) {
+      const k = this.wrapperKilled(terminal);
+      return this.exit(k.code, null, k.signal);
+    }
     this.exit(code, code == null ? reason ?? "the command's exit status is unknown" : null);
   }
 
@@ -1527,16 +1768,18 @@ class Exec {
   broken(err) {
     clearTimeout(this.timer);
     if (this.pid == null) {
-      this.failure = this.gone ? sandboxNotFound(this.sandbox) : err;
+      this.failure = this.gone || this.sandboxKilled ? sandboxNotFound(this.sandbox) : err;
       this.exited = true;
       this.markStarted();
       this.forgetLater();
       return;
     }
     if (this.exited) return;
-    if (this.gone) return this.exit(137, null, "SIGKILL");
+    // Its sandbox was killed (here, or deleted on the server: gone, or Failed while the delete
+    // runs) or failed: the command died with it, as a killed process does.
+    if (this.gone || this.sandboxKilled) return this.exit(137, null, "SIGKILL");
     this.p.diagnose(this.sandbox, err, this.execd).then(
-      (e) => this.exit(null, e.message),
+      (e) => (e.code === 2009 || e.sandboxFailed ? this.exit(137, null, "SIGKILL") : this.exit(null, e.message)),
       () => this.exit(null, err.message),
     );
   }

@@ -17,6 +17,12 @@
 //     (the plugin removes the directory once the command ended and its uploads settled);
 //   - with a timeout, arms a watchdog that kills the job a few seconds after the plugin would
 //     (the plugin enforces timeouts itself; the watchdog covers a plugin that died).
+//   - traps the signals execd relays to the process group of the shell it started (INT, TERM,
+//     HUP, QUIT, USR1, USR2; its interrupt sends TERM there too), which is the wrapper's group,
+//     not the job's: they are passed on to the job, the wrapper keeps waiting for it and exits
+//     with the job's status, and names the signal ("\x01abx-signal NAME") when the job died of
+//     it. Only a SIGKILL of the wrapper's group (execd's cancelled request) ends the wrapper
+//     early: execd then reports -1, and the plugin kills the job itself.
 
 import * as os from "node:os";
 import { RpcError } from "./errors.mjs";
@@ -25,6 +31,12 @@ export const EXEC_ROOT = "/tmp/.abx-exec";
 export const MARK_PID = "\u0001abx-pid ";
 export const MARK_NOCMD = "\u0001abx-nocmd";
 export const MARK_ERROR = "\u0001abx-error ";
+export const MARK_SIGNAL = "\u0001abx-signal ";
+
+// The signals execd forwards to a /command's process group (the wrapper's, not the job's own
+// group): alibaba/OpenSandbox components/execd/pkg/runtime/command.go, runCommand, relays what
+// execd receives with syscall.Kill(-cmd.Process.Pid, sig) (forwardSignals in newer versions).
+export const FORWARDED_SIGNALS = ["INT", "TERM", "HUP", "QUIT", "USR1", "USR2"];
 
 // Single-quote a word for sh/bash.
 export function shq(s) {
@@ -45,6 +57,11 @@ export function parseSignal(v, method) {
     if (signals[full] !== undefined && signals[full] < 32) return { name: full.slice(3), number: signals[full] };
   }
   throw new RpcError(-32602, `Invalid params for '${method}': unknown signal ${JSON.stringify(v)}`);
+}
+
+export function signalNumber(name) {
+  const n = os.constants.signals[`SIG${String(name).replace(/^SIG/, "")}`];
+  return typeof n === "number" ? n : null;
 }
 
 export function signalName(number) {
@@ -84,7 +101,12 @@ export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchd
     // ends before the wrapper reaches its `wait`: the wrapper's stderr goes nowhere, and the
     // command gets the original one (fd 4) explicitly.
     "exec 4>&2 2>/dev/null",
-    "__abx_f=; __abx_w=",
+    "__abx_f=; __abx_w=; __abx_p=; __abx_s=",
+    // A signal that reaches the wrapper (execd forwards the signals it gets, and its interrupt
+    // sends TERM, to the wrapper's process group, never to the job's own group) is passed on
+    // to the job, which ends as the signal says; the wrapper goes on waiting for it and
+    // reports how it ended. (Subshells do not inherit these traps: the job gets defaults.)
+    ...FORWARDED_SIGNALS.map((g) => `trap '__abx_s=${g}; [ -n "$__abx_p" ] && kill -s ${g} -- -"$__abx_p" 2>/dev/null' ${g}`),
   ];
   const mark = `printf '\\001abx-pid %s %s\\n' "$BASHPID" "$$" >&3`;
   const body = jobBody({ command, argv }, mark);
@@ -113,7 +135,12 @@ export function wrapperScript({ dir, command, argv, mode, stdin = "null", watchd
     "exec 4>&-",
     // With job control, wait also returns when the job is merely stopped (a paused sandbox):
     // wait again until it is gone.
+    // A trapped signal also ends a wait early (128+n, not the job's status): wait again.
     'while :; do wait "$__abx_p"; __abx_r=$?; kill -0 "$__abx_p" 2>/dev/null || break; sleep 0.2 2>/dev/null || sleep 1; done',
+    // The job's own status, when the last wait was cut short by a trap (127: already given).
+    '__abx_q=0; if [ -n "$__abx_s" ]; then wait "$__abx_p" 2>/dev/null; __abx_q=$?; [ "$__abx_q" -ne 127 ] && __abx_r=$__abx_q; fi',
+    // The signal that was passed on, when the job died of it: the plugin names it.
+    'if [ -n "$__abx_s" ] && [ "$__abx_r" -eq $((128 + $(kill -l "$__abx_s" 2>/dev/null || echo 0))) ]; then printf \'\\001abx-signal %s\\n\' "$__abx_s" >&3; fi',
     'for __abx_x in $__abx_f $__abx_w; do kill -- -"$__abx_x" 2>/dev/null; done',
   );
   // The directory stays: stdin uploads may still be landing in it; the plugin removes it.

@@ -199,12 +199,48 @@ def _pty(pty: Any) -> Optional[Dict[str, int]]:
 # -- params, one builder per method ------------------------------------------------------------
 
 def p_create(provider: Optional[str], template: Optional[str], timeout: Optional[int], env: Optional[Mapping[str, str]],
-             network: Optional[str], limits: Optional[Mapping[str, Any]],
-             metadata: Optional[Mapping[str, str]]) -> Dict[str, Any]:
+             network: Any, limits: Optional[Mapping[str, Any]],
+             metadata: Optional[Mapping[str, str]], mounts: Any = None) -> Dict[str, Any]:
     return _drop_none(provider=provider, template=template, timeout=timeout,
                       env=dict(env) if env is not None else None, network=network,
                       limits=dict(limits) if limits is not None else None,
-                      metadata=dict(metadata) if metadata is not None else None)
+                      metadata=dict(metadata) if metadata is not None else None,
+                      mounts=p_mounts(mounts))
+
+
+def p_mounts(mounts: Any) -> Optional[List[Dict[str, Any]]]:
+    """``mounts`` as the broker takes them: each a ``{source, target?, mode?}`` mapping, or a
+    string ``SRC[:TARGET][:MODE]`` as the CLI's ``--mount`` (a relative ``SRC`` is made absolute
+    from the current directory; it names a directory of the broker's machine)."""
+    if mounts is None:
+        return None
+    out: List[Dict[str, Any]] = []
+    for m in mounts:
+        if isinstance(m, str):
+            parts = m.split(":")
+            mode = None
+            if len(parts) > 1 and parts[-1] in ("ro", "rw", "overlay"):
+                mode = parts.pop()
+            src = parts[0]
+            target = ":".join(parts[1:]) or None
+            m = {"source": src, "target": target, "mode": mode}
+        else:
+            m = dict(m)
+        src = m.get("source")
+        if isinstance(src, str) and not src.startswith("/"):
+            import os
+
+            m["source"] = os.path.abspath(src)
+        out.append({k: v for k, v in m.items() if v is not None})
+    return out
+
+
+def p_changes(sandbox: str, target: Optional[str], paths: Optional[Sequence[str]], **kw: Any) -> Dict[str, Any]:
+    return _drop_none(sandbox=sandbox, target=target, paths=list(paths) if paths is not None else None, **kw)
+
+
+def p_log(sandbox: str, since: Optional[int], limit: Optional[int]) -> Dict[str, Any]:
+    return _drop_none(sandbox=sandbox, since=since, limit=limit)
 
 
 def p_sandbox(sandbox: str) -> Dict[str, Any]:

@@ -488,12 +488,12 @@ class AsyncSandbox:
     @classmethod
     async def create(cls, provider: Optional[str] = None, template: Optional[str] = None,
                      timeout: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
-                     network: Optional[str] = None, limits: Optional[Mapping[str, Any]] = None,
-                     metadata: Optional[Mapping[str, str]] = None, *, host: Optional[str] = None,
-                     connection: Optional[AsyncConnection] = None) -> "AsyncSandbox":
+                     network: Any = None, limits: Optional[Mapping[str, Any]] = None,
+                     metadata: Optional[Mapping[str, str]] = None, mounts: Optional[List[Any]] = None, *,
+                     host: Optional[str] = None, connection: Optional[AsyncConnection] = None) -> "AsyncSandbox":
         c = await _conn(connection, host)
         return cls(await c.call("sandbox/create", t.p_create(provider, template, timeout, env, network, limits,
-                                                              metadata)), c)
+                                                              metadata, mounts)), c)
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, host: Optional[str] = None,
@@ -578,6 +578,39 @@ class AsyncSandbox:
                        env: Optional[Dict[str, str]] = None) -> t.Record:
         return t.Record(await self._c.call(
             "code/run", t.p_code(self._route, code, language, context, timeout, env)))
+
+    async def set_network(self, network: Any) -> t.SandboxInfo:
+        """Change the egress policy of the running sandbox (``{"allow": [...], "deny": [...]}``;
+        ``network.vpc``): new connections follow it, open ones go on."""
+        self._info = t.SandboxInfo(await self._c.call("sandbox/setNetwork", {"sandbox": self._route, "network": network}))
+        return self._info
+
+    async def diff(self, paths: Optional[List[str]] = None, *, target: Optional[str] = None,
+             patch: bool = False) -> List[t.Record]:
+        """What the sandbox changed under its overlay mounts, against the host as it was at
+        create: each ``{path, change, type, size, binary, mode?, symlink_target?, patch?}``
+        (``patch=True``: a unified diff per text file)."""
+        r = await self._c.call("sandbox/diff", t.p_changes(self._route, target, paths,
+                                                        format="patch" if patch else None))
+        return [t.Record(c) for c in (r or {}).get("changes", [])]
+
+    async def apply(self, paths: Optional[List[str]] = None, *, target: Optional[str] = None,
+              dry_run: bool = False, force: bool = False) -> t.Record:
+        """Write the sandbox's changes (all, or ``paths``) to the host, each file atomically:
+        ``{applied, conflicts, skipped}``. A path the host changed since create is a conflict
+        (left as it is) unless ``force``; the others are applied."""
+        return t.Record(await self._c.call("sandbox/apply", t.p_changes(
+            self._route, target, paths, dryRun=dry_run or None, force=force or None)))
+
+    async def discard(self, paths: Optional[List[str]] = None, *, target: Optional[str] = None) -> List[str]:
+        """Drop the sandbox's changes (all, or ``paths``): it sees the host's files again."""
+        r = await self._c.call("sandbox/discard", t.p_changes(self._route, target, paths))
+        return list((r or {}).get("discarded", []))
+
+    async def log(self, since: Optional[int] = None, limit: Optional[int] = None) -> t.Record:
+        """Every command run in the sandbox, with the client that asked: ``{entries, dropped,
+        last}`` (pass ``last`` as ``since`` for what comes next)."""
+        return t.Record(await self._c.call("sandbox/log", t.p_log(self._route, since, limit)))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

@@ -256,13 +256,17 @@ class Sandbox:
 
     @classmethod
     def create(cls, provider: Optional[str] = None, template: Optional[str] = None, timeout: Optional[int] = None,
-               env: Optional[Mapping[str, str]] = None, network: Optional[str] = None,
-               limits: Optional[Mapping[str, Any]] = None, metadata: Optional[Mapping[str, str]] = None, *,
+               env: Optional[Mapping[str, str]] = None, network: Any = None,
+               limits: Optional[Mapping[str, Any]] = None, metadata: Optional[Mapping[str, str]] = None,
+               mounts: Optional[List[Any]] = None, *,
                host: Optional[str] = None, connection: Optional[Connection] = None) -> "Sandbox":
         """Create a sandbox (``timeout`` s of life, default 300; ``network``: none / internet /
-        host; ``limits``: ``{memory, cpus, pids}``)."""
+        host; ``limits``: ``{memory, cpus, pids}``; ``mounts``: host directories in it, each
+        ``{"source": "/abs/dir", "target": "/workspace", "mode": "overlay"|"ro"|"rw"}`` or
+        ``"SRC[:TARGET][:MODE]"``; ``overlay``, the default, changes the host only on
+        :meth:`apply`)."""
         c = _conn(connection, host)
-        r = c.call("sandbox/create", t.p_create(provider, template, timeout, env, network, limits, metadata))
+        r = c.call("sandbox/create", t.p_create(provider, template, timeout, env, network, limits, metadata, mounts))
         return cls(r, c)
 
     @classmethod
@@ -354,6 +358,39 @@ class Sandbox:
 
     def system_info(self) -> t.Record:
         return t.Record(self._c.call("sandbox/systemInfo", t.p_sandbox(self._route)))
+
+    def set_network(self, network: Any) -> t.SandboxInfo:
+        """Change the egress policy of the running sandbox (``{"allow": [...], "deny": [...]}``;
+        ``network.vpc``): new connections follow it, open ones go on."""
+        self._info = t.SandboxInfo(self._c.call("sandbox/setNetwork", {"sandbox": self._route, "network": network}))
+        return self._info
+
+    def diff(self, paths: Optional[List[str]] = None, *, target: Optional[str] = None,
+             patch: bool = False) -> List[t.Record]:
+        """What the sandbox changed under its overlay mounts, against the host as it was at
+        create: each ``{path, change, type, size, binary, mode?, symlink_target?, patch?}``
+        (``patch=True``: a unified diff per text file)."""
+        r = self._c.call("sandbox/diff", t.p_changes(self._route, target, paths,
+                                                        format="patch" if patch else None))
+        return [t.Record(c) for c in (r or {}).get("changes", [])]
+
+    def apply(self, paths: Optional[List[str]] = None, *, target: Optional[str] = None,
+              dry_run: bool = False, force: bool = False) -> t.Record:
+        """Write the sandbox's changes (all, or ``paths``) to the host, each file atomically:
+        ``{applied, conflicts, skipped}``. A path the host changed since create is a conflict
+        (left as it is) unless ``force``; the others are applied."""
+        return t.Record(self._c.call("sandbox/apply", t.p_changes(
+            self._route, target, paths, dryRun=dry_run or None, force=force or None)))
+
+    def discard(self, paths: Optional[List[str]] = None, *, target: Optional[str] = None) -> List[str]:
+        """Drop the sandbox's changes (all, or ``paths``): it sees the host's files again."""
+        r = self._c.call("sandbox/discard", t.p_changes(self._route, target, paths))
+        return list((r or {}).get("discarded", []))
+
+    def log(self, since: Optional[int] = None, limit: Optional[int] = None) -> t.Record:
+        """Every command run in the sandbox, with the client that asked: ``{entries, dropped,
+        last}`` (pass ``last`` as ``since`` for what comes next)."""
+        return t.Record(self._c.call("sandbox/log", t.p_log(self._route, since, limit)))
 
     def run_code(self, code: str, language: Optional[str] = None,
                  context: Optional[str] = None, timeout: Optional[float] = None,

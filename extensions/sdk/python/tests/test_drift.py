@@ -63,7 +63,7 @@ class AsyncRecorder(Recorder):
 
 def drive_sync(rec, tmp_path):
     sb = abx.Sandbox.create(provider="local", template="base", timeout=60, env={"A": "1"}, network="none",
-                            limits={"pids": 8}, metadata={"k": "v"}, connection=rec)
+                            limits={"pids": 8}, metadata={"k": "v"}, mounts=[".:/workspace/p:ro"], connection=rec)
     abx.Sandbox.connect("sb-1", connection=rec)
     abx.Sandbox.list(provider="local", connection=rec)
     sb.info()
@@ -84,6 +84,11 @@ def drive_sync(rec, tmp_path):
     sb.capabilities()
     sb.system_info()
     sb.run_code("1", language="python")
+    sb.diff(["/workspace/a"], target="/workspace", patch=True)
+    sb.apply(["/workspace/a"], target="/workspace", dry_run=True, force=True)
+    sb.discard(["/workspace/a"], target="/workspace")
+    sb.log(since=1, limit=10)
+    sb.set_network({"allow": ["pypi.example"]})
     f = sb.files
     f.read("a")
     f.read_bytes("a")
@@ -124,7 +129,8 @@ def drive_sync(rec, tmp_path):
 
 async def drive_async(rec, tmp_path):
     sb = await AsyncSandbox.create(provider="local", template="base", timeout=60, env={"A": "1"}, network="none",
-                                   limits={"pids": 8}, metadata={"k": "v"}, connection=rec)
+                                   limits={"pids": 8}, metadata={"k": "v"},
+                                   mounts=[{"source": "/tmp", "mode": "overlay"}], connection=rec)
     await AsyncSandbox.connect("sb-1", connection=rec)
     await AsyncSandbox.list(provider="local", connection=rec)
     await sb.info()
@@ -139,6 +145,11 @@ async def drive_async(rec, tmp_path):
         await m()
     await sb.set_timeout(5)
     await sb.run_code("1", language="python")
+    await sb.diff(["/workspace/a"], target="/workspace", patch=True)
+    await sb.apply(["/workspace/a"], target="/workspace", dry_run=True, force=True)
+    await sb.discard(["/workspace/a"], target="/workspace")
+    await sb.log(since=1, limit=10)
+    await sb.set_network({"allow": ["pypi.example"], "deny": ["x.pypi.example"]})
     f = sb.files
     await f.read("a")
     await f.write("a", b"x", mode=0o600, append=True)

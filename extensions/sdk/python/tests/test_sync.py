@@ -181,7 +181,7 @@ def test_errors_per_code(sb):
     cases = [
         (lambda: abx.Sandbox.connect("sb-nope"), abx.SandboxNotFoundError, "E2009", abx.SandboxError),
         (lambda: sb.files.read("nope.txt"), abx.SandboxFileNotFoundError, "E4001", abx.FilesError),
-        (lambda: sb.files.read("/etc/passwd"), abx.PathOutsideSandboxError, "E4002", abx.FilesError),
+        (lambda: sb.files.read("/workspace/../../etc/passwd"), abx.PathOutsideSandboxError, "E4002", abx.FilesError),
         (lambda: abx.Sandbox.create(provider="nope"), abx.ProviderNotInstalledError, "E8001", abx.ProviderError),
         (lambda: abx.Sandbox.create(provider="local", timeout=0), abx.InvalidTimeoutError, "E2004",
          abx.SandboxError),

@@ -10,7 +10,9 @@ import { ConfirmationRequiredError, FileNotFoundError } from './errors.js';
 import type { ExecSession } from './exec.js';
 import type { Cancel, Disposable } from './jsonrpc.js';
 import type {
+  ApplyResult,
   Capabilities,
+  Change,
   CodeRunParams,
   CodeRunResult,
   CreateParams,
@@ -19,6 +21,9 @@ import type {
   FilesChanged,
   FilesProgress,
   InstallPlan,
+  LogResult,
+  MountSpec,
+  NetworkPolicy,
   PortUrl,
   ProcessEntry,
   ProviderInfo,
@@ -87,7 +92,9 @@ export async function closeAll(): Promise<void> {
   await Promise.all(all.map((p) => p.then((c) => c.close()).catch(() => undefined)));
 }
 
-export interface CreateOptions extends ClientOptions, CreateParams {
+export interface CreateOptions extends ClientOptions, Omit<CreateParams, 'mounts'> {
+  /** Host directories: `{source, target?, mode?}` or `'SRC[:TARGET][:MODE]'`. */
+  mounts?: (MountSpec | string)[];
   /** Cancels the create (`$/cancelRequest`). */
   signal?: AbortSignal;
 }
@@ -163,11 +170,16 @@ export class Sandbox {
     this.ports = new Ports(this);
   }
 
-  /** `sandbox/create`: provider, template, timeout (s), env, network, limits, metadata. */
+  /**
+   * `sandbox/create`: provider, template, timeout (s), env, network, limits, metadata, and
+   * mounts (host directories: `{source, target?, mode?}`, or `'SRC[:TARGET][:MODE]'`, a
+   * relative SRC taken from the current directory).
+   */
   static async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const client = await getClient(opts);
     const { provider, template, timeout, env, metadata, network, limits } = opts;
-    const info = await client.sandboxCreate({ provider, template, timeout, env, metadata, network, limits }, opts.signal);
+    const mounts = opts.mounts === undefined ? undefined : opts.mounts.map(toMount);
+    const info = await client.sandboxCreate({ provider, template, timeout, env, metadata, network, limits, mounts }, opts.signal);
     return new Sandbox(client, info, false);
   }
 
@@ -315,6 +327,50 @@ export class Sandbox {
 
   capabilities(): Promise<Capabilities> {
     return this.client.sandboxCapabilities(this.id);
+  }
+
+  /** `sandbox/setNetwork`: a new egress policy; new connections follow it, open ones go on. */
+  async setNetwork(network: NetworkPolicy): Promise<SandboxInfo> {
+    this.data = await this.client.request<SandboxInfo>('sandbox/setNetwork', { sandbox: this.id, network });
+    return this.data;
+  }
+
+  /** `sandbox/diff`: what the sandbox changed under its overlay mounts, against the host at create. */
+  async diff(opts: { paths?: string[]; target?: string; patch?: boolean } = {}): Promise<Change[]> {
+    const p: Record<string, unknown> = { sandbox: this.id };
+    if (opts.paths !== undefined) p.paths = opts.paths;
+    if (opts.target !== undefined) p.target = opts.target;
+    if (opts.patch) p.format = 'patch';
+    return (await this.client.request<{ changes: Change[] }>('sandbox/diff', p)).changes;
+  }
+
+  /**
+   * `sandbox/apply`: write the sandbox's changes (all, or `paths`) to the host, each file
+   * atomically. A path the host changed since create is a conflict unless `force`.
+   */
+  apply(opts: { paths?: string[]; target?: string; dryRun?: boolean; force?: boolean } = {}): Promise<ApplyResult> {
+    const p: Record<string, unknown> = { sandbox: this.id };
+    if (opts.paths !== undefined) p.paths = opts.paths;
+    if (opts.target !== undefined) p.target = opts.target;
+    if (opts.dryRun) p.dryRun = true;
+    if (opts.force) p.force = true;
+    return this.client.request('sandbox/apply', p);
+  }
+
+  /** `sandbox/discard`: drop the sandbox's changes (all, or `paths`). */
+  async discard(opts: { paths?: string[]; target?: string } = {}): Promise<string[]> {
+    const p: Record<string, unknown> = { sandbox: this.id };
+    if (opts.paths !== undefined) p.paths = opts.paths;
+    if (opts.target !== undefined) p.target = opts.target;
+    return (await this.client.request<{ discarded: string[] }>('sandbox/discard', p)).discarded;
+  }
+
+  /** `sandbox/log`: every command run in the sandbox, with the client that asked. */
+  log(opts: { since?: number; limit?: number } = {}): Promise<LogResult> {
+    const p: Record<string, unknown> = { sandbox: this.id };
+    if (opts.since !== undefined) p.since = opts.since;
+    if (opts.limit !== undefined) p.limit = opts.limit;
+    return this.client.request('sandbox/log', p);
   }
 
   systemInfo(): Promise<SystemInfo> {
@@ -560,3 +616,26 @@ export const Providers = {
     await (await getClient(opts)).providerSetDefault(id);
   },
 };
+
+/** A `mounts` entry as the broker takes it (see `Sandbox.create`). */
+export function toMount(m: MountSpec | string): MountSpec {
+  if (typeof m !== 'string') {
+    return m.source.startsWith('/') ? m : { ...m, source: resolvePath(m.source) };
+  }
+  const parts = m.split(':');
+  let mode: MountSpec['mode'];
+  const last = parts[parts.length - 1];
+  if (parts.length > 1 && (last === 'ro' || last === 'rw' || last === 'overlay')) {
+    mode = last;
+    parts.pop();
+  }
+  const out: MountSpec = { source: resolvePath(parts[0]) };
+  const target = parts.slice(1).join(':');
+  if (target) out.target = target;
+  if (mode) out.mode = mode;
+  return out;
+}
+
+function resolvePath(p: string): string {
+  return path.resolve(p);
+}

@@ -379,7 +379,7 @@ async function startDaemon(abxPath: string, env: NodeJS.ProcessEnv): Promise<voi
     throw new BrokerUnreachableError('E1007', `The abx broker is not reachable: could not start it: ${detail}`, {
       suggestion:
         err.code === 'ENOENT'
-          ? "Install abx ('cargo install --path cli' in the abx repository) or pass abxPath / set ABX_BIN."
+          ? "Install abx ('cargo install --locked --path cli/abx && cargo install --locked --path broker/daemon' in the abx repository) or pass abxPath / set ABX_BIN."
           : "Run 'abx broker start' in a shell to see why, and check its log (abx broker status).",
     });
   }

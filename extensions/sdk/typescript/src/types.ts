@@ -128,6 +128,12 @@ export interface Sandbox {
   startedAt?: string | null;
   expiresAt?: string | null;
   metadata?: Record<string, unknown>;
+  /** The image digest its template resolved to at create (`local`). */
+  templateDigest?: string;
+  /** A mode (`none`, `internet`, `host`), or a policy with what it refused. */
+  network?: string | (NetworkPolicy & { blocked?: { host: string; port: number; count: number; last: string }[] }) | null;
+  /** Host directories mounted into it. */
+  mounts?: { source: string; target: string; mode: 'overlay' | 'ro' | 'rw' }[];
 }
 
 /** What happened to a sandbox (`sandbox/changed`'s `change`). */
@@ -165,9 +171,64 @@ export interface CreateParams {
   timeout?: number;
   env?: Record<string, string>;
   metadata?: Record<string, unknown>;
-  /** `none`, `internet` or `host`. */
-  network?: 'none' | 'internet' | 'host' | string;
+  /** `none`, `internet`, `host`, or a policy (`network.vpc`): only the hosts allowed. */
+  network?: 'none' | 'internet' | 'host' | string | NetworkPolicy;
   limits?: Limits;
+  /** Host directories in the sandbox (`storage.mount`); `overlay` (the default) changes the host only on `apply`. */
+  mounts?: MountSpec[];
+}
+
+/** A host directory to mount: `source` is an absolute path of the broker's machine. */
+export interface MountSpec {
+  source: string;
+  /** Default `/workspace`. */
+  target?: string;
+  /** `overlay` (default), `ro`, or `rw` (writes go to the host at once). */
+  mode?: 'overlay' | 'ro' | 'rw';
+}
+
+/** One path the sandbox changed under an overlay mount (`sandbox/diff`). */
+export interface Change {
+  /** Absolute path in the sandbox. */
+  path: string;
+  change: 'added' | 'modified' | 'deleted' | 'typeChanged' | 'modeChanged';
+  type: 'file' | 'directory' | 'symlink' | string;
+  size: number;
+  binary: boolean;
+  mode?: number;
+  symlinkTarget?: string;
+  /** An added symlink leaving the tree: applied only when named. */
+  explicitOnly?: boolean;
+  /** A unified diff (`patch: true`, text files). */
+  patch?: string;
+}
+
+export interface ApplyResult {
+  applied: string[];
+  conflicts: { path: string; reason: string }[];
+  skipped: { path: string; reason: string }[];
+}
+
+/** One command run in a sandbox (`sandbox/log`). */
+export interface LogEntry {
+  seq: number;
+  kind: 'exec' | 'stream' | 'pty' | 'code';
+  client: string;
+  argv?: string[];
+  code?: string;
+  language?: string;
+  cwd?: string;
+  startedAt: string;
+  durationMs?: number;
+  exitCode?: number;
+  signal?: string;
+  error?: string;
+}
+
+export interface LogResult {
+  entries: LogEntry[];
+  dropped: number;
+  last: number;
 }
 
 export interface ExecParams {
@@ -314,4 +375,19 @@ export interface CodeRunResult {
   error?: { name?: string; value?: string; traceback?: string } | null;
   executionCount?: number | null;
   [key: string]: unknown;
+}
+
+/** An egress policy: `example.com`, `*.example.com`, `host:port`, an IP or CIDR, `@set`. */
+export interface NetworkPolicy {
+  allow: (string | { host: string; headers?: Record<string, string> })[];
+  deny?: string[];
+}
+
+/** `sandbox/blocked`: a sandbox's policy refused a connection. */
+export interface SandboxBlocked {
+  sandbox: string;
+  provider: string;
+  host: string;
+  port: number;
+  count: number;
 }

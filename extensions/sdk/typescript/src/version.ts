@@ -53,7 +53,7 @@ export function compareVersions(a: string, b: string): number {
 }
 
 const INSTALL_HINT =
-  "Install abx (from the repository: 'cargo install --path cli'), or set the 'abx.path' setting to the abx binary.";
+  "Install abx (from the repository: 'cargo install --locked --path cli/abx && cargo install --locked --path broker/daemon'), or set the 'abx.path' setting to the abx binary.";
 
 export function missingBinary(abxPath: string, detail: string): AbxError {
   return new BrokerUnreachableError('E1007', `The abx binary '${abxPath}' could not be run: ${detail}`, {
@@ -63,7 +63,7 @@ export function missingBinary(abxPath: string, detail: string): AbxError {
 
 export function tooOld(abxPath: string, found: string, why: string): AbxError {
   return new VersionMismatchError('E1008', `abx at '${abxPath}' is too old (${found}): ${why}`, {
-    suggestion: `Update abx to ${MIN_ABX_VERSION} or later ('cargo install --path cli' in the abx repository), then run 'abx broker stop' so the new version starts, or point 'abx.path' at a newer binary.`,
+    suggestion: `Update abx to ${MIN_ABX_VERSION} or later ('cargo install --locked --path cli/abx && cargo install --locked --path broker/daemon' in the abx repository), then run 'abx broker stop' so the new version starts, or point 'abx.path' at a newer binary.`,
     data: { found, required: MIN_ABX_VERSION },
   });
 }

@@ -335,3 +335,55 @@ describe('errors and connections', () => {
     );
   });
 });
+
+describe('workspaces (issue 43)', () => {
+  test('mount strings become the broker form', () => {
+    assert.deepEqual(sdk.toMount('/abs:/workspace/p:ro'), { source: '/abs', target: '/workspace/p', mode: 'ro' });
+    assert.deepEqual(sdk.toMount('rel'), { source: path.resolve('rel') });
+    assert.deepEqual(sdk.toMount({ source: '/x', mode: 'rw' }), { source: '/x', mode: 'rw' });
+  });
+
+  test('an overlay mount: the host is untouched until apply; conflicts, discard, log', async () => {
+    const proj = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'abx-proj-'));
+    fs.writeFileSync(path.join(proj, 'a.txt'), 'one\n');
+    fs.writeFileSync(path.join(proj, 'c.txt'), 'host\n');
+    const w = await Sandbox.create({ ...opts, provider: 'local', timeout: 120, mounts: [proj] });
+    try {
+      assert.deepEqual(w.data.mounts, [{ source: proj, target: '/workspace', mode: 'overlay' }]);
+      const r = await w.exec('echo two >> a.txt && echo new > d.txt && echo sb > c.txt');
+      assert.equal(r.exitCode, 0);
+      assert.equal(fs.readFileSync(path.join(proj, 'a.txt'), 'utf8'), 'one\n');
+      const changes = await w.diff({ patch: true });
+      assert.deepEqual(changes.map((c) => [c.path, c.change]), [
+        ['/workspace/a.txt', 'modified'], ['/workspace/c.txt', 'modified'], ['/workspace/d.txt', 'added']]);
+      assert.match(changes[0].patch ?? '', /\+two/);
+      fs.writeFileSync(path.join(proj, 'c.txt'), 'host changed\n');
+      const res = await w.apply();
+      assert.deepEqual(res.applied.sort(), ['/workspace/a.txt', '/workspace/d.txt']);
+      assert.deepEqual(res.conflicts.map((c) => c.path), ['/workspace/c.txt']);
+      assert.equal(fs.readFileSync(path.join(proj, 'a.txt'), 'utf8'), 'one\ntwo\n');
+      assert.equal(fs.readFileSync(path.join(proj, 'c.txt'), 'utf8'), 'host changed\n');
+      assert.deepEqual(await w.discard({ paths: ['/workspace/c.txt'] }), ['/workspace/c.txt']);
+      assert.deepEqual(await w.diff(), []);
+      const log = await w.log();
+      assert.ok(log.entries.some((e) => (e.argv ?? []).join(' ').includes('echo two >> a.txt') && e.exitCode === 0));
+      assert.deepEqual((await w.log({ since: log.last })).entries, []);
+    } finally {
+      await w.kill().catch(() => undefined);
+      fs.rmSync(proj, { recursive: true, force: true });
+    }
+  });
+
+  test('a network policy at create, changed live with setNetwork', async () => {
+    const w = await Sandbox.create({ ...opts, provider: 'local', timeout: 120, network: { allow: ['pypi.example'] } });
+    try {
+      assert.deepEqual(w.data.network, { allow: ['pypi.example'], deny: [], blocked: [] });
+      assert.match((await w.exec('echo $HTTPS_PROXY')).stdout, /^http:\/\/127\.0\.0\.1:\d+/);
+      const info = await w.setNetwork({ allow: ['pypi.example', '*.files.example'] });
+      assert.deepEqual(info.network.allow, ['pypi.example', '*.files.example']);
+      await assert.rejects(w.setNetwork({ allow: ['127.0.0.1'] }), (e) => e.abx === 'E1004' && /127\.0\.0\.1/.test(e.message));
+    } finally {
+      await w.kill().catch(() => undefined);
+    }
+  });
+});

@@ -47,6 +47,8 @@ export function toFsError(err: unknown, uri: vscode.Uri): vscode.FileSystemError
       return vscode.FileSystemError.FileNotADirectory(msg);
     case 'E4002':
     case 'E4008':
+    // read-only: a system directory, an `ro` mount (issue 43)
+    case 'E4014':
     case 'E8004':
       return vscode.FileSystemError.NoPermissions(msg);
     case 'E1007':
