@@ -13,7 +13,9 @@
 //! - an OCI layout whose blob is a symlink to `/dev/zero` (copied without end), to a host
 //!   file, or a FIFO;
 //! - whiteout names outside their grammar (`.wh...` emptied `data/local/templates/tmp`);
-//! - a file that is not an archive, whose first bytes the error quoted (into the log too).
+//! - a file that is not an archive, whose first bytes the error quoted (into the log too);
+//! - a registry, or the token server it names, answering a manifest, a token or a blob's error
+//!   page of 300 MB or without end (the registry client read them whole).
 //!
 //! The sandbox test races `renameat2(RENAME_EXCHANGE)` of a directory with a symlink to a
 //! secret directory of the host while `templates/build` saves its layer, with a user's daemon
@@ -1123,7 +1125,7 @@ fn templates_build_never_follows_a_sandbox_s_symlink_swaps_as_this_test_s_daemon
     build_never_follows_a_racing_symlink(None);
 }
 
-/// How a hostile registry answers a manifest request.
+/// How a hostile registry answers the request [`At`] names.
 #[derive(Clone, Copy)]
 enum Answer {
     /// 200 declaring `Content-Length: n` and sending that many bytes.
@@ -1134,19 +1136,36 @@ enum Answer {
     EndlessError(u16),
 }
 
+/// Which request of a pull a hostile registry answers as its [`Answer`] says.
+#[derive(Clone, Copy, PartialEq)]
+enum At {
+    /// The manifest (`/v2/` is open).
+    Manifest,
+    /// The token server's answer: `/v2/` asks for a Bearer token from the realm `/token` of
+    /// the same server.
+    Token,
+    /// Every blob: the manifest is a good one, naming a config of 100 bytes and a layer of
+    /// 1000.
+    Blob,
+}
+
 /// The most a hostile registry sends on one answer (a bound for the test itself, should the
 /// daemon read on).
 const SENT_AT_MOST: u64 = 1 << 30;
 
-/// A registry on loopback that answers `/v2/` with `{}` and every other request as `answer`
-/// says, its bodies `x`s after `head` (the marker in error pages). Returns its `host:port`.
-fn hostile_registry(answer: Answer, head: String) -> String {
+/// A registry on loopback that answers `/v2/` with `{}` (or, `at` [`At::Token`], a Bearer
+/// challenge naming its own `/token`), a manifest well unless `at` is [`At::Manifest`], and
+/// the request `at` names as `answer` says, its bodies `x`s after `head` (the marker in error
+/// pages and token answers). Returns its `host:port`.
+fn hostile_registry(at: At, answer: Answer, head: String) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let realm = format!("http://{addr}/token");
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut s) = conn else { return };
             let head = head.clone();
+            let realm = realm.clone();
             std::thread::spawn(move || {
                 use std::io::{BufRead, BufReader};
                 let mut r = BufReader::new(s.try_clone().unwrap());
@@ -1164,9 +1183,24 @@ fn hostile_registry(answer: Answer, head: String) -> String {
                         }
                     }
                     if path == "/v2/" {
-                        let _ = s.write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
-                        );
+                        let _ = if at == At::Token {
+                            s.write_all(format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"{realm}\",service=\"hostile\"\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                        } else {
+                            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                        };
+                        continue;
+                    }
+                    if at == At::Blob && path.contains("/manifests/") {
+                        let m = json!({
+                            "schemaVersion": 2,
+                            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                       "digest": format!("sha256:{}", "c".repeat(64)), "size": 100},
+                            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                        "digest": format!("sha256:{}", "1".repeat(64)), "size": 1000}],
+                        })
+                        .to_string();
+                        let _ = s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: {}\r\n\r\n{m}", m.len()).as_bytes());
                         continue;
                     }
                     let filler = vec![b'x'; 64 * 1024];
@@ -1235,7 +1269,11 @@ fn a_registry_answering_a_huge_manifest_or_an_endless_error_page_is_read_with_a_
         (Answer::EndlessError(404), "a 404 page without end"),
     ];
     for (answer, what) in cases {
-        let host = hostile_registry(answer, format!("{{\"errors\":[{{\"message\":\"{secret}"));
+        let host = hostile_registry(
+            At::Manifest,
+            answer,
+            format!("{{\"errors\":[{{\"message\":\"{secret}"),
+        );
         let t0 = Instant::now();
         let e = c.call_err(
             "templates/pull",
@@ -1253,4 +1291,283 @@ fn a_registry_answering_a_huge_manifest_or_an_endless_error_page_is_read_with_a_
         }
     }
     w.check("a registry answering a 300 MB manifest, one without end, endless error pages");
+}
+
+/// The token exchange and a failed blob request, before issue 42's last fix read whole by the
+/// registry client: a token server answering 300 MB (declared, then chunked without end),
+/// an endless 401 or 500 page, and blob requests answered by an endless 500 or 404 page or
+/// 300 MB declared for blobs of 100 and 1000 bytes. Now a token answer is read at most 64 KiB (a
+/// declared length over it refused before anything is read), an error page at most 64 KiB
+/// and never quoted, a blob never past its declared size; each is refused quickly, the
+/// daemon's peak under the bound.
+#[test]
+fn a_token_server_or_a_blob_answering_without_end_is_read_with_a_cap() {
+    let _one = serial();
+    let (_home, w, mut c) = watched();
+    let secret = marker("registry-token");
+    let cases = [
+        (
+            At::Token,
+            Answer::Declared(300_000_000),
+            "a declared 300 MB token answer",
+        ),
+        (At::Token, Answer::Endless, "a token answer without end"),
+        (
+            At::Token,
+            Answer::EndlessError(401),
+            "a 401 token page without end",
+        ),
+        (
+            At::Token,
+            Answer::EndlessError(500),
+            "a 500 token page without end",
+        ),
+        (
+            At::Blob,
+            Answer::EndlessError(500),
+            "a blob's 500 page without end",
+        ),
+        (
+            At::Blob,
+            Answer::EndlessError(404),
+            "a blob's 404 page without end",
+        ),
+        (
+            At::Blob,
+            Answer::Declared(300_000_000),
+            "blobs of 100 and 1000 bytes declaring 300 MB",
+        ),
+    ];
+    for (at, answer, what) in cases {
+        let host = hostile_registry(at, answer, format!("{{\"token\":\"{secret}"));
+        let t0 = Instant::now();
+        let e = c.call_err(
+            "templates/pull",
+            json!({"provider": "local", "template": format!("{host}/evil/img:latest")}),
+        );
+        let took = t0.elapsed();
+        eprintln!("{what}: {took:?}: {e}");
+        assert!(!e.to_string().contains(&secret), "{what}: quoted: {e}");
+        // 300 MB took the registry client 12 s to read (and the 1 GiB of an endless one
+        // the daemon's memory); a capped read takes milliseconds, even on a loaded machine.
+        assert!(took < Duration::from_secs(10), "{what}: {took:?}");
+        let text = e.to_string();
+        match (at, answer) {
+            (At::Token, Answer::EndlessError(401)) => {
+                assert_eq!(abx_code(&e), "E8010", "{what}: {e}");
+                assert_eq!(e["data"]["auth"], "required", "{what}: {e}");
+            }
+            (At::Token, Answer::EndlessError(n)) => {
+                assert!(text.contains(&format!("HTTP {n}")), "{what}: {e}")
+            }
+            (At::Token, _) => assert!(text.contains("over 65536 bytes"), "{what}: {e}"),
+            (_, Answer::EndlessError(404)) => assert_eq!(abx_code(&e), "E2005", "{what}: {e}"),
+            (_, Answer::EndlessError(n)) => {
+                assert_eq!(abx_code(&e), "E8010", "{what}: {e}");
+                assert!(text.contains(&format!("HTTP {n}")), "{what}: {e}")
+            }
+            _ => assert!(
+                text.contains("is longer than the") && text.contains("bytes its manifest declares"),
+                "{what}: {e}"
+            ),
+        }
+    }
+    w.check("token servers and blob requests answering 300 MB or without end");
+}
+
+/// What a request to a [`serve`]d host asked: its path and its `Authorization` header.
+struct Asked {
+    path: String,
+    authz: Option<String>,
+}
+
+/// A plain HTTP/1.1 server on `ip` (keep-alive, GETs only) answering each request as
+/// `answer` says: (status line, extra headers, body). Every request is kept in the returned
+/// list. Returns its `host:port` too.
+#[allow(clippy::type_complexity)]
+fn serve(
+    ip: &str,
+    answer: impl Fn(&Asked) -> (String, String, Vec<u8>) + Send + Sync + 'static,
+) -> (String, Arc<std::sync::Mutex<Vec<Asked>>>) {
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (answer, seen2) = (Arc::new(answer), seen.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            let (answer, seen) = (answer.clone(), seen2.clone());
+            std::thread::spawn(move || {
+                use std::io::{BufRead, BufReader};
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let mut authz = None;
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':') {
+                            if k.eq_ignore_ascii_case("authorization") {
+                                authz = Some(v.trim().to_owned());
+                            }
+                        }
+                    }
+                    let asked = Asked { path, authz };
+                    let (status, headers, body) = answer(&asked);
+                    seen.lock().unwrap().push(asked);
+                    let mut out = format!(
+                        "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    out.extend_from_slice(&body);
+                    if s.write_all(&out).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// The token flow as Docker Hub has it, by three loopback hosts: the registry
+/// (`127.0.0.1`) names a token realm on another host (`127.0.0.2`), which takes the docker
+/// config's credentials as Basic and answers `{"access_token": ...}` (OAuth2's name; the
+/// distribution spec's `token` is covered by `templates.rs` with Debian's registry); blob
+/// requests are redirected to a third host (`127.0.0.3`, a CDN) with the token only at the
+/// registry. The image is pulled; the CDN never sees the token, the token server never sees a
+/// token, and neither the password nor the token is in the daemon's log or its replies.
+#[test]
+fn a_token_realm_on_another_host_and_blobs_redirected_to_a_cdn_still_pull() {
+    let _one = serial();
+    let layout = tempfile::tempdir().unwrap();
+    let tar_bytes = tar(&[E::File(
+        "hello.txt".into(),
+        b"hello from the cdn\n".to_vec(),
+        0o644,
+    )]);
+    oci_layout(layout.path(), "v1", &[(tar_bytes, "gzip")], &[], "/");
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(layout.path().join("index.json")).unwrap()).unwrap();
+    let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap().to_owned();
+    let blobs = layout.path().join("blobs/sha256");
+    let blob = move |digest: &str| std::fs::read(blobs.join(digest.trim_start_matches("sha256:")));
+
+    let password = marker("registry-password");
+    let token = marker("registry-token");
+    let user = "abx-user";
+    let basic = format!(
+        "Basic {}",
+        abx_protocol::b64::encode(format!("{user}:{password}").as_bytes())
+    );
+    let want_token = token.clone();
+    let (auth_host, auth_seen) = serve("127.0.0.2", move |a| {
+        if a.authz.as_deref() != Some(basic.as_str()) {
+            return ("401 Unauthorized".into(), String::new(), b"{}".to_vec());
+        }
+        (
+            "200 OK".into(),
+            "Content-Type: application/json\r\n".into(),
+            json!({"access_token": want_token, "expires_in": 300})
+                .to_string()
+                .into_bytes(),
+        )
+    });
+    let cdn_blob = blob.clone();
+    let (cdn_host, cdn_seen) = serve("127.0.0.3", move |a| {
+        match cdn_blob(a.path.trim_start_matches("/blobs/")) {
+            Ok(b) => ("200 OK".into(), String::new(), b),
+            Err(_) => ("404 Not Found".into(), String::new(), Vec::new()),
+        }
+    });
+    let bearer = format!("Bearer {token}");
+    let realm = format!("http://{auth_host}/token");
+    let manifest_path = format!("/v2/test/img/manifests/{manifest_digest}");
+    let (reg_host, reg_seen) = serve("127.0.0.1", move |a| {
+        if a.path == "/v2/" || a.authz.as_deref() != Some(bearer.as_str()) {
+            return (
+                "401 Unauthorized".into(),
+                format!("WWW-Authenticate: Bearer realm=\"{realm}\",service=\"abx-test\"\r\n"),
+                b"{}".to_vec(),
+            );
+        }
+        if a.path == "/v2/test/img/manifests/v1" || a.path == manifest_path {
+            return (
+                "200 OK".into(),
+                "Content-Type: application/vnd.oci.image.manifest.v1+json\r\n".into(),
+                blob(&manifest_digest).unwrap(),
+            );
+        }
+        if let Some(d) = a.path.strip_prefix("/v2/test/img/blobs/") {
+            return (
+                "307 Temporary Redirect".into(),
+                format!("Location: http://{cdn_host}/blobs/{d}\r\n"),
+                Vec::new(),
+            );
+        }
+        ("404 Not Found".into(), String::new(), Vec::new())
+    });
+
+    let cfg = tempfile::tempdir().unwrap();
+    std::fs::write(
+        cfg.path().join("config.json"),
+        json!({"auths": {reg_host.clone(): {"auth": abx_protocol::b64::encode(format!("{user}:{password}").as_bytes())}}})
+            .to_string(),
+    )
+    .unwrap();
+    let mut home = Home::new();
+    home.env
+        .push(("DOCKER_CONFIG".into(), cfg.path().display().to_string()));
+    home.env.push(("ABX_LOG".into(), "debug".into()));
+    home.start();
+    let mut c = home.connect();
+    c.stream.set_read_timeout(Some(LONG)).unwrap();
+    let image = format!("{reg_host}/test/img:v1");
+    let got = c.call(
+        "templates/pull",
+        json!({"provider": "local", "template": image}),
+    );
+    let listed = c.call("templates/list", json!({"provider": "local"}));
+    assert!(listed.to_string().contains(&image), "{got} / {listed}");
+
+    let auth = auth_seen.lock().unwrap();
+    assert!(
+        auth.iter().any(|a| a.path.starts_with("/token?")
+            && a.path.contains("scope=repository%3Atest%2Fimg%3Apull")
+            && a.path.contains("service=abx-test")),
+        "a pull token was asked for the repository: {:?}",
+        auth.iter().map(|a| &a.path).collect::<Vec<_>>()
+    );
+    assert!(
+        auth.iter()
+            .all(|a| !a.authz.as_deref().unwrap_or("").starts_with("Bearer")),
+        "the token server saw a token"
+    );
+    let cdn = cdn_seen.lock().unwrap();
+    assert!(cdn.len() >= 2, "the config and the layer came from the CDN");
+    assert!(
+        cdn.iter().all(|a| a.authz.is_none()),
+        "the CDN was sent an Authorization"
+    );
+    assert!(
+        reg_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|a| a.authz.as_deref().is_none_or(|v| v.starts_with("Bearer "))),
+        "the credentials went to the token server only, never to the registry"
+    );
+    drop(c);
+    let log = std::fs::read_to_string(home.log_file()).unwrap();
+    for (what, s) in [("password", &password), ("token", &token)] {
+        assert!(!log.contains(s.as_str()), "the {what} in the daemon's log");
+        assert!(!got.to_string().contains(s.as_str()) && !listed.to_string().contains(s.as_str()));
+    }
 }
