@@ -1,5 +1,6 @@
 // The extension's commands. Each takes an optional tree node (from a view's context menu), a
 // sandbox reference or an abx: URI, and otherwise asks.
+import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import * as vscode from 'vscode';
@@ -19,6 +20,7 @@ import type { ProviderNode, ProvidersProvider, SandboxesProvider, SandboxNode } 
 export const COMMANDS = [
   'abx.refresh',
   'abx.reconnect',
+  'abx.startBroker',
   'abx.showLog',
   'abx.showBrokerStatus',
   'abx.create',
@@ -40,6 +42,11 @@ export const COMMANDS = [
   'abx.setDefaultProvider',
   'abx.refreshProviders',
 ] as const;
+
+/** The name of a sandbox's folder in the explorer (not the path's last part, `workspace`). */
+export function sandboxFolderName(sb: string): string {
+  return `abx: ${sb}`;
+}
 
 /** Whether `a` and `b` name the same sandbox (`provider:id`, or a bare id and a `provider:id`). */
 function sameSandbox(a: string, b: string): boolean {
@@ -69,6 +76,10 @@ export class Commands {
   private readonly terminals = new Map<string, Set<vscode.Terminal>>();
   /** Sandboxes whose editors were closed already (a kill from here, then its event). */
   private readonly closed = new Set<string>();
+  /** Where the `.code-workspace` files of sandbox windows go (extension.ts: the global storage). */
+  workspaceDir: string | undefined;
+  /** The last updateWorkspaceFolders until VS Code applied it (a second one before is refused). */
+  private folderChange: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly service: AbxService,
@@ -90,6 +101,7 @@ export class Commands {
     return [
       c('abx.refresh', this.refresh),
       c('abx.reconnect', this.reconnect),
+      c('abx.startBroker', this.startBroker),
       c('abx.showLog', () => this.service.output.show(true)),
       c('abx.showBrokerStatus', this.showBrokerStatus),
       c('abx.create', this.create),
@@ -202,6 +214,13 @@ export class Commands {
     await this.service.refreshSandboxes({ now: true });
   }
 
+  /** Start Broker (the stopped broker's notification, view and status menu): starts the daemon. */
+  private async startBroker(): Promise<void> {
+    const c = await this.service.start();
+    this.providers.refresh();
+    vscode.window.setStatusBarMessage(`$(vm) abx-broker ${c.serverVersion} started`, 3000);
+  }
+
   private async reconnect(): Promise<void> {
     await this.service.reconnect();
     this.providers.refresh();
@@ -229,6 +248,8 @@ export class Commands {
       }
     } else if (st.kind === 'error') {
       items.push({ label: `$(error) ${st.error.headline}`, description: st.error.suggestion });
+    } else if (st.kind === 'stopped') {
+      items.push({ label: '$(debug-stop) The abx broker is stopped.' }, { label: '$(play) Start Broker', action: 'abx.startBroker' });
     } else {
       items.push({ label: `$(sync) ${st.kind}` });
     }
@@ -314,8 +335,11 @@ export class Commands {
     const sb = await this.pickSandbox(arg, 'Kill which sandbox?');
     if (!sb) return;
     const ok = await vscode.window.showWarningMessage(
-      `Kill sandbox ${sb}? Its processes are stopped and its files are deleted.`,
-      { modal: true },
+      `Kill sandbox ${sb}?`,
+      {
+        modal: true,
+        detail: 'Its processes are stopped and its files are deleted. Its editors, its folder in this window and its terminals close too.',
+      },
       'Kill',
     );
     if (ok !== 'Kill') return;
@@ -353,11 +377,16 @@ export class Commands {
         .then((pick) => pick && vscode.commands.executeCommand('workbench.action.closeFolder'));
       return;
     }
-    // One call (VS Code refuses a second before the first is applied): the run from the first
-    // match, when the sandbox's folders sit together (they do unless added by hand).
-    let n = 1;
-    while (idx[n] === idx[0] + n) n++;
-    vscode.workspace.updateWorkspaceFolders(idx[0], n);
+    // One call (VS Code refuses a second before the first is applied), decided when the
+    // changes before it are applied: the run from the first match, when the sandbox's
+    // folders sit together (they do unless added by hand).
+    await this.changeFolders(() => {
+      const now = (vscode.workspace.workspaceFolders ?? []).map((f, i) => (mine(f.uri) ? i : -1)).filter((i) => i >= 0);
+      if (!now.length || now[0] === 0) return undefined;
+      let n = 1;
+      while (now[n] === now[0] + n) n++;
+      return [now[0], n];
+    });
   }
 
   private async pause(arg?: Arg): Promise<void> {
@@ -455,7 +484,8 @@ export class Commands {
     // The terminal goes (closed, or lost with the window): its command in the sandbox ends
     // too, instead of running on with nobody attached.
     const subs = [
-      this.service.onShutdown(() => pty.hangUp()),
+      // Shutdown: a short grace (VS Code does not wait long), then SIGKILL.
+      this.service.onShutdown(() => pty.hangUp(300)),
       vscode.window.onDidCloseTerminal((t) => {
         if (t !== term) return;
         void pty.hangUp();
@@ -587,30 +617,92 @@ export class Commands {
     const uri = sandboxUri(sb, '/workspace');
     const folders = vscode.workspace.workspaceFolders ?? [];
     if (!folders.some((f) => f.uri.toString() === uri.toString())) {
-      // Adding a folder to a window that is not a multi-root workspace (no folder, or a single
-      // folder) makes VS Code restart its extensions: terminals and state are lost. Such a
-      // window is only changed when the user says so; a new window is the default.
+      // A window that is not a multi-root workspace (no folder, or a single folder) cannot
+      // take a folder in place: VS Code makes it an untitled workspace and restarts the
+      // extension host, and in code-server that path left an empty "Untitled (Workspace)"
+      // in 3 of 8 runs (issue 45). Such a window is only changed when the user says so,
+      // and then by opening a workspace file written first (both folders, the sandbox's
+      // named after it): one ordinary reload into a workspace that is complete on disk.
       if (!vscode.workspace.workspaceFile) {
         const pick = await vscode.window.showInformationMessage(
           `Open the files of ${sb}`,
           {
             modal: true,
             detail:
-              'A new window keeps this one as it is. Adding the folder to this window makes it a multi-root workspace: VS Code restarts its extensions and the terminals of this window are lost.',
+              'A new window keeps this one as it is. Adding the folder to this window reopens it as a multi-root workspace: VS Code restarts its extensions and the terminals of this window are lost.',
           },
           'Open in New Window',
           'Add to This Window',
         );
         if (pick === 'Open in New Window') {
-          await vscode.commands.executeCommand('vscode.openFolder', uri, { forceNewWindow: true });
+          await this.openWorkspaceFile(sb, [{ name: sandboxFolderName(sb), uri }], true);
           return uri;
         }
         if (pick !== 'Add to This Window') return undefined;
+        await this.openWorkspaceFile(sb, [...folders.map((f) => ({ name: f.name, uri: f.uri })), { name: sandboxFolderName(sb), uri }], false);
+        return uri;
       }
-      vscode.workspace.updateWorkspaceFolders(folders.length, 0, { uri, name: `abx: ${sb}` });
+      // A workspace takes the folder in place (no restart); one change at a time, each
+      // applied (onDidChangeWorkspaceFolders) before the next.
+      await this.changeFolders(() => {
+        const now = vscode.workspace.workspaceFolders ?? [];
+        // Added meanwhile (a second click): nothing to do.
+        return now.some((f) => f.uri.toString() === uri.toString()) ? undefined : [now.length, 0, { uri, name: sandboxFolderName(sb) }];
+      });
     }
     await vscode.commands.executeCommand('workbench.view.explorer');
     return uri;
+  }
+
+  /**
+   * updateWorkspaceFolders, after the previous one was applied, and resolved once VS Code
+   * applied this one (or it was refused): VS Code refuses a second call before the first is
+   * applied.
+   */
+  changeFolders(change: () => [number, number, ...{ uri: vscode.Uri; name?: string }[]] | undefined): Promise<void> {
+    const run = async (): Promise<void> => {
+      // Decided when it runs: the folders as the previous change left them.
+      const args = change();
+      if (!args) return;
+      const [start, deleteCount, ...add] = args;
+      let sub: vscode.Disposable | undefined;
+      const applied = new Promise<void>((resolve) => {
+        sub = vscode.workspace.onDidChangeWorkspaceFolders?.(() => resolve());
+        setTimeout(resolve, 5000).unref?.();
+      });
+      try {
+        if (!vscode.workspace.updateWorkspaceFolders(start, deleteCount, ...add)) return;
+        if (sub) await applied;
+      } finally {
+        sub?.dispose();
+      }
+    };
+    const next = this.folderChange.then(run, run);
+    this.folderChange = next.catch(() => undefined);
+    return next;
+  }
+
+  /**
+   * Writes a `.code-workspace` file with `folders` (whole, before anything opens it) and
+   * opens it: in a new window, or in this one (a reload into that workspace).
+   */
+  private async openWorkspaceFile(sb: string, folders: { name: string; uri: vscode.Uri }[], newWindow: boolean): Promise<vscode.Uri> {
+    const dir = path.join(this.workspaceDir ?? path.join(os.tmpdir(), `abx-vscode-${os.userInfo().uid}`), 'workspaces');
+    fs.mkdirSync(dir, { recursive: true });
+    const base = `${sb.replace(/[^A-Za-z0-9._-]+/g, '-')}${newWindow ? '' : `-with-${folders.length - 1}`}`;
+    const file = path.join(dir, `${base}.code-workspace`);
+    const entries = folders.map((f) =>
+      // This machine's folders by path (resolved where the workspace file is, also in a
+      // remote window); the sandbox's by its abx: URI.
+      f.uri.scheme === 'file' ? { name: f.name, path: f.uri.fsPath } : { name: f.name, uri: f.uri.toString() },
+    );
+    const tmp = `${file}.${process.pid}.tmp`;
+    fs.writeFileSync(tmp, JSON.stringify({ folders: entries, settings: {} }, null, 2) + '\n');
+    fs.renameSync(tmp, file);
+    const ws = vscode.Uri.file(file);
+    this.service.log(`opening ${file} (${entries.length} folder${entries.length === 1 ? '' : 's'})${newWindow ? ' in a new window' : ' in this window'}`);
+    await vscode.commands.executeCommand('vscode.openFolder', ws, newWindow ? { forceNewWindow: true } : { forceReuseWindow: true });
+    return ws;
   }
 
   private async sandboxInfo(arg?: Arg): Promise<void> {
@@ -697,7 +789,8 @@ export class Commands {
       `Install provider '${plan.id}' ${plan.version} (${plan.trust})?`,
       {
         modal: true,
-        detail: formatPlanText(plan) + (unpinned ? '\nThis is a moving ref: the provider is not pinned to a commit.' : ''),
+        // The plan without its title line: the message above is that line already.
+        detail: formatPlanText(plan).replace(/^[^\n]*\n+/, '') + (unpinned ? '\nThis is a moving ref: the provider is not pinned to a commit.' : ''),
       },
       'Install',
     );

@@ -4,6 +4,7 @@ import * as vscode from 'vscode';
 import { AbxFileSystemProvider } from './adapters/fs';
 import { registerCode } from './code';
 import { Commands, showError } from './commands';
+import { AbxError } from './client/errors';
 import { SCHEME } from './client/uri';
 import { AbxDocuments, DOC_SCHEME } from './documents';
 import { createStatusBar } from './statusbar';
@@ -40,28 +41,36 @@ function safely(d: { dispose(): unknown }, log: (l: string) => void): void {
 }
 
 export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
+  // The abx: file system first, before anything else can fail or wait: a window with an
+  // abx: folder resolves it as soon as the extension is activated (`onFileSystem:abx`), and
+  // a scheme without a provider then logs "no file system provider" errors. It connects on
+  // its first request.
+  let service: AbxService | undefined;
+  const pending: string[] = [];
+  const fs = new AbxFileSystemProvider(
+    () => (service ? service.getClient() : Promise.reject(new AbxError('E1007', 'The abx extension is starting.'))),
+    (l) => (service ? service.log(l) : pending.push(l)),
+  );
+  const fsRegistration = vscode.workspace.registerFileSystemProvider(SCHEME, fs, { isCaseSensitive: true });
   const version = String((context.extension?.packageJSON as { version?: string } | undefined)?.version ?? '0.0.0');
   const output = vscode.window.createOutputChannel('abx');
-  const service = new AbxService(output, version);
+  service = new AbxService(output, version);
   current = service;
+  for (const l of pending.splice(0)) service.log(l);
   // VS Code disposes context.subscriptions in order; the parts go in the reverse order of
   // their creation: the UI first, then the connection (which ends what this window started
   // in sandboxes), the output channel last, so the shutdown can still log.
   const parts: { dispose(): unknown }[] = [];
+  const svc = service;
   context.subscriptions.push(
     new vscode.Disposable(() => {
-      for (const d of parts.splice(0).reverse()) safely(d, (l) => service.log(l));
-      safely(service, () => undefined);
+      for (const d of parts.splice(0).reverse()) safely(d, (l) => svc.log(l));
+      safely(svc, () => undefined);
       safely(output, () => undefined);
-      if (current === service) current = undefined;
+      if (current === svc) current = undefined;
     }),
   );
-
-  const fs = new AbxFileSystemProvider(
-    () => service.getClient(),
-    (l) => service.log(l),
-  );
-  parts.push(vscode.workspace.registerFileSystemProvider(SCHEME, fs, { isCaseSensitive: true }));
+  parts.push(fsRegistration);
   const documents = new AbxDocuments();
   parts.push(documents, vscode.workspace.registerTextDocumentContentProvider(DOC_SCHEME, documents));
 
@@ -74,6 +83,8 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
   parts.push(sandboxes, sandboxView, providerView);
 
   const commands = new Commands(service, sandboxes, providers, documents);
+  // The `.code-workspace` files of sandbox windows (Browse Files).
+  commands.workspaceDir = context.globalStorageUri?.fsPath;
   parts.push(...commands.register());
   parts.push(...registerCode(service, commands));
   const network = new Network(service);

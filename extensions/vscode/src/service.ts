@@ -1,5 +1,6 @@
 // The broker connection as the extension uses it: connected on first need, reconnected after
 // a loss, its state shown in the status bar and the views.
+import { execFile } from 'node:child_process';
 import * as vscode from 'vscode';
 import { BrokerClient } from './client/broker';
 import { AbxError } from './client/errors';
@@ -12,13 +13,29 @@ export type BrokerState =
   | { kind: 'idle' }
   | { kind: 'connecting' }
   | { kind: 'connected'; version: string }
-  | { kind: 'error'; error: AbxError };
+  | { kind: 'error'; error: AbxError }
+  /**
+   * The daemon was stopped (`abx broker stop`, or it exited): nothing starts it again until
+   * the user acts (a command, Start); a daemon started by someone else is joined.
+   */
+  | { kind: 'stopped' };
 
 /** First wait before connecting again after a failed attempt; doubles up to RETRY_MAX_MS. */
 export const RETRY_BASE_MS = 1000;
 export const RETRY_MAX_MS = 60_000;
 /** `sandbox/changed` events within this window repaint the views once. */
 export const EVENT_DEBOUNCE_MS = 100;
+/** While stopped: how often `abx broker status` (which never starts one) looks for a daemon. */
+export const STOPPED_WATCH_MS = 3000;
+/** What deactivate waits for at most: VS Code (in the web above all) does not wait for long work at shutdown. */
+export const SHUTDOWN_BUDGET_MS = 800;
+
+/** The error of what needs the broker while it is stopped (until the user starts it). */
+export function stoppedError(): AbxError {
+  return new AbxError('E1007', 'The abx broker is stopped.', {
+    suggestion: "Start it: Start in the notification, 'abx: Start Broker', or 'abx broker start'.",
+  });
+}
 
 export interface GetClientOptions {
   /**
@@ -39,8 +56,15 @@ export class AbxService implements vscode.Disposable {
   /** Fires with the latest sandbox list (undefined: unknown, e.g. disconnected). */
   readonly onDidChangeSandboxes = this.sandboxesEmitter.event;
   private sandboxesValue: Sandbox[] | undefined;
+  /** The list is the last one known before the connection was lost (shown while reconnecting). */
+  private staleValue = false;
+  /** Set while a lost connection is being looked at (does the daemon still run?). */
+  private settling: Promise<void> | undefined;
+  /** While stopped: looks for a daemon someone else started (never starts one). */
+  private stoppedWatch: NodeJS.Timeout | undefined;
   /** Features of each provider, loaded with the sandbox list (once per connection). */
   private featuresValue: Map<string, string[]> | undefined;
+  private featuresLoading: BrokerClient | undefined;
   /** Whether a list was asked for on this connection (the view asks once, not in a loop). */
   private listAttempted = false;
   /** Why the last sandbox/list failed, if it did. */
@@ -98,6 +122,11 @@ export class AbxService implements vscode.Disposable {
     return this.sandboxesValue;
   }
 
+  /** Whether `sandboxes` is the last list known before a lost connection (reconnecting). */
+  get stale(): boolean {
+    return this.staleValue;
+  }
+
   /** Whether the list follows `sandbox/changed` (true) or is polled (false; undefined: offline). */
   get live(): boolean | undefined {
     return this.liveValue;
@@ -135,6 +164,7 @@ export class AbxService implements vscode.Disposable {
     if (this.shutdownPromise) return;
     this.stateEmitter.fire(s);
     void vscode.commands.executeCommand('setContext', 'abx.connected', s.kind === 'connected');
+    void vscode.commands.executeCommand('setContext', 'abx.stopped', s.kind === 'stopped');
   }
 
   /** A line in the abx output channel; never throws (the channel may be gone at shutdown). */
@@ -154,6 +184,11 @@ export class AbxService implements vscode.Disposable {
     if (this.shutdownPromise) return Promise.reject(new AbxError('E1007', 'The abx extension is shutting down.'));
     if (this.client && !this.client.isClosed) return Promise.resolve(this.client);
     if (this.connecting) return this.connecting;
+    // A connection just closed: whether the daemon still runs is being found out. Until then
+    // nothing connects by itself (that would start a daemon that was just stopped).
+    if (!opts.now && this.settling) return this.settling.then(() => this.getClient(opts));
+    // Stopped: only the user starts it again (views, files and timers get the reason).
+    if (!opts.now && this.stateValue.kind === 'stopped') return Promise.reject(stoppedError());
     if (!opts.now && this.lastFailure && Date.now() < this.retryAt) return Promise.reject(this.lastFailure);
     this.connecting = this.connect().finally(() => (this.connecting = undefined));
     return this.connecting;
@@ -166,6 +201,7 @@ export class AbxService implements vscode.Disposable {
     const s = this.settingsValue;
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.retryTimer = undefined;
+    this.stopWatching();
     this.setState({ kind: 'connecting' });
     this.log(`connecting: ${s.path} ${s.connection === 'stdio' ? 'broker --stdio' : 'rpc'}${s.home ? ` (ABX_HOME=${s.home})` : ''}${s.host ? ` (ABX_HOST=${s.host})` : ''}`);
     try {
@@ -186,10 +222,10 @@ export class AbxService implements vscode.Disposable {
       client.onDidClose((reason) => {
         if (this.client !== client) return;
         this.client = undefined;
-        this.lost();
-        this.setState({ kind: 'error', error: new AbxError('E1007', `The abx broker connection closed: ${reason}`) });
-        // Views come back by themselves once the broker is there again.
-        this.planRetry(RETRY_BASE_MS);
+        // The list stays (marked stale) while it is found out whether the daemon still runs.
+        this.lost(true);
+        this.setState({ kind: 'connecting' });
+        void this.afterLoss(reason);
       });
       client.onSandboxChanged((c) => {
         if (this.client === client) this.sandboxChanged(c);
@@ -309,19 +345,125 @@ export class AbxService implements vscode.Disposable {
     }, EVENT_DEBOUNCE_MS);
   }
 
-  /** The connection is gone: what it showed is no longer known. */
-  private lost(): void {
+  /**
+   * The connection is gone. `keep`: the last list stays, marked stale, until the next one
+   * comes (a reconnect) or the broker is found stopped or unreachable; otherwise it goes.
+   */
+  private lost(keep = false): void {
     this.liveValue = undefined;
     if (this.timer) clearInterval(this.timer);
     if (this.eventTimer) clearTimeout(this.eventTimer);
     this.timer = this.eventTimer = undefined;
     this.reloadAfterEvents = false;
     this.featuresValue = undefined;
+    if (keep && this.sandboxesValue !== undefined) {
+      this.staleValue = true;
+      this.sandboxesEmitter.fire(this.sandboxesValue);
+      return;
+    }
     this.listAttempted = false;
+    this.staleValue = false;
     if (this.sandboxesValue !== undefined) {
       this.sandboxesValue = undefined;
       this.sandboxesEmitter.fire(undefined);
     }
+  }
+
+  /**
+   * An established connection closed. Over `abx rpc` (or the socket, or ssh) that is either
+   * `abx rpc` gone (the daemon runs: connect again at once) or the daemon stopped (`abx
+   * broker stop`): then it stays stopped, says so, and waits for the user; connecting would
+   * start a new daemon, and a stop would never stick. `abx broker status` tells them apart
+   * and never starts one. A private `broker --stdio` is started again (it is this window's).
+   */
+  private async afterLoss(reason: string): Promise<void> {
+    if (this.shutdownPromise) return;
+    let settled!: () => void;
+    const settling = new Promise<void>((r) => (settled = r));
+    this.settling = settling;
+    let running: boolean;
+    try {
+      running = this.settingsValue.connection === 'stdio' ? true : await this.daemonRunning();
+    } finally {
+      if (this.settling === settling) this.settling = undefined;
+      // Waiters ask again once the state below is set (same tick).
+      queueMicrotask(settled);
+    }
+    if (this.shutdownPromise || this.client || this.connecting) return;
+    if (!running) {
+      this.log(`the abx broker stopped (${reason}); it is started again when you ask for it (Start, or any command)`);
+      this.markStopped(true);
+      return;
+    }
+    this.log(`reconnecting (${reason})`);
+    void this.getClient({ now: true }).then(
+      () => this.refreshSandboxes(),
+      () => undefined,
+    );
+  }
+
+  /** Whether a daemon runs for these settings: `abx broker status` (it never starts one). */
+  daemonRunning(): Promise<boolean> {
+    const s = this.settingsValue;
+    return new Promise((resolve) => {
+      try {
+        execFile(s.path, ['broker', 'status', '-j'], { env: abxEnv(s), timeout: 10_000 }, (err) => resolve(!err));
+      } catch {
+        resolve(false);
+      }
+    });
+  }
+
+  /** The broker is stopped: the list goes, the state says so, and (`notify`) a message offers Start. */
+  private markStopped(notify: boolean): void {
+    if (this.shutdownPromise) return;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    this.lost();
+    this.listError = undefined;
+    this.setState({ kind: 'stopped' });
+    this.watchStopped();
+    if (notify) {
+      void vscode.window.showInformationMessage('The abx broker stopped. It starts again when you ask for it.', 'Start', 'Show Log').then(
+        (pick) => {
+          if (pick === 'Start') void vscode.commands.executeCommand('abx.startBroker');
+          else if (pick === 'Show Log') this.output.show(true);
+        },
+        () => undefined,
+      );
+    }
+  }
+
+  /** While stopped: joins a daemon that someone else starts (the CLI, an agent, another window). */
+  private watchStopped(): void {
+    this.stopWatching();
+    const t = setInterval(() => {
+      if (this.stateValue.kind !== 'stopped' || this.shutdownPromise) return this.stopWatching();
+      void this.daemonRunning().then((up) => {
+        if (!up || this.stateValue.kind !== 'stopped' || this.stoppedWatch !== t) return;
+        this.log('a daemon runs again (started elsewhere): reconnecting');
+        void this.getClient({ now: true }).then(
+          () => this.refreshSandboxes(),
+          () => undefined,
+        );
+      });
+    }, STOPPED_WATCH_MS);
+    t.unref?.();
+    this.stoppedWatch = t;
+  }
+
+  private stopWatching(): void {
+    if (this.stoppedWatch) clearInterval(this.stoppedWatch);
+    this.stoppedWatch = undefined;
+  }
+
+  /** The user asked for the broker (Start): connect now, which starts the daemon. */
+  async start(): Promise<BrokerClient> {
+    this.failures = 0;
+    this.lastFailure = undefined;
+    const c = await this.getClient({ now: true });
+    await this.refreshSandboxes();
+    return c;
   }
 
   /** The next automatic attempt, `ms` from now (a sooner or later one already planned is replaced). */
@@ -368,7 +510,11 @@ export class AbxService implements vscode.Disposable {
     this.schedule();
   }
 
-  /** Reloads the sandbox list (connecting when needed). */
+  /**
+   * Reloads the sandbox list (connecting when needed). The list does not wait for the
+   * providers' features (`provider/list` starts plugins, which can take seconds): the rows
+   * are repainted when those come.
+   */
   async refreshSandboxes(opts: GetClientOptions = {}): Promise<Sandbox[] | undefined> {
     this.listAttempted = true;
     let counted = false;
@@ -378,29 +524,46 @@ export class AbxService implements vscode.Disposable {
       this.listsInFlight++;
       counted = true;
       const seen = this.changesDuringList.length;
-      const [list, features] = await Promise.all([
-        client.sandboxList(),
-        this.featuresValue
-          ? Promise.resolve(this.featuresValue)
-          : client.providerList().then(
-              (ps) => new Map(ps.map((p) => [p.id, p.features])),
-              () => undefined,
-            ),
-      ]);
+      if (!this.featuresValue) this.loadFeatures(client);
+      const list = await client.sandboxList();
       let current = list;
       for (const c of this.changesDuringList.slice(seen)) current = applySandboxChange(current, c).list;
       this.sandboxesValue = current;
-      this.featuresValue = features;
+      this.staleValue = false;
       this.listError = undefined;
     } catch (err) {
-      this.listError = AbxError.from(err);
-      if (this.stateValue.kind !== 'error') this.log(`sandbox/list: ${this.listError.headline}`);
-      this.sandboxesValue = undefined;
+      const e = AbxError.from(err);
+      if (this.staleValue && (this.stateValue.kind === 'connecting' || this.connecting)) {
+        // Reconnecting: the last list stays (stale) until the connection is settled.
+        this.log(`sandbox/list while reconnecting: ${e.headline}`);
+      } else {
+        this.listError = this.stateValue.kind === 'stopped' ? undefined : e;
+        if (this.stateValue.kind !== 'error' && this.stateValue.kind !== 'stopped') this.log(`sandbox/list: ${e.headline}`);
+        this.sandboxesValue = undefined;
+        this.staleValue = false;
+      }
     } finally {
       if (counted && --this.listsInFlight === 0) this.changesDuringList = [];
     }
     if (!this.shutdownPromise) this.sandboxesEmitter.fire(this.sandboxesValue);
     return this.sandboxesValue;
+  }
+
+  /** The providers' features (the rows' menus depend on them); the views repaint when they come. */
+  private loadFeatures(client: BrokerClient): void {
+    if (this.featuresLoading === client) return;
+    this.featuresLoading = client;
+    client.providerList().then(
+      (ps) => {
+        if (this.featuresLoading === client) this.featuresLoading = undefined;
+        if (this.client !== client || this.shutdownPromise) return;
+        this.featuresValue = new Map(ps.map((p) => [p.id, p.features]));
+        if (this.sandboxesValue) this.sandboxesEmitter.fire(this.sandboxesValue);
+      },
+      () => {
+        if (this.featuresLoading === client) this.featuresLoading = undefined;
+      },
+    );
   }
 
   /**
@@ -442,18 +605,23 @@ export class AbxService implements vscode.Disposable {
     if (this.retryTimer) clearTimeout(this.retryTimer);
     if (this.eventTimer) clearTimeout(this.eventTimer);
     this.timer = this.retryTimer = this.eventTimer = undefined;
+    this.stopWatching();
+    // Short: VS Code restarts the extension host when a window becomes a workspace, and the
+    // web does not wait for long work at shutdown ("Long running operations during shutdown
+    // are unsupported in the web"). The hang-ups are sent at once; what they do not finish
+    // within the budget, the closed connection ends (`abx rpc` then ends its streams).
+    const budget = new Promise((r) => setTimeout(r, SHUTDOWN_BUDGET_MS).unref());
     const hooks = [...this.shutdownHooks];
     this.shutdownHooks.clear();
     if (hooks.length) {
-      await Promise.race([
-        Promise.allSettled(hooks.map((h) => Promise.resolve().then(h))),
-        new Promise((r) => setTimeout(r, 3000).unref()),
-      ]);
+      await Promise.race([Promise.allSettled(hooks.map((h) => Promise.resolve().then(h))), budget]);
     }
     const c = this.client;
     this.client = undefined;
     // A connection still being made closes itself when it is done (connect() checks).
-    await c?.close().catch(() => undefined);
+    // `abx rpc` gets its stdin closed now; its exit is not waited for beyond the budget
+    // (the SDK's timers end it if it stays).
+    if (c) await Promise.race([c.close().catch(() => undefined), budget]);
   }
 
   dispose(): void {

@@ -16,7 +16,7 @@ export function createStatusBar(service: AbxService): vscode.Disposable {
         break;
       case 'connecting':
         item.text = '$(sync~spin) abx';
-        item.tooltip = 'abx broker: connecting…';
+        item.tooltip = service.stale ? 'abx broker: reconnecting…' : 'abx broker: connecting…';
         break;
       case 'connected': {
         const list = service.sandboxes;
@@ -29,6 +29,10 @@ export function createStatusBar(service: AbxService): vscode.Disposable {
           '\nClick for actions.';
         break;
       }
+      case 'stopped':
+        item.text = '$(debug-stop) abx: stopped';
+        item.tooltip = 'abx broker: stopped. It starts again when you ask for it (a command, or Start Broker). Click for actions.';
+        break;
       case 'error':
         item.text = '$(vm-outline) abx: offline';
         item.tooltip = `${st.error.headline}${st.error.suggestion ? `\nSuggestion: ${st.error.suggestion}` : ''}\nClick for actions.`;

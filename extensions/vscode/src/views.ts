@@ -47,15 +47,24 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
   /** Set by extension.ts: shows why the list is empty (an error) or clears it. */
   view: vscode.TreeView<SandboxNode> | undefined;
   private readonly repaint: NodeJS.Timeout;
+  /** Root reads in progress, and whether something changed meanwhile. */
+  private loading = 0;
+  private dirty = false;
 
   constructor(private readonly service: AbxService) {
-    service.onDidChangeSandboxes(() => this.emitter.fire(undefined));
-    service.onDidChangeState(() => this.emitter.fire(undefined));
+    service.onDidChangeSandboxes(() => this.changed());
+    service.onDidChangeState(() => this.changed());
     // The list itself follows the broker's events; only the clock moves on its own.
     this.repaint = setInterval(() => {
       if (this.service.sandboxes?.some((s) => s.expiresAt)) this.emitter.fire(undefined);
     }, REPAINT_MS);
     this.repaint.unref?.();
+  }
+
+  /** Repaints now, or once the root being read is done. */
+  private changed(): void {
+    if (this.loading > 0) this.dirty = true;
+    else this.emitter.fire(undefined);
   }
 
   dispose(): void {
@@ -70,7 +79,8 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
   getTreeItem(node: SandboxNode): vscode.TreeItem {
     if (node.kind === 'group') {
       const item = new vscode.TreeItem(node.provider, vscode.TreeItemCollapsibleState.Expanded);
-      item.id = `provider:${node.provider}`;
+      // Stable across reloads and reconnects (VS Code keeps expansion by id).
+      item.id = `group:${node.provider}`;
       const running = node.sandboxes.filter((s) => s.status === 'running').length;
       item.description = `${node.sandboxes.length} sandbox${node.sandboxes.length === 1 ? '' : 'es'}${running < node.sandboxes.length ? `, ${running} running` : ''}`;
       item.iconPath = new vscode.ThemeIcon('server-environment');
@@ -119,7 +129,11 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
   }
 
   async getChildren(node?: SandboxNode): Promise<SandboxNode[]> {
-    if (node?.kind === 'group') return node.sandboxes.map((sandbox) => ({ kind: 'sandbox', sandbox }));
+    if (node?.kind === 'group') {
+      // The list's latest copy (a group node may be older than the last repaint).
+      const now = this.service.sandboxes?.filter((s) => s.provider === node.provider);
+      return (now ?? node.sandboxes).map((sandbox) => ({ kind: 'sandbox', sandbox }));
+    }
     if (node?.kind === 'sandbox') {
       // The list's latest copy: blocked counts change without the row being asked again.
       const ref = sandboxRef(node.sandbox);
@@ -127,15 +141,36 @@ export class SandboxesProvider implements vscode.TreeDataProvider<SandboxNode>, 
       return networkChildren(now);
     }
     if (node) return [];
+    this.loading++;
+    try {
+      return await this.root();
+    } finally {
+      // Changes that came while the root was being read repaint once, after it: a repaint
+      // during the read makes VS Code cancel it ("Unable to refresh tree view: Canceled").
+      if (--this.loading === 0 && this.dirty) {
+        this.dirty = false;
+        setTimeout(() => this.emitter.fire(undefined), 0);
+      }
+    }
+  }
+
+  private async root(): Promise<SandboxNode[]> {
     let list = this.service.sandboxes;
-    if (!list && !this.service.sandboxesAttempted && this.service.state.kind !== 'error') {
+    const first = this.service.state;
+    if (!list && !this.service.sandboxesAttempted && first.kind !== 'error' && first.kind !== 'stopped') {
       list = await this.service.refreshSandboxes();
     }
     const st = this.service.state;
-    const err = st.kind === 'error' ? st.error : list ? undefined : this.service.listError;
-    if (this.view) this.view.message = err ? `${err.headline}${err.suggestion ? ` ${err.suggestion}` : ''}` : undefined;
-    // Offline: no stale list with actions that cannot work.
-    if (!list || st.kind === 'error') return [];
+    const stale = !!list && this.service.stale;
+    let message: string | undefined;
+    if (st.kind === 'stopped') message = 'The abx broker is stopped.';
+    else if (st.kind === 'error') message = `${st.error.headline}${st.error.suggestion ? ` ${st.error.suggestion}` : ''}`;
+    else if (stale) message = 'Reconnecting to the abx broker… (the list may be out of date)';
+    else if (!list && this.service.listError) message = `${this.service.listError.headline}${this.service.listError.suggestion ? ` ${this.service.listError.suggestion}` : ''}`;
+    if (this.view) this.view.message = message;
+    // Offline or stopped: no stale list with actions that cannot work. Reconnecting: the last
+    // list (its group and row ids stay, so VS Code keeps what was expanded or selected).
+    if (!list || st.kind === 'error' || st.kind === 'stopped') return [];
     return groupByProvider(list).map(([provider, sandboxes]) => ({ kind: 'group', provider, sandboxes }));
   }
 }
@@ -180,8 +215,16 @@ export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> 
     });
   }
 
-  /** Forgets what it loaded (doctor results too) and reloads. */
+  /** Root reads in progress, and whether a reload was asked for meanwhile. */
+  private loading = 0;
+  private dirty = false;
+
+  /** Forgets what it loaded (doctor results too) and reloads (after a root read in progress). */
   refresh(): void {
+    if (this.loading > 0) {
+      this.dirty = true;
+      return;
+    }
     this.providers = undefined;
     this.doctor.clear();
     this.emitter.fire(undefined);
@@ -244,6 +287,22 @@ export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> 
 
   async getChildren(node?: ProviderNode): Promise<ProviderNode[]> {
     if (!node) {
+      this.loading++;
+      try {
+        return await this.root();
+      } finally {
+        // A repaint while VS Code waits for the root cancels it: it comes after.
+        if (--this.loading === 0 && this.dirty) {
+          this.dirty = false;
+          setTimeout(() => this.refresh(), 0);
+        }
+      }
+    }
+    return this.children(node);
+  }
+
+  private async root(): Promise<ProviderNode[]> {
+    {
       if (!this.providers) {
         try {
           // Not `now`: after a failed attempt this waits for the backoff instead of
@@ -258,6 +317,9 @@ export class ProvidersProvider implements vscode.TreeDataProvider<ProviderNode> 
       }
       return this.providers.map((provider) => ({ kind: 'provider', provider }));
     }
+  }
+
+  private async children(node: ProviderNode): Promise<ProviderNode[]> {
     switch (node.kind) {
       case 'provider': {
         const p = node.provider;

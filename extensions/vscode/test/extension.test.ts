@@ -331,7 +331,10 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
       assert.equal(fake.recorded.messageOptions[n]?.modal, true);
       const open = fake.recorded.executed.at(-1)!;
       assert.equal(open.command, 'vscode.openFolder');
-      assert.equal(open.args[0].toString(), folder.toString());
+      // A workspace file whose one folder is the sandbox's, named after it (not `workspace`).
+      assert.match(open.args[0].path, /\.code-workspace$/);
+      const ws = JSON.parse(fs.readFileSync(open.args[0].fsPath, 'utf8'));
+      assert.deepEqual(ws.folders, [{ name: `abx: ${sb}`, uri: folder.toString() }]);
       assert.deepEqual(open.args[1], { forceNewWindow: true });
       // Declining changes nothing either.
       fake.recorded.answers.push(undefined);
@@ -437,6 +440,8 @@ describe('extension on the real broker', { timeout: 240_000 }, () => {
     assert.ok(q >= 0);
     const detail = String(fake.recorded.messageOptions[m + q]?.detail);
     assert.match(detail, /Network: none/);
+    // The dialog's message is the title line: the detail does not say it again (issue 45, item 15).
+    assert.doesNotMatch(detail, /Install provider 'node-local'/);
     assert.match(detail, /Filesystem: data_dir, tmp/);
     assert.match(detail, /Spawns processes: yes/);
     assert.match(detail, /Digest: sha256:[0-9a-f]{64}/);

@@ -242,6 +242,8 @@ export const recorded = {
   dialogs: [] as { kind: 'open' | 'save'; opts: any }[],
   statusMessages: [] as string[],
   closedTabs: [] as any[],
+  /** Every updateWorkspaceFolders; `workspace`: the window was a multi-root workspace then. */
+  folderUpdates: [] as { start: number; del: number; added: number; workspace: boolean }[],
   /** Answers for prompts, taken in order: quick picks match by label, input boxes take the string. */
   answers: [] as (string | undefined | ((items: any[]) => any))[],
 };
@@ -266,6 +268,7 @@ export function fireConfigurationChange(...sections: string[]): void {
 }
 const contentProviders = new Map<string, any>();
 const closeTerminal = new EventEmitter<any>();
+const foldersChanged = new EventEmitter<any>();
 /** What VS Code fires when a terminal goes. */
 export function fireCloseTerminal(t: any): void {
   closeTerminal.fire(t);
@@ -299,10 +302,18 @@ export const workspace = {
     recorded.fsProviders.set(scheme, provider);
     return new Disposable(() => recorded.fsProviders.delete(scheme));
   },
-  updateWorkspaceFolders: (start: number, _del: number, ...folders: { uri: Uri; name?: string }[]) => {
-    workspace.workspaceFolders = [...(workspace.workspaceFolders ?? []).slice(0, start), ...folders];
+  updateWorkspaceFolders: (start: number, del: number, ...folders: { uri: Uri; name?: string }[]) => {
+    const before = workspace.workspaceFolders ?? [];
+    // Like VS Code: on a window that is not a multi-root workspace (no folder, or one), the
+    // change makes an untitled workspace and restarts the extension host; recorded, since in
+    // code-server that path left an empty "Untitled (Workspace)" (issue 45, item 12).
+    recorded.folderUpdates.push({ start, del, added: folders.length, workspace: !!workspace.workspaceFile });
+    const kept = [...before.slice(0, start), ...before.slice(start + del)];
+    workspace.workspaceFolders = [...kept.slice(0, start), ...folders.map((f) => ({ ...f, index: 0 })), ...kept.slice(start)].map((f, index) => ({ ...f, index }));
+    setImmediate(() => foldersChanged.fire({ added: folders, removed: before.slice(start, start + del) }));
     return true;
   },
+  onDidChangeWorkspaceFolders: foldersChanged.event,
   openTextDocument: async (arg: Uri | { language?: string; content?: string }) => {
     if (arg instanceof Uri) {
       // A virtual document: its content comes from the scheme's content provider (read-only).

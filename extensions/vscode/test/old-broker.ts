@@ -3,11 +3,19 @@
 // the methods of MISSING taken out: `initialize` does not list them and calling one gets the
 // broker's own answer for an unknown method (-32601, E1003). Everything else passes through
 // unchanged, both ways. Content-Length framing (what vscode-jsonrpc speaks). `--version` and
-// other arguments run the real binary as they are.
+// other arguments run the real binary as they are. ABX_FILTER_MISSING (comma-separated, may be
+// empty) replaces the list of methods taken out; ABX_FILTER_HOLD holds a method's replies.
 import { spawn } from 'node:child_process';
+import * as fs from 'node:fs';
 import type { Readable, Writable } from 'node:stream';
 
-const MISSING = ['sandbox/subscribe', 'sandbox/unsubscribe'];
+const MISSING = (process.env.ABX_FILTER_MISSING ?? 'sandbox/subscribe,sandbox/unsubscribe').split(',').filter(Boolean);
+/**
+ * ABX_FILTER_HOLD=`method:file`: replies to `method` are held until `file` exists (a slow
+ * provider, e.g. a plugin that takes seconds to start: issue 45, item 14).
+ */
+const [HOLD_METHOD, HOLD_FILE] = (process.env.ABX_FILTER_HOLD ?? '').split(/:(.*)/s);
+const holding = new Set<unknown>();
 
 const real = process.env.ABX_REAL_BIN;
 if (!real) {
@@ -66,6 +74,7 @@ if (args[0] === 'rpc') {
         }
         return;
       }
+      if (HOLD_METHOD && m.method === HOLD_METHOD && m.id !== undefined) holding.add(m.id);
       toBroker.write(raw);
     },
     () => toBroker.end(),
@@ -78,6 +87,12 @@ if (args[0] === 'rpc') {
       if (Array.isArray(methods)) {
         result!.capabilities!.methods = methods.filter((x) => !MISSING.includes(x));
         process.stdout.write(frame(m));
+        return;
+      }
+      if (m.id !== undefined && holding.has(m.id)) {
+        holding.delete(m.id);
+        const release = () => (fs.existsSync(HOLD_FILE) ? process.stdout.write(raw) : setTimeout(release, 20));
+        release();
         return;
       }
       process.stdout.write(raw);

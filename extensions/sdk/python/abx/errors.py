@@ -153,6 +153,10 @@ class SandboxNotFoundError(SandboxError):
     """E2009: no sandbox with this id."""
 
 
+class MountRefusedError(SandboxError):
+    """E2010: a mount the sandbox may not have (or no longer the directory it mounted)."""
+
+
 # E3xxx: exec and processes.
 class ExecError(AbxError):
     """E3xxx: exec and processes."""
@@ -209,6 +213,14 @@ class DirectoryNotEmptyError(FilesError):
 
 class FileExistsError_(FilesError):  # noqa: N801
     """E4006: the path exists."""
+
+
+class ReadOnlyError(FilesError):
+    """E4014: a path the sandbox sees but may not change (a system directory, an ``ro`` mount)."""
+
+
+class ApplyConflictError(FilesError):
+    """E4015: host files changed since the sandbox was created (``apply``)."""
 
 
 # E5xxx: ports.
@@ -294,6 +306,7 @@ _BY_CODE: Dict[str, Type[AbxError]] = {
     "E2005": TemplateNotFoundError,
     "E2006": SandboxLimitError,
     "E2009": SandboxNotFoundError,
+    "E2010": MountRefusedError,
     "E3001": ExecTimeoutError,
     "E3002": ExecNotFoundError,
     "E3003": ExecStartError,
@@ -306,6 +319,8 @@ _BY_CODE: Dict[str, Type[AbxError]] = {
     "E4004": NotADirectoryError_,
     "E4005": DirectoryNotEmptyError,
     "E4006": FileExistsError_,
+    "E4014": ReadOnlyError,
+    "E4015": ApplyConflictError,
     "E8001": ProviderNotInstalledError,
     "E8002": PluginError,
     "E8003": PluginError,

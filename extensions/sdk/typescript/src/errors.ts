@@ -147,6 +147,8 @@ export class TemplateNotFoundError extends SandboxError {}
 export class SandboxLimitError extends SandboxError {}
 /** E2009 */
 export class SandboxNotFoundError extends SandboxError {}
+/** E2010: a mount the sandbox may not have. */
+export class MountRefusedError extends SandboxError {}
 /** E3001 */
 export class ExecTimeoutError extends ExecError {}
 /** E3002 */
@@ -171,6 +173,10 @@ export class NotADirectoryError extends FilesError {}
 export class DirectoryNotEmptyError extends FilesError {}
 /** E4006 */
 export class FileExistsError extends FilesError {}
+/** E4014: a path the sandbox sees but may not change (a system directory, an `ro` mount). */
+export class ReadOnlyError extends FilesError {}
+/** E4015: host files changed since the sandbox was created (`sandbox/apply`). */
+export class ApplyConflictError extends FilesError {}
 /** E5001 */
 export class PortNotReachableError extends PortError {}
 /** E8001 */
@@ -245,6 +251,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = {
   E2005: TemplateNotFoundError,
   E2006: SandboxLimitError,
   E2009: SandboxNotFoundError,
+  E2010: MountRefusedError,
   E3001: ExecTimeoutError,
   E3002: ExecNotFoundError,
   E3003: ExecStartError,
@@ -257,6 +264,8 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = {
   E4004: NotADirectoryError,
   E4005: DirectoryNotEmptyError,
   E4006: FileExistsError,
+  E4014: ReadOnlyError,
+  E4015: ApplyConflictError,
   E5001: PortNotReachableError,
   E8001: ProviderNotFoundError,
   E8002: HandshakeError,

@@ -222,7 +222,11 @@ describe('files', () => {
 
   test('file errors: FileNotFoundError E4001, PathOutsideSandboxError E4002', async () => {
     await assert.rejects(sb.files.read('/workspace/nope'), (e) => e instanceof sdk.FileNotFoundError && e.abx === 'E4001' && !!e.suggestion);
-    await assert.rejects(sb.files.read('/etc/passwd'), (e) => e instanceof sdk.PathOutsideSandboxError && e.abx === 'E4002');
+    // files/* see the sandbox's whole root (issue 43): /etc/passwd is the sandbox's own; a path
+    // climbing out of it is E4002, a system directory is read-only (E4014).
+    assert.match((await sb.files.read('/etc/passwd')).toString(), /root:/);
+    await assert.rejects(sb.files.read('/workspace/../../etc/passwd'), (e) => e instanceof sdk.PathOutsideSandboxError && e.abx === 'E4002');
+    await assert.rejects(sb.files.write('/etc/abx-test', 'x'), (e) => e instanceof sdk.ReadOnlyError && e.abx === 'E4014');
     await assert.rejects(sb.files.stat('../../etc'), (e) => e instanceof sdk.FilesError);
   });
 
