@@ -23,6 +23,7 @@
 //! ran) and with this test's.
 
 mod images;
+mod watch;
 
 use abx_tests::{abx_code, alive, rss_kib, Client, Home};
 use images::*;
@@ -31,9 +32,10 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use watch::{status_kib, MemCgroup};
 
 const MIB: u64 = 1024 * 1024;
 /// The documented bound on the daemon's peak RSS (docs/performance.md "Hostile clients").
@@ -41,123 +43,6 @@ const PEAK_BOUND_KIB: u64 = 256 * 1024;
 /// The cgroup's hard limit: a safety net above the bound.
 const CGROUP_LIMIT: u64 = 768 * MIB;
 const LONG: Duration = Duration::from_secs(300);
-
-// ---------------------------------------------------------------------------------------------
-// A memory cgroup for the daemon (v1 or v2), removed on drop (as in hostile.rs)
-// ---------------------------------------------------------------------------------------------
-
-struct MemCgroup {
-    dir: PathBuf,
-    parent: PathBuf,
-    v2: bool,
-}
-
-impl MemCgroup {
-    /// A child of this process's own memory cgroup, limited to `limit` bytes.
-    fn create(limit: u64) -> Result<MemCgroup, String> {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "abx-archives-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
-        let v1 = own.lines().find_map(|l| {
-            let mut it = l.splitn(3, ':');
-            let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
-            ctrls
-                .split(',')
-                .any(|c| c == "memory")
-                .then(|| path.to_owned())
-        });
-        let (parent, v2) = match v1 {
-            Some(p) if Path::new("/sys/fs/cgroup/memory").is_dir() => {
-                (PathBuf::from(format!("/sys/fs/cgroup/memory{p}")), false)
-            }
-            _ => {
-                let p = own
-                    .lines()
-                    .find_map(|l| l.strip_prefix("0::"))
-                    .ok_or("no memory cgroup (neither v1 nor v2) for this process")?;
-                let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-                    .into_iter()
-                    .map(PathBuf::from)
-                    .find(|r| r.join("cgroup.controllers").exists())
-                    .ok_or("no cgroup v2 mount")?;
-                let parent = root.join(p.trim_start_matches('/'));
-                let controllers =
-                    std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
-                if !controllers.split_whitespace().any(|c| c == "memory") {
-                    return Err(format!(
-                        "the memory controller is not available in {}",
-                        parent.display()
-                    ));
-                }
-                let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+memory");
-                (parent, true)
-            }
-        };
-        let dir = parent.join(name);
-        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        let cg = MemCgroup { dir, parent, v2 };
-        let limit_file = if v2 {
-            "memory.max"
-        } else {
-            "memory.limit_in_bytes"
-        };
-        std::fs::write(cg.dir.join(limit_file), limit.to_string())
-            .map_err(|e| format!("{limit_file}: {e}"))?;
-        Ok(cg)
-    }
-
-    fn add(&self, pid: u32) -> Result<(), String> {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
-            .map_err(|e| format!("moving {pid} into {}: {e}", self.dir.display()))
-    }
-
-    fn oom_kills(&self) -> u64 {
-        let file = if self.v2 {
-            "memory.events"
-        } else {
-            "memory.oom_control"
-        };
-        std::fs::read_to_string(self.dir.join(file))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.split_whitespace() {
-                let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
-            }
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            if Instant::now() > deadline {
-                eprintln!("hostile_archives: could not remove {}", self.dir.display());
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// The daemon under a memory cgroup, and a neighbour pinging it all along.
 struct Watch {

@@ -15,16 +15,18 @@
 //! copied, with the daemon started in the cgroup rather than moved there: it decides its
 //! budget with the cgroup's limit in mind.
 
+mod watch;
+
 use abx_tests::fixtures::install_pinned;
 use abx_tests::{abx_code, alive, rss_kib, wait_until, Home};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use watch::{status_kib, MemCgroup};
 
 const MIB: u64 = 1024 * 1024;
 /// The documented bound on the daemon's peak RSS whatever it is sent.
@@ -38,122 +40,8 @@ const LONG: Duration = Duration::from_secs(120);
 const ELEMENTS: usize = 30_000_000;
 
 // ---------------------------------------------------------------------------------------------
-// A memory cgroup for the daemon (v1 or v2), removed on drop (as in hostile.rs)
-// ---------------------------------------------------------------------------------------------
-
-struct MemCgroup {
-    dir: PathBuf,
-    parent: PathBuf,
-    v2: bool,
-}
-
-impl MemCgroup {
-    /// A child of this process's own memory cgroup, limited to `limit` bytes.
-    fn create(limit: u64) -> Result<MemCgroup, String> {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "abx-hostile-wire-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
-        // v1: "N:memory:/path"; v2: "0::/path".
-        let v1 = own.lines().find_map(|l| {
-            let mut it = l.splitn(3, ':');
-            let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
-            ctrls
-                .split(',')
-                .any(|c| c == "memory")
-                .then(|| path.to_owned())
-        });
-        let (parent, v2) = match v1 {
-            Some(p) if PathBuf::from("/sys/fs/cgroup/memory").is_dir() => {
-                (PathBuf::from(format!("/sys/fs/cgroup/memory{p}")), false)
-            }
-            _ => {
-                let p = own
-                    .lines()
-                    .find_map(|l| l.strip_prefix("0::"))
-                    .ok_or("no memory cgroup (neither v1 nor v2) for this process")?;
-                let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-                    .into_iter()
-                    .map(PathBuf::from)
-                    .find(|r| r.join("cgroup.controllers").exists())
-                    .ok_or("no cgroup v2 mount")?;
-                let parent = root.join(p.trim_start_matches('/'));
-                let controllers =
-                    std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
-                if !controllers.split_whitespace().any(|c| c == "memory") {
-                    return Err(format!(
-                        "the memory controller is not available in {}",
-                        parent.display()
-                    ));
-                }
-                let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+memory");
-                (parent, true)
-            }
-        };
-        let dir = parent.join(name);
-        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        let cg = MemCgroup { dir, parent, v2 };
-        let limit_file = if v2 {
-            "memory.max"
-        } else {
-            "memory.limit_in_bytes"
-        };
-        std::fs::write(cg.dir.join(limit_file), limit.to_string())
-            .map_err(|e| format!("{limit_file}: {e}"))?;
-        Ok(cg)
-    }
-
-    /// OOM kills in this cgroup so far.
-    fn oom_kills(&self) -> u64 {
-        let file = if self.v2 {
-            "memory.events"
-        } else {
-            "memory.oom_control"
-        };
-        std::fs::read_to_string(self.dir.join(file))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.split_whitespace() {
-                let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
-            }
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            if Instant::now() > deadline {
-                eprintln!("hostile_wire: could not remove {}", self.dir.display());
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The daemon in its cgroup, and the watch: idle RSS, a pinging neighbour
 // ---------------------------------------------------------------------------------------------
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// `abx broker start` for `home` with the daemon born inside `cg` (the CLI joins it before it
 /// runs; the daemon it starts inherits it). Returns the daemon's pid.
@@ -161,14 +49,9 @@ fn start_in(home: &Home, cg: Option<&MemCgroup>) -> u32 {
     let mut cmd = home.abx();
     cmd.args(["-j", "broker", "start"]);
     if let Some(cg) = cg {
-        let procs = std::ffi::CString::new(
-            cg.dir
-                .join("cgroup.procs")
-                .to_str()
-                .expect("a UTF-8 path")
-                .as_bytes(),
-        )
-        .unwrap();
+        let procs =
+            std::ffi::CString::new(cg.procs_file().to_str().expect("a UTF-8 path").as_bytes())
+                .unwrap();
         // SAFETY: between fork and exec only open/write/close (async-signal-safe), on a
         // path made before the fork; "0" moves the writing process.
         unsafe {

@@ -4,7 +4,8 @@
 //! load is gone ([`Watch::check`]: alive, never OOM-killed, peak RSS (VmHWM) under
 //! [`PEAK_BOUND_KIB`], the documented bound of docs/performance.md "Hostile clients", the
 //! neighbour answered, RSS back near idle; one `hostile: ...` line, parsed by scripts/bench).
-//! Used by `hostile_sandbox.rs` and `egress_load.rs`.
+//! Used by `hostile_sandbox.rs` and `egress_load.rs`; `hostile.rs`, `hostile_wire.rs` and
+//! `hostile_archives.rs` use its [`MemCgroup`] and [`status_kib`] with watches of their own.
 
 #![allow(dead_code)]
 
@@ -94,6 +95,11 @@ impl MemCgroup {
         std::fs::write(cg.dir.join(limit_file), limit.to_string())
             .map_err(|e| format!("{limit_file}: {e}"))?;
         Ok(cg)
+    }
+
+    /// Its `cgroup.procs` (what a process writes its pid to, to join it).
+    pub fn procs_file(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
     }
 
     pub fn add(&self, pid: u32) -> Result<(), String> {
