@@ -74,7 +74,14 @@ fn every_command_is_logged_with_its_client_argv_cwd_and_exit() {
                 "params": {"sandbox": sb, "command": "sleep 30"}})
         .to_string(),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // Cancelled once it runs: the log has its start (recorded when the request is routed).
+    wait_until("the sleep 30 in the log", Duration::from_secs(30), || {
+        let log = anon.call("sandbox/log", json!({"sandbox": sb}));
+        log["entries"].as_array().is_some_and(|e| {
+            e.iter()
+                .any(|x| x["argv"] == json!(["sh", "-c", "sleep 30"]))
+        })
+    });
     one.send(r#"{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":9001}}"#);
     loop {
         let v = one.recv();
