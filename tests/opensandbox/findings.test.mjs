@@ -80,12 +80,12 @@ test("stand-in: a DELETE cuts the streams first and shows Failed until it is don
 
 test("1: a sandbox killed while exec/start runs: the command ends as killed (137, SIGKILL), later calls E2009", async () => {
   await withPlugin(
-    async ({ plugin }) => {
+    async ({ plugin, server }) => {
       const sb = await plugin.call("sandbox/create", { timeout: 120 });
       const { execId } = await plugin.call("exec/start", { sandbox: sb.id, command: "echo ready; sleep 30" });
       await until("ready", () => outputOf(plugin, execId).includes("ready"));
       const run = plugin.request("exec/run", { sandbox: sb.id, command: "sleep 30" });
-      await sleep(300); // exec/run is running
+      await until("exec/run running", async () => (await standin(server, `${sb.id}/commands`)).running >= 2);
       assert.deepEqual(await plugin.call("sandbox/kill", { sandbox: sb.id }), { killed: true });
       const exit = await until("exec/exit", () => exitOf(plugin, execId));
       assert.equal(exit.exitCode, 137, JSON.stringify(exit));
@@ -194,7 +194,7 @@ test("2: a signal to execd's command session (the wrapper's group) reaches the c
     const b = await plugin.call("exec/start", { sandbox: sb.id, command: "echo $$ > /tmp/b.pid; echo ready; exec sleep 30" });
     await until("ready", () => outputOf(plugin, b.execId).includes("ready"));
     const run = plugin.request("exec/run", { sandbox: sb.id, command: "sleep 30; echo never" });
-    await sleep(500);
+    await until("exec/run running", async () => (await standin(server, `${sb.id}/commands`)).running >= 3);
     assert.ok((await standin(server, `${sb.id}/signal-commands?signal=TERM`)).signalled >= 3);
     const ea = await until("exec/exit a", () => exitOf(plugin, a.execId));
     assert.equal(ea.exitCode, 3, JSON.stringify(ea));

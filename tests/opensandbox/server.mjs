@@ -1046,13 +1046,19 @@ async function handle(req, res) {
   //     (or, with KILL, its requests' contexts end) and acts on its running commands as the
   //     real one does (signalCommands); answers {signalled: N};
   //   POST /_standin/sandboxes/{id}/execd?listening=false|true  execd stops / starts accepting
-  //     connections (crashed, or not started yet).
+  //     connections (crashed, or not started yet);
+  //   POST /_standin/sandboxes/{id}/commands  answers {running: N}, its foreground commands.
   if (parts[0] === "_standin" && parts[1] === "sandboxes" && parts[2] && req.method === "POST") {
     const sb = sandboxes.get(parts[2]);
     if (!sb) return error(res, 404, "DOCKER::SANDBOX_NOT_FOUND", `Sandbox ${parts[2]} not found.`);
     if (parts[3] === "signal-commands") {
       const sig = `SIG${(url.searchParams.get("signal") ?? "TERM").toUpperCase().replace(/^SIG/, "")}`;
       return sendJson(res, 200, { signalled: signalCommands(sb, sig) });
+    }
+    if (parts[3] === "commands") {
+      // How many foreground commands run now (tests wait on it instead of sleeping).
+      const running = [...sb.commands.values()].filter((c) => !c.background && c.running).length;
+      return sendJson(res, 200, { running });
     }
     if (parts[3] === "execd") {
       sb.execdListening = url.searchParams.get("listening") !== "false";
