@@ -94,6 +94,9 @@ pub fn plugin_reply_bound(method: &str) -> usize {
     match method {
         "exec/run" => 2 * base64_len(MAX_EXEC_OUTPUT) as usize + 1024 * 1024,
         "files/read" => 2 * MAX_READ_LENGTH as usize + 64 * 1024,
+        // The plugin's own doctor checks (docs/epp-1.md §6.7): at most 16 shown, each detail
+        // cut at 1 KiB; the reply is parsed into a tree, so it is bounded small before that.
+        "provider/doctor" => 64 * 1024,
         _ => PLUGIN_REPLY_MAX,
     }
 }
