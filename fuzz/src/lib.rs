@@ -498,7 +498,7 @@ pub fn epp_reply(data: &[u8]) {
 }
 
 /// One line of a plugin's stdout as the host handles a notification (`read_loop` in
-/// `broker/plugins/src/host.rs`: `epp::classify` of a short line, `epp::classify_owned` of a
+/// `broker/plugins/src/host/reader.rs`: `epp::classify` of a short line, `epp::classify_owned` of a
 /// long one). The first byte picks how the rest becomes a line: as it is, or as the params of
 /// a notification whose method it picks; every `@` in the input is replaced by a JSON array of
 /// zeros whose length it picks too (up to 150,000: lines of hundreds of kilobytes from small seeds).

@@ -89,11 +89,15 @@ pub trait Methods: Send + Sync {
     /// Serve one request.
     fn call<'a>(
         &'a self,
-        cx: &'a crate::dispatch::Cx,
+        cx: &'a Cx,
         method: &'a str,
         params: Option<Box<serde_json::value::RawValue>>,
-    ) -> crate::provider::BoxFut<'a, crate::dispatch::Reply>;
+    ) -> crate::provider::BoxFut<'a, crate::cx::Reply>;
 }
+
+/// What the core's handlers (and the composition root's [`Methods`]) get: a
+/// [`crate::cx::Cx`] of this broker.
+pub type Cx = crate::cx::Cx<Broker>;
 
 impl Broker {
     /// A broker over `providers` (the first is the default until told otherwise), with the

@@ -1,7 +1,8 @@
 //! The method table: every request method the broker serves, and its handler.
 
 use crate::broker::Broker;
-use crate::conn::Conn;
+pub use crate::broker::Cx;
+pub use crate::cx::{reply, Reply};
 use crate::events::Info;
 pub use crate::members::{params_value, MAX_MEMBERS};
 use crate::members::{string_or_null, Members};
@@ -13,35 +14,10 @@ use abx_protocol::api::{
 use abx_protocol::features;
 use abx_protocol::{AbxError, ErrorCode, PROTOCOL_VERSION};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
-
-/// What a handler gets: the broker, its connection and its cancellation token.
-pub struct Cx {
-    /// Broker-wide state.
-    pub broker: Arc<Broker>,
-    /// The calling connection.
-    pub conn: Arc<Conn>,
-    /// Cancelled by `$/cancelRequest` or when the connection goes away.
-    pub cancel: CancellationToken,
-    /// Fired once this request's reply is queued (streams wait for it, so a client always
-    /// sees `exec/start`'s reply before the stream's first notification).
-    pub replied: CancellationToken,
-    /// Pool bytes that already count this request's reply (deposited by its handler).
-    pub hold: crate::outbound::Hold,
-}
-
-/// A handler's result: raw JSON, so no `Value` tree is ever built for big results.
-pub type Reply = Result<Box<RawValue>, AbxError>;
-
-/// Serialize a result.
-pub fn reply<T: Serialize + ?Sized>(v: &T) -> Reply {
-    serde_json::value::to_raw_value(v).map_err(AbxError::internal)
-}
 
 /// Parse params into `T`; absent params parse as `{}` so missing fields are named.
 pub fn params<T: DeserializeOwned>(method: &str, p: Option<&RawValue>) -> Result<T, AbxError> {

@@ -9,6 +9,8 @@
 //! - [`conn`]: one connection: reader, in-flight and inbound limits, cancellation, lanes,
 //!   lifecycle, writer.
 //! - [`outbound`]: the handle handlers and providers send through, the memory pool.
+//! - [`cx`]: what a handler gets ([`cx::Cx`]: the broker, its caller, its tokens) and
+//!   gives ([`cx::Reply`]); it holds no connection.
 //! - [`dispatch`]: the method table and routing of provider methods; `members`: the
 //!   routed params' members, raw and borrowed.
 //! - [`provider`]: the [`provider::Provider`] trait, the live registry, exec/watch handles.
@@ -24,6 +26,7 @@
 pub mod broker;
 pub mod cmdlog;
 pub mod conn;
+pub mod cx;
 pub mod dispatch;
 pub mod events;
 pub mod index;

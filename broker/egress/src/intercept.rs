@@ -227,7 +227,7 @@ pub(crate) fn inject_head(
     h: &http::Head<'_>,
     host_header: &str,
     inject: &[(String, Secret)],
-) -> Result<(Vec<u8>, crate::proxy::Body), (u16, String)> {
+) -> Result<(Vec<u8>, crate::forward::Body), (u16, String)> {
     if h.first == "CONNECT" {
         return Err((
             405,
@@ -243,8 +243,8 @@ pub(crate) fn inject_head(
     if !h.third.starts_with("HTTP/1.") {
         return Err((400, "abx: HTTP/1.x requests only.\n".into()));
     }
-    let body = crate::proxy::body_of(h)?;
-    let named = crate::proxy::connection_named(h);
+    let body = crate::forward::body_of(h)?;
+    let named = crate::forward::connection_named(h);
     // Built after every check: nothing returns it but the caller, which writes it to the
     // upstream and zeroes it (`Egress::exchange`).
     let mut head = Vec::with_capacity(512);
@@ -256,7 +256,7 @@ pub(crate) fn inject_head(
     head.extend_from_slice(b"\r\n");
     for (k, v) in &h.headers {
         let lk = k.to_ascii_lowercase();
-        if crate::proxy::DROPPED.contains(&lk.as_str())
+        if crate::forward::DROPPED.contains(&lk.as_str())
             || named.contains(&lk)
             || inject.iter().any(|(n, _)| n.eq_ignore_ascii_case(k))
         {

@@ -87,6 +87,7 @@
 //! SOCKS5, UDP (DNS included: names are resolved by the proxy), keep-alive to the client for
 //! plain HTTP and for intercepted hosts.
 pub mod blocked;
+mod forward;
 pub mod http;
 pub mod ifaddrs;
 pub mod intercept;
@@ -94,9 +95,11 @@ pub mod name;
 pub mod net;
 pub mod policy;
 pub mod proxy;
+mod refusal;
 pub mod resolve;
 pub mod secrets;
 pub mod sni;
+mod splice;
 
 pub use blocked::{BlockedCount, BlockedEvent};
 pub use ifaddrs::host_addresses;

@@ -54,6 +54,16 @@ impl RpcErr {
         }
     }
 
+    /// A result that does not match its schema (a failure of the test, not an error reply).
+    fn shape(message: String) -> RpcErr {
+        RpcErr {
+            code: 0,
+            abx: String::new(),
+            message,
+            raw: Value::Null,
+        }
+    }
+
     /// True when the error carries one of these E-codes (`"E4001"`).
     pub fn is(&self, codes: &[&str]) -> bool {
         codes.contains(&self.abx.as_str())
@@ -189,7 +199,14 @@ impl Client {
     pub async fn call_seq(&self, method: &str, params: Value) -> (u64, Result<Value, RpcErr>) {
         let (_, rx) = self.send(method, params).await;
         match rx.await {
-            Ok((seq, v)) => (seq, outcome(v)),
+            // Every result is held to its schema (a wrong shape fails the calling test).
+            Ok((seq, v)) => match outcome(v) {
+                Ok(r) => match crate::schema::check_result(method, &r) {
+                    Ok(()) => (seq, Ok(r)),
+                    Err(e) => (seq, Err(RpcErr::shape(e))),
+                },
+                Err(e) => (seq, Err(e)),
+            },
             Err(_) => (0, Err(RpcErr::closed(method))),
         }
     }
@@ -201,9 +218,14 @@ impl Client {
 
     /// A request expected to succeed; the failure text names the method.
     pub async fn ok(&self, method: &str, params: Value) -> Result<Value, String> {
-        self.call(method, params)
-            .await
-            .map_err(|e| format!("{method} failed: {e}"))
+        self.call(method, params).await.map_err(|e| {
+            if e.code == 0 && e.abx.is_empty() {
+                // Not an error reply: a closed connection or a result of the wrong shape.
+                e.message
+            } else {
+                format!("{method} failed: {e}")
+            }
+        })
     }
 
     /// A request expected to fail; returns its error.

@@ -25,6 +25,7 @@ mod code;
 mod exec;
 mod files;
 mod sandbox;
+mod schema;
 
 use abx_protocol::{AbxError, ErrorCode};
 use client::{Client, RpcErr, Waiting};

@@ -21,6 +21,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+/// Largest file in a plugin tree.
+pub const MAX_FILE: u64 = 64 << 20;
+/// Largest plugin tree (sum of file sizes).
+pub const MAX_TREE: u64 = 256 << 20;
+/// Most files in a plugin tree.
+pub const MAX_FILES: usize = 100_000;
+
 /// Why a tree cannot be hashed.
 #[derive(Debug)]
 pub enum TreeError {
@@ -314,10 +321,9 @@ fn listing_digest_to(entries: &[Entry], copy_to: Option<&Path>) -> Result<String
 }
 
 /// Why an installed tree's files cannot be what was installed, before hashing any: more
-/// files, a bigger file or more bytes than an install accepts ([`super::install::MAX_FILES`],
-/// [`super::install::MAX_FILE`], [`super::install::MAX_TREE`]).
+/// files, a bigger file or more bytes than an install accepts ([`MAX_FILES`],
+/// [`MAX_FILE`], [`MAX_TREE`]).
 fn past_caps(entries: &[Entry]) -> Option<String> {
-    use super::install::{MAX_FILE, MAX_FILES, MAX_TREE};
     if entries.len() > MAX_FILES {
         return Some(format!(
             "{} files, more than an install accepts",

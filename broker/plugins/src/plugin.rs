@@ -96,6 +96,34 @@ impl PluginProvider {
         })
     }
 
+    /// `exec/kill`: the plugin gets the signal asked for, and the broker escalates after it
+    /// (`escalate`, the broker's own member, is not passed on).
+    async fn kill(&self, cx: &CallCx, params: Box<RawValue>) -> Reply {
+        let (mut params, counted) =
+            abx_core::dispatch::params_value("exec/kill", params, cx.conn.pool())?;
+        let escalate = params
+            .as_object_mut()
+            .and_then(|o| o.remove("escalate"))
+            .is_none_or(|v| v != Value::Bool(false));
+        let raw = self
+            .host
+            .call(
+                "exec/kill",
+                &params,
+                Some(cx.conn.clone()),
+                Some(cx.replied.clone()),
+                None,
+                None,
+                Some(cx.hold.clone()),
+            )
+            .await?;
+        drop(counted);
+        if escalate {
+            self.escalate(cx, &params);
+        }
+        Ok(raw)
+    }
+
     /// After an `exec/kill` with a signal the command may ignore: while the exec's stream
     /// still runs (no `exec/exit` yet), follow with TERM, then KILL,
     /// [`abx_core::signals::KILL_GRACE`] apart (`escalate: false` opts out).
@@ -544,6 +572,29 @@ fn tag_provider_raw(raw: Box<RawValue>, id: &str) -> Result<Box<RawValue>, serde
     Ok(raw)
 }
 
+/// A string member of raw params (`None` when absent, not a string, or not an object), read
+/// without a tree of them.
+fn member_str(params: &RawValue, key: &str) -> Option<String> {
+    let map: BTreeMap<String, &RawValue> = serde_json::from_str(params.get()).ok()?;
+    serde_json::from_str(map.get(key)?.get()).ok()
+}
+
+/// How long the daemon waits for a plugin's `exec/run`: its `timeout` (the plugin judges the
+/// value) and 30 s more, else an hour; a negative or huge one is the host's cap
+/// ([`super::host::MAX_CALL_WAIT`]), not a panic.
+fn run_wait(params: &RawValue) -> Duration {
+    let timeout = || -> Option<f64> {
+        let map: BTreeMap<String, &RawValue> = serde_json::from_str(params.get()).ok()?;
+        serde_json::from_str::<Value>(map.get("timeout")?.get())
+            .ok()?
+            .as_f64()
+    };
+    match timeout() {
+        Some(t) => Duration::try_from_secs_f64(t + 30.0).unwrap_or(super::host::MAX_CALL_WAIT),
+        None => Duration::from_secs(3600),
+    }
+}
+
 fn tag_provider(v: &mut Value, id: &str) {
     let tag = |o: &mut Value| {
         if let Some(obj) = o.as_object_mut() {
@@ -588,67 +639,14 @@ impl Provider for PluginProvider {
         })
     }
 
+    /// For a caller that holds a `Value` (the trait's other entry; the broker calls
+    /// [`Provider::call_raw`]): serialized once and taken through `call_raw`, the one way a
+    /// call reaches the plugin.
     fn call<'a>(&'a self, cx: &'a CallCx, method: &'a str, params: Value) -> BoxFut<'a, Reply> {
         Box::pin(async move {
-            let mut params = params;
-            // `exec/kill` escalation is the broker's: the plugin gets the signal asked for.
-            let escalate = method == "exec/kill"
-                && params
-                    .as_object_mut()
-                    .and_then(|o| o.remove("escalate"))
-                    .is_none_or(|v| v != Value::Bool(false));
-            self.verify().await?;
-            // `exec/attach` of a stream the broker routes is the broker's: re-routed, and
-            // what was kept while no client received it replayed (the plugin is not asked).
-            if method == "exec/attach" {
-                let exec_id = params["execId"].as_str().unwrap_or_default();
-                let conn = cx.conn.clone();
-                if let Some(v) = self.host.attach(exec_id, conn, cx.replied.clone()).await {
-                    return serde_json::value::to_raw_value(&v).map_err(AbxError::internal);
-                }
-            }
-            let has = |f: &str| self.summary.features.iter().any(|x| x == f);
-            let mut v = match method {
-                "sandbox/capabilities" => json!({
-                    "capabilities": features::capabilities(&self.summary.features),
-                    "features": self.summary.features,
-                }),
-                "files/upload" if !has("files.transfer") => self.upload(cx, &params).await?,
-                "files/download" if !has("files.transfer") => self.download(cx, &params).await?,
-                _ => {
-                    let timeout = match (method, params.get("timeout").and_then(Value::as_f64)) {
-                        // The plugin judges the value; the daemon's wait only needs to be a
-                        // Duration (a negative or huge one is the host's cap, not a panic).
-                        ("exec/run", Some(t)) => Some(
-                            Duration::try_from_secs_f64(t + 30.0)
-                                .unwrap_or(super::host::MAX_CALL_WAIT),
-                        ),
-                        ("exec/run", None) => Some(Duration::from_secs(3600)),
-                        _ => None,
-                    };
-                    let raw = self
-                        .host
-                        .call(
-                            method,
-                            &params,
-                            Some(cx.conn.clone()),
-                            Some(cx.replied.clone()),
-                            Some(cx.cancel.clone()),
-                            timeout,
-                            Some(cx.hold.clone()),
-                        )
-                        .await?;
-                    if escalate {
-                        self.escalate(cx, &params);
-                    }
-                    if !method.starts_with("sandbox/") {
-                        return Ok(raw);
-                    }
-                    return self.tagged(raw);
-                }
-            };
-            tag_provider(&mut v, &self.record.id);
-            serde_json::value::to_raw_value(&v).map_err(AbxError::internal)
+            let raw = serde_json::value::to_raw_value(&params).map_err(AbxError::internal)?;
+            drop(params);
+            self.call_raw(cx, method, raw).await
         })
     }
 
@@ -656,9 +654,14 @@ impl Provider for PluginProvider {
         true
     }
 
-    /// The lean path of a plugin call: the params go to the plugin as they came (only the
-    /// broker rewrote `sandbox`), and a reply the broker does not look into comes back as it
-    /// came. Methods the broker serves or watches itself take [`Provider::call`].
+    /// Every call to the plugin, decided here. The tree is verified first. The few methods
+    /// the broker serves or watches itself: `sandbox/capabilities` (from the declared
+    /// features, the plugin not asked), `exec/attach` of a stream the broker routes
+    /// (re-routed and replayed, the plugin not asked), `exec/kill` (the broker escalates),
+    /// `files/upload` and `files/download` of a plugin without `files.transfer` (chunked by the
+    /// broker). Everything else, `exec/run` included (only its `timeout` is read, for the
+    /// daemon's wait), goes to the plugin with its params as they came (only the broker
+    /// rewrote `sandbox`), and a reply the broker does not look into comes back as it came.
     fn call_raw<'a>(
         &'a self,
         cx: &'a CallCx,
@@ -666,22 +669,41 @@ impl Provider for PluginProvider {
         params: Box<serde_json::value::RawValue>,
     ) -> BoxFut<'a, Reply> {
         Box::pin(async move {
-            let has = |f: &str| self.summary.features.iter().any(|x| x == f);
-            let own = match method {
-                "exec/kill" | "exec/attach" | "exec/run" | "sandbox/capabilities" => true,
-                "files/upload" | "files/download" => !has("files.transfer"),
-                _ => false,
-            };
-            if own {
-                // A tree of the params (these methods read them): its cost counted before it
-                // is built, its largest string made of the request's own buffer.
-                let (v, counted) =
-                    abx_core::dispatch::params_value(method, params, cx.conn.pool())?;
-                let r = self.call(cx, method, v).await;
-                drop(counted);
-                return r;
-            }
             self.verify().await?;
+            let has = |f: &str| self.summary.features.iter().any(|x| x == f);
+            match method {
+                "sandbox/capabilities" => {
+                    let v = json!({
+                        "capabilities": features::capabilities(&self.summary.features),
+                        "features": self.summary.features,
+                    });
+                    return serde_json::value::to_raw_value(&v).map_err(AbxError::internal);
+                }
+                "exec/attach" => {
+                    let exec_id = member_str(&params, "execId").unwrap_or_default();
+                    let conn = cx.conn.clone();
+                    if let Some(v) = self.host.attach(&exec_id, conn, cx.replied.clone()).await {
+                        return serde_json::value::to_raw_value(&v).map_err(AbxError::internal);
+                    }
+                }
+                "exec/kill" => return self.kill(cx, params).await,
+                "files/upload" | "files/download" if !has("files.transfer") => {
+                    // A tree of the params (these read them): its cost counted before it is
+                    // built, its largest string made of the request's own buffer.
+                    let (v, counted) =
+                        abx_core::dispatch::params_value(method, params, cx.conn.pool())?;
+                    let mut r = if method == "files/upload" {
+                        self.upload(cx, &v).await?
+                    } else {
+                        self.download(cx, &v).await?
+                    };
+                    drop(counted);
+                    tag_provider(&mut r, &self.record.id);
+                    return serde_json::value::to_raw_value(&r).map_err(AbxError::internal);
+                }
+                _ => {}
+            }
+            let timeout = (method == "exec/run").then(|| run_wait(&params));
             // Only a reply that opens a stream needs the connection and the reply's signal.
             // The request's cancellation is its caller's: the core drops this call, and the
             // host then tells the plugin (no second waiter on the token per call).
@@ -694,7 +716,7 @@ impl Provider for PluginProvider {
                     stream.then(|| cx.conn.clone()),
                     stream.then(|| cx.replied.clone()),
                     None,
-                    None,
+                    timeout,
                     Some(cx.hold.clone()),
                 )
                 .await?;

@@ -21,7 +21,10 @@
 //! at once. Tool failures are results with `isError: true` and the E-code text, never
 //! protocol errors. The daemon is connected (and started) on the first tool call.
 
+mod session;
 mod tools;
+
+pub use session::{Era, Out};
 
 use abx_client::mux::Mux;
 use abx_home::Paths;
@@ -102,33 +105,6 @@ pub fn negotiate(requested: Option<&str>) -> &'static str {
     }
 }
 
-/// The protocol revision one request is served under.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Era {
-    /// A handshake revision (the negotiated one, or the newest when none was).
-    Handshake(&'static str),
-    /// 2026-07-28.
-    Modern,
-}
-
-impl Era {
-    /// Whether the revision has `outputSchema` / `structuredContent` and tool titles.
-    pub fn structured(self) -> bool {
-        match self {
-            Era::Modern => true,
-            Era::Handshake(v) => v >= "2025-06-18",
-        }
-    }
-
-    /// Whether the revision has tool annotations.
-    pub fn annotations(self) -> bool {
-        match self {
-            Era::Modern => true,
-            Era::Handshake(v) => v >= "2025-03-26",
-        }
-    }
-}
-
 /// A JSON-RPC error to answer with.
 #[derive(Debug)]
 pub struct RpcErr {
@@ -153,25 +129,6 @@ impl RpcErr {
             message: self.message.clone(),
             data: self.data.clone(),
         }
-    }
-}
-
-/// Lines for stdout, written in order by one writer task. MCP is JSON-RPC 2.0 too: every
-/// envelope is encoded by `abx_protocol::message` (its `_any` encoder keeps MCP's ids as the
-/// client sent them).
-#[derive(Clone)]
-pub struct Out(mpsc::UnboundedSender<Vec<u8>>);
-
-impl Out {
-    /// Queue one encoded message body.
-    pub fn send(&self, mut line: Vec<u8>) {
-        line.push(b'\n');
-        let _ = self.0.send(line);
-    }
-
-    /// Queue a notification.
-    pub fn notify(&self, method: &str, params: Value) {
-        self.send(message::encode_notification(method, Some(&params)));
     }
 }
 

@@ -90,7 +90,7 @@ pub struct FilesListParams {
 }
 
 /// A directory entry (`files/list`) or a file's status (`files/stat`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FileEntry {

@@ -81,24 +81,8 @@ pub struct ReadResult {
     pub offset: u64,
 }
 
-/// One entry of [`list`] and the result of [`stat`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Entry {
-    /// The last component (`a.txt`).
-    pub name: String,
-    /// The sandbox-view path (`/workspace/dir/a.txt`).
-    pub path: String,
-    /// `"file"`, `"directory"`, `"symlink"` or `"other"`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Size in bytes (of the link itself for a symlink).
-    pub size: u64,
-    /// Permission bits in octal, e.g. `"0644"`.
-    pub mode: String,
-    /// Last modification, RFC 3339 UTC (`2026-11-29T17:00:00Z`).
-    pub modified_at: String,
-}
+/// One entry of [`list`] and the result of [`stat`]: the API's type, built here.
+pub use abx_protocol::api::FileEntry as Entry;
 
 pub use abx_home::util::rfc3339;
 

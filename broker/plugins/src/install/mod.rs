@@ -61,12 +61,8 @@ use archive::*;
 use dir::*;
 use git::*;
 
-/// Largest file in a plugin tree.
-pub const MAX_FILE: u64 = 64 << 20;
-/// Largest plugin tree (sum of file sizes).
-pub const MAX_TREE: u64 = 256 << 20;
-/// Most files in a plugin tree.
-pub const MAX_FILES: usize = 100_000;
+/// The caps of a plugin tree (the digest's, an install refuses a source past them).
+pub use super::digest::{MAX_FILE, MAX_FILES, MAX_TREE};
 /// Largest archive download.
 pub const MAX_DOWNLOAD: u64 = 256 << 20;
 /// Largest git transfer.
@@ -784,5 +780,7 @@ fn check_runtime(tree: &Path, m: &Manifest, text: &str) -> Result<(), AbxError> 
     Ok(())
 }
 
+#[cfg(test)]
+mod archive_tests;
 #[cfg(test)]
 mod tests;
