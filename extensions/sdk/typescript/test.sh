@@ -10,7 +10,10 @@
 # ssh suite starts its own sshd (/usr/sbin/sshd, Debian's openssh-server) on a loopback port.
 #
 # Installs what it needs on a fresh Debian 12: Node.js >= 18 and npm (apt), then the locked
-# dev packages (npm ci: typescript, @types/node; the package itself has no dependencies).
+# dev packages (npm ci: typescript, @types/node, and E2B's own SDKs pinned, `e2b` 2.51.0 and
+# `@e2b/code-interpreter` 2.8.0, whose .d.ts test/e2b-drift.test.mjs compares `@abx/sdk/e2b`
+# with; the package itself has no dependencies). test/e2b.test.mjs's matplotlib examples use
+# target/pyvenv (scripts/test installs it) and are skipped, saying so, without it.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -78,7 +81,9 @@ log "npm pack"
 tgz="$TEST_TMP/$(npm pack --silent --pack-destination "$TEST_TMP")"
 files="$(tar tzf "$tgz")"
 for f in package/package.json package/README.md package/dist/esm/index.js package/dist/esm/index.d.ts \
-  package/dist/cjs/index.js package/dist/cjs/index.d.ts package/dist/cjs/package.json package/examples/sdk_run.mjs; do
+  package/dist/cjs/index.js package/dist/cjs/index.d.ts package/dist/cjs/package.json package/examples/sdk_run.mjs \
+  package/dist/esm/e2b.js package/dist/esm/e2b.d.ts package/dist/esm/e2b/code-interpreter.js package/dist/esm/e2b/code-interpreter.d.ts \
+  package/dist/cjs/e2b.js package/dist/cjs/e2b/code-interpreter.js; do
   grep -qx "$f" <<<"$files" || { echo "sdk-ts: $f is missing from the package" >&2; exit 1; }
 done
 if grep -q '^package/src/\|^package/test/\|^package/node_modules/' <<<"$files"; then
@@ -90,8 +95,10 @@ app="$TEST_TMP/app"
 mkdir -p "$app/node_modules/@abx/sdk"
 tar xzf "$tgz" -C "$app/node_modules/@abx/sdk" --strip-components=1
 (cd "$app" && node --input-type=module -e "import { Sandbox, SandboxNotFoundError } from '@abx/sdk'; if (typeof Sandbox.create !== 'function' || !(new SandboxNotFoundError('E2009', 'x') instanceof Error)) process.exit(1);" \
-  && node -e "const s = require('@abx/sdk'); if (typeof s.Sandbox.create !== 'function' || typeof s.BrokerClient.connect !== 'function') process.exit(1);")
-log "packed $(basename "$tgz") ($(wc -c <"$tgz") bytes): loads as ESM and CommonJS"
+  && node -e "const s = require('@abx/sdk'); if (typeof s.Sandbox.create !== 'function' || typeof s.BrokerClient.connect !== 'function') process.exit(1);" \
+  && node --input-type=module -e "import { Sandbox, CommandExitError } from '@abx/sdk/e2b'; import CI, { Sandbox as S2 } from '@abx/sdk/e2b/code-interpreter'; if (typeof Sandbox.create !== 'function' || typeof S2.prototype.runCode !== 'function' || CI !== S2 || !(new CommandExitError({exitCode: 1, stdout: '', stderr: ''}) instanceof Error)) process.exit(1);" \
+  && node -e "const e = require('@abx/sdk/e2b'), c = require('@abx/sdk/e2b/code-interpreter'); if (typeof e.Sandbox.create !== 'function' || typeof c.Sandbox.prototype.runCode !== 'function') process.exit(1);")
+log "packed $(basename "$tgz") ($(wc -c <"$tgz") bytes): loads as ESM and CommonJS (@abx/sdk, @abx/sdk/e2b, @abx/sdk/e2b/code-interpreter)"
 
 log "node --test"
 TMPDIR="$TEST_TMP" node --test test/*.test.mjs

@@ -18,7 +18,7 @@ from typing import Any
 from . import errors, providers
 from ._conn import Connection, RequestTimeoutError, default_connection
 from ._transport import resolve_socket, socket_path
-from ._types import ExecExit, ExecOutput, ExecResult, FileChange, Record, SandboxInfo, SandboxList
+from ._types import CodeOutput, CodeResult, ExecExit, ExecOutput, ExecResult, FileChange, Record, SandboxInfo, SandboxList
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .sandbox import ExecStream, Files, Ports, Processes, Sandbox, Watch
@@ -39,6 +39,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Sandbox", "AsyncSandbox", "Connection", "AsyncConnection", "default_connection", "ExecStream", "Watch",
     "Files", "Processes", "Ports", "ExecResult", "ExecOutput", "ExecExit", "FileChange", "Record", "SandboxInfo",
-    "SandboxList", "RequestTimeoutError", "aio", "errors", "providers", "socket_path", "resolve_socket",
+    "SandboxList", "CodeResult", "CodeOutput", "RequestTimeoutError", "aio", "errors", "providers", "socket_path", "resolve_socket",
     *_errors_all,
 ]

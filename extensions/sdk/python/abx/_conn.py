@@ -48,6 +48,26 @@ class _Timeout(Exception):
     pass
 
 
+_SCOPE = threading.local()
+
+
+class request_timeout_scope:  # noqa: N801 (used as a function: ``with request_timeout_scope(5):``)
+    """Within the block, on this thread, calls with no ``timeout=`` of their own are bounded by
+    ``seconds`` (then cancelled at the broker, :class:`RequestTimeoutError`), whatever the
+    connection's ``request_timeout``. ``None``/0: no change."""
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.seconds = seconds or None
+
+    def __enter__(self) -> None:
+        self._prev = getattr(_SCOPE, "timeout", None)
+        if self.seconds is not None:
+            _SCOPE.timeout = self.seconds
+
+    def __exit__(self, *exc: Any) -> None:
+        _SCOPE.timeout = self._prev
+
+
 class Connection:
     """One connection to the broker (``host``: ``ssh://[user@]host[:port]``, default
     ``ABX_HOST``, empty for this machine). The daemon is started when none answers
@@ -235,7 +255,7 @@ class Connection:
         cancelled at the broker (``$/cancelRequest``) and :class:`RequestTimeoutError` raised.
         ``on_note(method, params)`` sees the notifications (progress) read meanwhile."""
         if timeout is None:
-            timeout = self.request_timeout
+            timeout = getattr(_SCOPE, "timeout", None) or self.request_timeout
         with self._cv:
             self._next += 1
             mid = self._next

@@ -354,6 +354,14 @@ class Host:
         argv += [shlex.quote(a) for a in [self.remote_bin(), *args]]
         return argv
 
+    def check_command(self) -> str:
+        """The ssh command to try by hand, as the SDK runs it (ABX_SSH_CONFIG, the port,
+        ``-T -o BatchMode=yes``): ``ssh -p 2222 -T -o BatchMode=yes -- root@127.0.0.1 true``."""
+        import shlex
+
+        argv = self.ssh_argv([])[:-1] + ["true"]
+        return " ".join(shlex.quote(a) for a in argv)
+
     def classify(self, status: Optional[int], stderr: str) -> Optional[AbxError]:
         """ssh's failure as E1014 / E1015 / E1016 (None: ssh worked, the remote command failed)."""
         lines = [ln.strip() for ln in stderr.splitlines()
@@ -361,7 +369,8 @@ class Host:
         detail = " | ".join(lines[-3:]) or (f"ssh exited with status {status}" if status is not None
                                              else "ssh ended without a word")
         low = stderr.lower()
-        args = dict(host=self.url, target=self.target, detail=detail, bin=self.remote_bin())
+        args = dict(host=self.url, target=self.target, detail=detail, bin=self.remote_bin(),
+                    check=self.check_command())
         if status == 255:
             if any(a in low for a in ("permission denied", "host key verification failed",
                                       "too many authentication failures", "no matching host key",
@@ -369,12 +378,12 @@ class Host:
                 return make_error(
                     "E1015", "ssh could not log in to '{host}': {detail}".format(**args),
                     "abx runs your own ssh without prompting (BatchMode): load the key in ssh-agent or name it "
-                    "in ~/.ssh/config (IdentityFile), accept the host key once with 'ssh {target} true', "
+                    "in ~/.ssh/config (IdentityFile), accept the host key once with '{check}', "
                     "then retry.".format(**args))
             return make_error(
                 "E1014", "Cannot reach host '{host}' over ssh: {detail}".format(**args),
                 "Check the address and port in ABX_HOST / --host (ssh://[user@]host[:port]) and that sshd "
-                "runs there; 'ssh {target} true' must work by hand.".format(**args))
+                "runs there; '{check}' must work by hand.".format(**args))
         if status in (126, 127) or any(m in low for m in ("command not found", ": not found",
                                                           "no such file or directory")):
             return make_error(

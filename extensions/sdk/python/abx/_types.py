@@ -22,22 +22,47 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+def _known(schema: Optional[str]) -> frozenset:
+    from ._fields import FIELDS
+
+    if schema is not None:
+        return frozenset(FIELDS.get(schema, ()))
+    return frozenset(f for fs in FIELDS.values() for f in fs)
+
+
 class Record:
-    """A reply object with attribute access: ``r.expires_at`` reads ``expiresAt``; keys the
-    reply left out read as ``None``. ``r["expiresAt"]`` and :meth:`to_dict` give the raw form."""
+    """A reply object with attribute access: ``r.expires_at`` reads ``expiresAt``; a field of
+    its type that the reply left out reads as ``None``; a name that is no field of its type
+    (docs/openrpc.json) raises AttributeError, so a typo never reads as ``None``.
+    ``r["expiresAt"]`` and :meth:`to_dict` give the raw form."""
 
     __slots__ = ("_d",)
+    #: The broker type (a schema of docs/openrpc.json); None: any broker type's field.
+    _schema: Optional[str] = None
+    _known_cache: Dict[Any, frozenset] = {}
 
     def __init__(self, d: Optional[Mapping[str, Any]] = None) -> None:
         object.__setattr__(self, "_d", dict(d or {}))
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("_"):
             raise AttributeError(name)
         d = object.__getattribute__(self, "_d")
         if name in d:
             return d[name]
-        return d.get(_camel(name))
+        camel = _camel(name)
+        if camel in d:
+            return d[camel]
+        schema = type(self)._schema
+        known = Record._known_cache.get(schema)
+        if known is None:
+            known = Record._known_cache[schema] = _known(schema)
+        if camel in known or name in known:
+            return None
+        raise AttributeError(f"{type(self).__name__} has no field {name!r} (it has: {', '.join(sorted(d)) or 'none'})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
 
     def __getitem__(self, key: str) -> Any:
         return self._d[key]
@@ -61,6 +86,9 @@ class Record:
 class SandboxInfo(Record):
     """A sandbox: ``id, provider, status, template, url, region, timeout, started_at,
     expires_at, metadata`` (times RFC 3339 UTC)."""
+
+    __slots__ = ()
+    _schema = "Sandbox"
 
 
 class SandboxList(List[SandboxInfo]):
@@ -163,9 +191,35 @@ def stream_event(method: str, p: Mapping[str, Any]) -> Union[ExecOutput, ExecExi
     return ExecOutput(str(p.get("stream", "stdout")), decode(p.get("data", ""), p.get("encoding")))
 
 
+class CodeResult(Record):
+    """``run_code``: ``results`` (MIME bundles), ``stdout``, ``stderr``, ``error``
+    (``{name, value, traceback}`` or None), ``execution_count``, ``context``, ``timed_out``,
+    ``restarted``, ``truncated``."""
+
+    __slots__ = ()
+    _schema = "CodeResult"
+
+
+class CodeOutput(Record):
+    """A ``code/output`` notification (``run_code(on_output=)``): ``type`` (stdout, stderr,
+    result, error, restarted), ``text``, ``result``, ``error``, ``context``, ``run_id``."""
+
+    __slots__ = ()
+    _schema = "CodeOutput"
+
+
 class FileChange(Record):
     """A ``files/changed`` event: ``watch_id, sandbox, path, kind`` (created, modified,
     removed, renamed)."""
+
+    __slots__ = ()
+    _schema = "FilesChanged"
+
+
+def parent_dir(path: str) -> str:
+    """The parent of a sandbox path ("" when it has none to make)."""
+    head = path.rstrip("/").rpartition("/")[0]
+    return head if head not in ("", "/workspace", "/tmp") else ""
 
 
 def _drop_none(**kw: Any) -> Dict[str, Any]:
@@ -329,10 +383,31 @@ def p_port(sandbox: str, port: int) -> Dict[str, Any]:
 
 
 def p_code(sandbox: str, code: str, language: Optional[str], context: Optional[str] = None,
-           timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+           timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
+           run_id: Optional[str] = None) -> Dict[str, Any]:
     return {"sandbox": sandbox, "code": code,
             **_drop_none(language=language, context=context, timeout=timeout,
-                         env=dict(env) if env is not None else None)}
+                         env=dict(env) if env is not None else None, runId=run_id)}
+
+
+_RUNS = [0]
+
+
+def code_listener(on_output: Any) -> "tuple[Optional[str], Any]":
+    """A run id and a ``code/output`` listener calling ``on_output(CodeOutput)`` for that run
+    (None, None without a callback)."""
+    if on_output is None:
+        return None, None
+    import os
+
+    _RUNS[0] += 1
+    rid = f"sdk-{os.getpid()}-{_RUNS[0]}"
+
+    def note(method: str, p: Dict[str, Any]) -> None:
+        if method == "code/output" and p.get("runId") == rid:
+            on_output(CodeOutput(p))
+
+    return rid, note
 
 
 def p_install(source: str, subdir: Optional[str], ref: Optional[str], sha256: Optional[str], allow_unpinned: bool,

@@ -298,13 +298,35 @@ async def _conn(connection: Optional[AsyncConnection], host: Optional[str]) -> A
 
 
 class AsyncExecStream:
-    """As :class:`abx.ExecStream`, an async iterator: ``async for ev in stream``."""
+    """As :class:`abx.ExecStream`, an async iterator: ``async for ev in stream``. The
+    command ends with its handle: a cancelled read (Ctrl-C under ``asyncio.run``), leaving
+    an ``async with`` block; ``detach()`` lets it run on (``AsyncSandbox.attach``)."""
 
     def __init__(self, conn: AsyncConnection, reply: Mapping[str, Any]) -> None:
         self._c = conn
         self.exec_id: str = reply["execId"]
         self.pid: Optional[int] = reply.get("pid")
         self.exit: Optional[t.ExecExit] = None
+        self.attached: Optional[t.Record] = None
+        self._detached = False
+
+    async def __aenter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._end_quietly()
+
+    def detach(self) -> str:
+        self._detached = True
+        return self.exec_id
+
+    async def _end_quietly(self) -> None:
+        if self.exit is not None or self._detached:
+            return
+        try:
+            await asyncio.shield(self._c.call("exec/kill", t.p_exec_kill(self.exec_id, None, None), timeout=5))
+        except BaseException:
+            pass
 
     def __aiter__(self) -> "AsyncExecStream":
         return self
@@ -312,7 +334,12 @@ class AsyncExecStream:
     async def __anext__(self) -> Union[t.ExecOutput, t.ExecExit]:
         if self.exit is not None:
             raise StopAsyncIteration
-        ev = t.stream_event(*await self._c.next_event(self.exec_id))
+        try:
+            got = await self._c.next_event(self.exec_id)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            await self._end_quietly()
+            raise
+        ev = t.stream_event(*got)
         if isinstance(ev, t.ExecExit):
             self.exit = ev
         return ev
@@ -390,6 +417,17 @@ class AsyncFiles:
         return await self._read(path, True)
 
     async def write(self, path: str, data: t.Data, *, mode: Optional[int] = None, append: bool = False) -> int:
+        """Missing parent directories are made."""
+        try:
+            return await self._write(path, data, mode, append)
+        except SandboxFileNotFoundError:
+            parent = t.parent_dir(path)
+            if not parent:
+                raise
+            await self.mkdir(parent, parents=True)
+            return await self._write(path, data, mode, append)
+
+    async def _write(self, path: str, data: t.Data, mode: Optional[int], append: bool) -> int:
         raw = data if isinstance(data, str) else bytes(data)
         if len(raw) <= t.CHUNK:
             r = await self._call("files/write", t.p_write(self._sb._route, path, raw, None, append, mode))
@@ -512,6 +550,11 @@ class AsyncSandbox:
         return self._info.id
 
     @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id (``id``; E2B's name for it)."""
+        return self._info.id
+
+    @property
     def _route(self) -> str:
         return f"{self._info.provider}:{self._info.id}" if self._info.provider else self._info.id
 
@@ -552,6 +595,13 @@ class AsyncSandbox:
                                                       stream=True), kind=STREAM)
         return AsyncExecStream(self._c, r)
 
+    async def attach(self, exec_id: str) -> AsyncExecStream:
+        """Take over a running streamed command by its exec id (``exec/attach``)."""
+        r = await self._c.call("exec/attach", {"execId": exec_id}, kind=STREAM)
+        s = AsyncExecStream(self._c, {"execId": r.get("execId", exec_id)})
+        s.attached = t.Record(r)
+        return s
+
     async def set_timeout(self, seconds: int) -> t.SandboxInfo:
         self._info = t.SandboxInfo(await self._c.call("sandbox/setTimeout", t.p_set_timeout(self._route, seconds)))
         return self._info
@@ -575,9 +625,12 @@ class AsyncSandbox:
 
     async def run_code(self, code: str, language: Optional[str] = None,
                        context: Optional[str] = None, timeout: Optional[float] = None,
-                       env: Optional[Dict[str, str]] = None) -> t.Record:
-        return t.Record(await self._c.call(
-            "code/run", t.p_code(self._route, code, language, context, timeout, env)))
+                       env: Optional[Dict[str, str]] = None, *,
+                       on_output: Optional[Callable[[t.CodeOutput], None]] = None) -> t.CodeResult:
+        """As :meth:`abx.Sandbox.run_code` (``on_output`` is called on the event loop)."""
+        rid, note = t.code_listener(on_output)
+        return t.CodeResult(await self._c.call(
+            "code/run", t.p_code(self._route, code, language, context, timeout, env, rid), on_note=note))
 
     async def set_network(self, network: Any) -> t.SandboxInfo:
         """Change the egress policy of the running sandbox (``{"allow": [...], "deny": [...]}``;

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _types as t
@@ -16,17 +19,63 @@ def _conn(connection: Optional[Connection], host: Optional[str]) -> Connection:
     return connection if connection is not None else default_connection(host)
 
 
+_LIVE: "weakref.WeakSet[ExecStream]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _end_live_streams() -> None:
+    """A process that exits with streams still running ends their commands (a detached
+    exec would otherwise run on in the sandbox)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for s in live:
+        s._end_quietly()
+
+
 class ExecStream:
     """A running command (``sb.exec_stream``): iterate it for :class:`~abx.ExecOutput`
     events in the order the output was read, then exactly one :class:`~abx.ExecExit`.
     ``write``/``close_stdin``/``resize``/``kill`` act on it; ``wait()`` drains it and returns
-    the exit. ``exec_id`` and ``pid`` name it."""
+    the exit. ``exec_id`` and ``pid`` name it.
+
+    The command ends with its handle: on Ctrl-C (``KeyboardInterrupt``) while it is read, on
+    leaving a ``with`` block, and when the process exits; ``detach()`` lets it run on
+    (``Sandbox.attach(exec_id)`` picks it up again)."""
 
     def __init__(self, conn: Connection, reply: Mapping[str, Any]) -> None:
         self._c = conn
         self.exec_id: str = reply["execId"]
         self.pid: Optional[int] = reply.get("pid")
         self.exit: Optional[t.ExecExit] = None
+        #: For a re-attached stream: the attach reply (``running``, ``replayed``, ``dropped_bytes``).
+        self.attached: Optional[t.Record] = None
+        self._detached = False
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._end_quietly()
+
+    def detach(self) -> str:
+        """Let the command run on after this handle (no kill on exit); returns its exec id."""
+        self._detached = True
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        return self.exec_id
+
+    def _end_quietly(self) -> None:
+        if self.exit is not None or self._detached:
+            return
+        try:
+            self._c.call("exec/kill", t.p_exec_kill(self.exec_id, None, None), timeout=5)
+        except Exception:
+            pass
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
     def __iter__(self) -> "ExecStream":
         return self
@@ -41,12 +90,18 @@ class ExecStream:
         """The next event; None after the exit (or when ``timeout`` passed first)."""
         if self.exit is not None:
             return None
-        got = self._c.next_event(self.exec_id, timeout)
+        try:
+            got = self._c.next_event(self.exec_id, timeout)
+        except KeyboardInterrupt:
+            self._end_quietly()
+            raise
         if got is None:
             return None
         ev = t.stream_event(*got)
         if isinstance(ev, t.ExecExit):
             self.exit = ev
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
         return ev
 
     def write(self, data: t.Data, eof: bool = False) -> None:
@@ -137,7 +192,18 @@ class Files:
                 return bytes(out)
 
     def write(self, path: str, data: t.Data, *, mode: Optional[int] = None, append: bool = False) -> int:
-        """Write ``data`` (str as UTF-8, bytes exact); a whole-file write is atomic. Returns the size."""
+        """Write ``data`` (str as UTF-8, bytes exact); a whole-file write is atomic; missing
+        parent directories are made. Returns the size."""
+        try:
+            return self._write(path, data, mode, append)
+        except SandboxFileNotFoundError:
+            parent = t.parent_dir(path)
+            if not parent:
+                raise
+            self.mkdir(parent, parents=True)
+            return self._write(path, data, mode, append)
+
+    def _write(self, path: str, data: t.Data, mode: Optional[int], append: bool) -> int:
         raw = data if isinstance(data, str) else bytes(data)
         if len(raw) <= t.CHUNK:
             return int(self._call("files/write", t.p_write(self._sb._route, path, raw, None, append, mode))["size"])
@@ -291,6 +357,11 @@ class Sandbox:
         return self._info.id
 
     @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id (``id``; E2B's name for it)."""
+        return self._info.id
+
+    @property
     def _route(self) -> str:
         """``provider:id``: reaches this sandbox whatever the default provider."""
         return f"{self._info.provider}:{self._info.id}" if self._info.provider else self._info.id
@@ -335,6 +406,14 @@ class Sandbox:
         r = self._c.call("exec/start", t.p_exec(self._route, cmd, env, cwd, timeout, stdin, pty=pty, stream=True),
                          kind=STREAM)
         return ExecStream(self._c, r)
+
+    def attach(self, exec_id: str) -> ExecStream:
+        """Take over a running (or recently ended) streamed command by its exec id
+        (``exec/attach``): what it wrote while no one listened is replayed first."""
+        r = self._c.call("exec/attach", {"execId": exec_id}, kind=STREAM)
+        s = ExecStream(self._c, {"execId": r.get("execId", exec_id)})
+        s.attached = t.Record(r)
+        return s
 
     def set_timeout(self, seconds: int) -> t.SandboxInfo:
         """End the lifetime ``seconds`` from now."""
@@ -394,11 +473,17 @@ class Sandbox:
 
     def run_code(self, code: str, language: Optional[str] = None,
                  context: Optional[str] = None, timeout: Optional[float] = None,
-                 env: Optional[Dict[str, str]] = None) -> t.Record:
+                 env: Optional[Dict[str, str]] = None, *,
+                 on_output: Optional[Callable[[t.CodeOutput], None]] = None) -> t.CodeResult:
         """Run code in an interpreter (``code.interpret``; E8004 where the provider lacks it):
-        ``{results, stdout, stderr, error, execution_count}``."""
-        return t.Record(self._c.call(
-            "code/run", t.p_code(self._route, code, language, context, timeout, env)))
+        a :class:`~abx.CodeResult` ``{results, stdout, stderr, error, execution_count, ...}``.
+        ``on_output(CodeOutput)`` sees the cell's ``code/output`` as it comes (stdout,
+        stderr, result, error, restarted), before the reply; it runs as the connection reads
+        them, so it must not itself call the broker on this connection (hand off to another
+        thread, as ``abx.e2b``'s callbacks do)."""
+        rid, note = t.code_listener(on_output)
+        return t.CodeResult(self._c.call(
+            "code/run", t.p_code(self._route, code, language, context, timeout, env, rid), on_note=note))
 
     def __enter__(self) -> "Sandbox":
         return self

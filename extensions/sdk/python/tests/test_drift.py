@@ -205,15 +205,16 @@ def test_async_calls_match_openrpc(tmp_path):
 
 def test_every_method_named_in_the_source_exists():
     names = set()
-    for f in SDK.glob("*.py"):
+    for f in SDK.rglob("*.py"):  # abx.e2b too
         names |= set(re.findall(r'"((?:broker|provider|sandbox|exec|process|files|ports|code|commands|templates)'
                                 r'/[A-Za-z]+|\$/cancelRequest)"', f.read_text()))
     assert "exec/run" in names and "$/cancelRequest" in names
     missing = sorted(n for n in names if n not in PARAMS and n not in ("exec/output", "exec/exit", "files/changed",
-                                                                        "files/progress", "provider/testResult"))
+                                                                        "files/progress", "provider/testResult",
+                                                                        "code/output"))
     assert not missing, f"methods the SDK names that docs/openrpc.json lacks: {missing}"
     notes = {n["name"] for n in SPEC.get("x-notifications", [])}
-    for n in ("exec/output", "exec/exit", "files/changed", "files/progress", "provider/testResult"):
+    for n in ("exec/output", "exec/exit", "files/changed", "files/progress", "provider/testResult", "code/output"):
         assert n in notes, f"notification {n} is not in docs/openrpc.json"
 
 
@@ -225,3 +226,23 @@ def test_a_renamed_param_is_caught():
         assert "commandLine" in str(e)
     else:
         raise AssertionError("drift not detected")
+
+
+def test_e2b_code_params_match_openrpc():
+    """abx.e2b builds code/* params itself (run ids for its callbacks): they are the broker's."""
+    from abx.e2b._code import Sandbox as CodeSandbox, code_params
+
+    class Fake:
+        pass
+
+    sb = Fake()
+    sb._abx = Fake()
+    sb._abx._route = "local:sb-1"
+    check([("code/run", code_params(sb, "1", "python", None, {"A": "1"}, 5, "e2b-1-1")),
+           ("code/run", code_params(sb, "1", None, "ctx-1", None, None, "e2b-1-2")),
+           ("code/createContext", {"sandbox": "x", "language": "python", "cwd": "/workspace"}),
+           ("code/restartContext", {"sandbox": "x", "context": "c"}),
+           ("code/removeContext", {"sandbox": "x", "context": "c"}),
+           ("code/listContexts", {"sandbox": "x"}),
+           ("exec/attach", {"execId": "e"})])
+    assert CodeSandbox.run_code

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -151,8 +152,13 @@ def test_processes_ports_timeout_pause_resume(sb):
     with pytest.raises(abx.ProcessNotFoundError) as e:
         sb.processes.kill(999_999)
     assert e.value.code == "E3006"
-    u = sb.ports.url(8080)
-    assert u.url.endswith(":8080") and u.headers == {}
+    # The same number on the host when it is free there (a port just found free: a fixed
+    # one like 8080 may be taken on the machine, and then the broker picks another).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    u = sb.ports.url(port)
+    assert u.url == f"http://127.0.0.1:{port}" and u.headers == {}
     before = sb.last_info.expires_at
     info = sb.set_timeout(3600)
     assert info.expires_at != before and sb.last_info.timeout == 3600

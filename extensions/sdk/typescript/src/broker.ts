@@ -5,6 +5,7 @@
 //! Sandbox API on it.
 
 import type { ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
 import { AbxError, brokerGone, cancelled } from './errors.js';
 import { ExecHandlers, ExecNote, ExecSession } from './exec.js';
 import { Cancel, ConnectionClosed, Connection, Disposable, Emitter, Event, Framing, isCancelled } from './jsonrpc.js';
@@ -253,7 +254,7 @@ export class BrokerClient implements Disposable {
       const target = parseHost(host!);
       const remoteBin = opts.remoteBin || env.ABX_REMOTE_BIN || 'abx';
       const ssh = opts.sshPath || env.ABX_SSH || 'ssh';
-      const args = sshArgs(target, remoteBin, opts.sshOptions);
+      const args = sshArgs(target, remoteBin, opts.sshOptions, env.ABX_SSH_CONFIG || undefined);
       const label = `${ssh} ${args.join(' ')}`;
       const link = openProcess(ssh, args, env, label);
       client = new BrokerClient(opts, mode, env, link, target);
@@ -385,6 +386,9 @@ export class BrokerClient implements Disposable {
   /** Any broker method. Errors are AbxError with the E-code and suggestion. */
   async request<R>(method: string, params?: object, cancel?: Cancel): Promise<R> {
     if (this.closed) throw brokerGone(method, this.closeReason);
+    // Cancelled before it was sent (an AbortSignal already aborted): nothing is sent, as
+    // fetch does; a fast command would otherwise finish before the broker read the cancel.
+    if (cancel && isCancelled(cancel)) throw cancelled(method);
     this.hold();
     try {
       return await this.conn.request<R>(method, params ?? {}, cancel);
@@ -657,6 +661,75 @@ export class BrokerClient implements Disposable {
       );
     }
     return session;
+  }
+
+  /**
+   * `exec/attach`: this connection receives the exec's stream from now on, starting with
+   * what was buffered while no one listened (the exit included). A session of this
+   * connection for the same exec stops receiving (the new one gets everything).
+   */
+  async execAttach(execId: string, handlers: ExecHandlers = {}): Promise<ExecSession> {
+    const r = await this.request<{ execId: string; running?: boolean; replayed?: number; droppedBytes?: number }>('exec/attach', { execId });
+    const early = this.earlyExec.get(execId) ?? [];
+    this.earlyExec.delete(execId);
+    const session = new ExecSession(this, execId, null, handlers, early);
+    const old = this.execs.get(execId);
+    if (old) {
+      // It will hear nothing more: its hold on the process ends now.
+      this.execs.delete(execId);
+      old.dispose();
+      this.release();
+    }
+    if (!early.some((n) => n.kind === 'exit')) {
+      this.execs.set(execId, session);
+      this.hold();
+      session.exited.then(
+        () => this.release(),
+        () => this.release(),
+      );
+    }
+    session.attachInfo = { running: r.running ?? true, replayed: r.replayed ?? 0, droppedBytes: r.droppedBytes ?? 0 };
+    return session;
+  }
+
+  /**
+   * `exec/kill` (KILL) for each exec, from a process that is exiting (`process.on('exit')`:
+   * no event loop any more): the requests are written, then this blocks, reading the replies
+   * straight from the connection, until the broker answered them all or `waitMs` passed. The
+   * broker cancels what a client that went away had in flight, so the process must not be
+   * gone before the kills ran.
+   */
+  killExecsSync(execIds: string[], waitMs = 1000): void {
+    if (this.closed || execIds.length === 0) return;
+    const first = this.conn.peekNextId;
+    for (const execId of execIds) this.conn.request('exec/kill', { execId }).catch(() => undefined);
+    const want = new Set<number>();
+    for (let id = first; id < this.conn.peekNextId; id++) want.add(id);
+    const fd = (this.link.input as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    const nap = (ms: number) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+    if (typeof fd !== 'number' || fd < 0) {
+      nap(Math.min(waitMs, 300));
+      return;
+    }
+    const buf = Buffer.alloc(64 * 1024);
+    const end = Date.now() + waitMs;
+    let tail = '';
+    while (want.size > 0 && Date.now() < end) {
+      let n: number;
+      try {
+        n = fs.readSync(fd, buf, 0, buf.length, null);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === 'EAGAIN') {
+          nap(5);
+          continue;
+        }
+        return;
+      }
+      if (n === 0) return;
+      const text = tail + buf.toString('utf8', 0, n);
+      for (const m of text.matchAll(/"id"\s*:\s*(\d+)/g)) want.delete(Number(m[1]));
+      tail = text.slice(-32);
+    }
   }
 
   // ---- files ----

@@ -28,12 +28,84 @@ export interface ExecHandlers {
 /** What an ExecSession needs from its connection. */
 export interface ExecTransport {
   request<R>(method: string, params: object): Promise<R>;
+  /** Kills execs from an exiting process, waiting (blocking) for the broker's replies. */
+  killExecsSync?(execIds: string[], waitMs?: number): void;
 }
 
 type Note = { kind: 'output'; params: ExecOutputNote } | { kind: 'exit'; params: ExecExit };
 
+/** What `exec/attach` said (a session made by `attach`). */
+export interface AttachInfo {
+  running: boolean;
+  replayed: number;
+  droppedBytes: number;
+}
+
+// ---- ending streamed commands with this process
+//
+// A streamed command outlives its client on the broker (so that `exec/attach` can pick it
+// up). Unless told to keep it (`keepOnExit`), a session ends its command when this process
+// is interrupted (SIGINT, SIGTERM: the kills are sent, then the signal does what it did
+// before) or exits (the kill is written before the process goes).
+
+const live = new Set<ExecSession>();
+const SIGNALS: NodeJS.Signals[] = ['SIGINT', 'SIGTERM'];
+let installed = false;
+
+function killAllSync(): void {
+  // Per connection: the kills written, then a wait for the broker's replies (see
+  // BrokerClient.killExecsSync); a transport without it gets the kills sent only.
+  const byTransport = new Map<ExecTransport, string[]>();
+  for (const s of live) {
+    if (s.done) continue;
+    const t = s.transportOf();
+    const ids = byTransport.get(t) ?? [];
+    ids.push(s.execId);
+    byTransport.set(t, ids);
+  }
+  for (const [t, ids] of byTransport) {
+    try {
+      if (t.killExecsSync) t.killExecsSync(ids);
+      else for (const id of ids) void t.request('exec/kill', { execId: id }).catch(() => undefined);
+    } catch {
+      /* the connection is gone */
+    }
+  }
+}
+
+function onSignal(sig: NodeJS.Signals): void {
+  const all = [...live];
+  const kills = all.map((s) => s.kill('KILL').catch(() => undefined));
+  const done = Promise.race([Promise.all(kills), new Promise((r) => setTimeout(r, 1500).unref())]);
+  void done.then(() => {
+    // Our part is done: the signal's own handling from now on (a second Ctrl-C too).
+    live.clear();
+    uninstall();
+    // Nobody else listens: the signal's default action (the process ends), as without us.
+    if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
+  });
+}
+
+const handlers = new Map<NodeJS.Signals, () => void>(SIGNALS.map((s) => [s, () => onSignal(s)]));
+
+function install(): void {
+  if (installed) return;
+  installed = true;
+  for (const [sig, h] of handlers) process.on(sig, h);
+  process.on('exit', killAllSync);
+}
+
+function uninstall(): void {
+  if (!installed || live.size) return;
+  installed = false;
+  for (const [sig, h] of handlers) process.removeListener(sig, h);
+  process.removeListener('exit', killAllSync);
+}
+
 export class ExecSession {
   readonly execId: string;
+  /** Set by `attach`: what the broker replayed. */
+  attachInfo?: AttachInfo;
   readonly pid: number | null;
   /** Resolves with the exit notification; rejects when the broker connection is lost first. */
   readonly exited: Promise<ExecExit>;
@@ -191,6 +263,45 @@ export class ExecSession {
   /** Resizes the pty (`exec/resize`). */
   async resize(cols: number, rows: number): Promise<void> {
     await this.transport.request('exec/resize', { execId: this.execId, cols, rows });
+  }
+
+  /**
+   * Ends the command when this process is interrupted (SIGINT, SIGTERM) or exits, and when
+   * an `await using` block holding the session ends (the default of `execStream`).
+   */
+  guard(): this {
+    if (this.done || this.keep) return this;
+    live.add(this);
+    install();
+    this.exited
+      .finally(() => {
+        live.delete(this);
+        uninstall();
+      })
+      .catch(() => undefined);
+    return this;
+  }
+
+  private keep = false;
+
+  /** Leaves the command running when this process ends (re-attach with `exec/attach`). */
+  keepOnExit(): this {
+    this.keep = true;
+    live.delete(this);
+    uninstall();
+    return this;
+  }
+
+  /** `await using s = await sb.execStream(..)`: kills the command (KILL) if still running. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.done || this.keep) return;
+    await this.kill('KILL').catch(() => undefined);
+    await Promise.race([this.exited.catch(() => undefined), new Promise((r) => setTimeout(r, 5000).unref())]);
+  }
+
+  /** @internal the connection this session speaks over. */
+  transportOf(): ExecTransport {
+    return this.transport;
   }
 
   /** Signals the whole process tree (`exec/kill`, default KILL). */

@@ -126,6 +126,11 @@ export type Framing = 'lsp' | 'line';
  */
 export class Connection {
   private nextId = 1;
+
+  /** The id the next request will get (requests sent since have ids from here on). */
+  get peekNextId(): number {
+    return this.nextId;
+  }
   private readonly pending = new Map<number, Pending>();
   private chunks: Buffer[] = [];
   private have = 0;

@@ -6,7 +6,8 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { BrokerClient, BrokerOptions } from './broker.js';
-import { ConfirmationRequiredError, FileNotFoundError } from './errors.js';
+import { randomUUID } from 'node:crypto';
+import { ConfirmationRequiredError, FileNotFoundError, InvalidParamsError, SandboxNotFoundError } from './errors.js';
 import type { ExecSession } from './exec.js';
 import type { Cancel, Disposable } from './jsonrpc.js';
 import type {
@@ -117,6 +118,11 @@ export interface ExecStreamOptions extends Omit<ExecOptions, 'signal'> {
   onOutput?: (chunk: { stream: string; bytes: Buffer; text: string }) => void;
   /** Kills the command when it aborts. */
   signal?: AbortSignal;
+  /**
+   * Leave the command running when this process is interrupted or exits (default: it is
+   * killed then, and at the end of an `await using` block); `attach(execId)` picks it up.
+   */
+  keepOnExit?: boolean;
 }
 
 /** `sb.exec()`'s result: text and the exact bytes. */
@@ -132,6 +138,54 @@ export interface ExecOutput {
   truncated: boolean;
   signal?: string | null;
   oomKilled?: boolean;
+}
+
+const CLIENT_KEYS = ['client', 'processEnv', 'mode', 'abxPath', 'host', 'remoteBin', 'sshPath', 'sshOptions', 'socket', 'autoStart', 'abxHome', 'clientInfo', 'log', 'trace', 'unrefWhenIdle', 'framing'];
+const CREATE_KEYS = ['provider', 'template', 'timeout', 'timeoutMs', 'env', 'metadata', 'network', 'limits', 'mounts', 'signal'];
+
+/** An option `Sandbox.create` does not know is refused (E1004), never ignored. */
+function checkCreateOptions(opts: object): void {
+  const o = opts as Record<string, unknown>;
+  for (const k of Object.keys(o)) {
+    if (o[k] === undefined || CLIENT_KEYS.includes(k) || CREATE_KEYS.includes(k)) continue;
+    const hint: Record<string, string> = { envs: 'env', timeoutSeconds: 'timeout', image: 'template' };
+    throw new InvalidParamsError('E1004', `Sandbox.create: unknown option '${k}'.`, {
+      suggestion: hint[k] ? `Use '${hint[k]}'.` : `Known options: ${CREATE_KEYS.join(', ')} (and the connection's: ${CLIENT_KEYS.join(', ')}).`,
+      method: 'sandbox/create',
+    });
+  }
+  if (o.timeout !== undefined && o.timeoutMs !== undefined) {
+    throw new InvalidParamsError('E1004', 'Sandbox.create: give timeout (seconds) or timeoutMs, not both.', { method: 'sandbox/create' });
+  }
+}
+
+/** A `code/output` notification: one piece of a run's output, as it comes. */
+export interface CodeOutput {
+  sandbox: string;
+  context: string;
+  runId?: string;
+  /** `stdout`, `stderr`, `result`, `error` or `restarted`. */
+  type: string;
+  text?: string;
+  result?: Record<string, unknown>;
+  error?: { name?: string; value?: string; traceback?: string };
+}
+
+/** A code context (`code/createContext`). */
+export interface CodeContext {
+  id: string;
+  sandbox: string;
+  language: string;
+  cwd: string;
+  default: boolean;
+  executionCount: number;
+  running: boolean;
+  restarts: number;
+  queued: number;
+}
+
+function dropUndefined<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
 
 function stdinParams(stdin: string | Uint8Array | undefined): Record<string, unknown> {
@@ -175,9 +229,12 @@ export class Sandbox {
    * mounts (host directories: `{source, target?, mode?}`, or `'SRC[:TARGET][:MODE]'`, a
    * relative SRC taken from the current directory).
    */
-  static async create(opts: CreateOptions = {}): Promise<Sandbox> {
+  static async create(opts: CreateOptions & { timeoutMs?: number } = {}): Promise<Sandbox> {
+    checkCreateOptions(opts);
     const client = await getClient(opts);
-    const { provider, template, timeout, env, metadata, network, limits } = opts;
+    const { provider, template, env, metadata, network, limits } = opts;
+    // `timeoutMs` (E2B's name) is honoured: whole seconds, rounded up.
+    const timeout = opts.timeoutMs !== undefined ? Math.max(1, Math.ceil(opts.timeoutMs / 1000)) : opts.timeout;
     const mounts = opts.mounts === undefined ? undefined : opts.mounts.map(toMount);
     const info = await client.sandboxCreate({ provider, template, timeout, env, metadata, network, limits, mounts }, opts.signal);
     return new Sandbox(client, info, false);
@@ -263,6 +320,8 @@ export class Sandbox {
       { onOutput: opts.onOutput },
     );
     s.startQueue();
+    if (opts.keepOnExit) s.keepOnExit();
+    else s.guard();
     const signal = opts.signal;
     if (signal) {
       const kill = () => void s.kill().catch(() => undefined);
@@ -272,6 +331,19 @@ export class Sandbox {
         s.exited.finally(() => signal.removeEventListener('abort', kill)).catch(() => undefined);
       }
     }
+    return s;
+  }
+
+  /**
+   * `exec/attach`: a streamed command started elsewhere (another connection, a process that
+   * ended with `keepOnExit`): its output from now on, after what was buffered while no one
+   * listened (up to 1 MiB), then its exit. Only this process may then write to or kill it.
+   */
+  async attach(execId: string, opts: { onOutput?: ExecStreamOptions['onOutput']; keepOnExit?: boolean } = {}): Promise<ExecSession> {
+    const s = await this.client.execAttach(execId, { onOutput: opts.onOutput });
+    s.startQueue();
+    if (opts.keepOnExit) s.keepOnExit();
+    else s.guard();
     return s;
   }
 
@@ -309,15 +381,67 @@ export class Sandbox {
    * `code/run` (language default `python`): FeatureNotSupportedError (E8004) where the
    * provider does not declare code.interpret.
    */
-  runCode(
+  async runCode(
     code: string,
-    opts: { language?: string; context?: string; timeout?: number; env?: Record<string, string>; signal?: AbortSignal } = {},
+    opts: {
+      language?: string;
+      context?: string;
+      timeout?: number;
+      env?: Record<string, string>;
+      signal?: AbortSignal;
+      /** Each `code/output` of this run as it comes (stdout, stderr, result, error, restarted). */
+      onOutput?: (out: CodeOutput) => void;
+    } = {},
   ): Promise<CodeRunResult> {
-    const p: CodeRunParams = { sandbox: this.id, code, language: opts.language ?? 'python' };
+    // With a context, its own language (sending another one is E1004).
+    const p: CodeRunParams & { runId?: string } = { sandbox: this.id, code } as CodeRunParams;
+    if (opts.language !== undefined || opts.context === undefined) p.language = opts.language ?? 'python';
     if (opts.context !== undefined) p.context = opts.context;
     if (opts.timeout !== undefined) p.timeout = opts.timeout;
     if (opts.env !== undefined) p.env = opts.env;
-    return this.client.codeRun(p, opts.signal);
+    const onOutput = opts.onOutput;
+    if (!onOutput) return this.client.codeRun(p, opts.signal);
+    const runId = randomUUID();
+    p.runId = runId;
+    const sub = this.client.onNotification(({ method, params }) => {
+      const n = params as CodeOutput;
+      if (method === 'code/output' && n?.runId === runId) onOutput(n);
+    });
+    try {
+      return await this.client.codeRun(p, opts.signal);
+    } finally {
+      sub.dispose();
+    }
+  }
+
+  /** `code/createContext`: a long-lived interpreter (variables persist from cell to cell). */
+  createCodeContext(opts: { language?: string; cwd?: string; interpreter?: string; env?: Record<string, string> } = {}): Promise<CodeContext> {
+    return this.client.request('code/createContext', { sandbox: this.id, ...dropUndefined(opts) });
+  }
+
+  /** `code/listContexts`, oldest first. */
+  async listCodeContexts(): Promise<CodeContext[]> {
+    return (await this.client.request<{ contexts: CodeContext[] }>('code/listContexts', { sandbox: this.id })).contexts;
+  }
+
+  /** `code/restartContext`: a fresh interpreter (its state lost). */
+  restartCodeContext(context: string): Promise<CodeContext> {
+    return this.client.request('code/restartContext', { sandbox: this.id, context });
+  }
+
+  /** `code/removeContext`: the interpreter ends. */
+  async removeCodeContext(context: string): Promise<void> {
+    await this.client.request('code/removeContext', { sandbox: this.id, context });
+  }
+
+  /** `sandbox/info`: whether it is running (paused or gone: false). */
+  async isRunning(): Promise<boolean> {
+    try {
+      return (await this.info()).status === 'running';
+    } catch (e) {
+      if (e instanceof SandboxNotFoundError) return false;
+      throw e;
+    }
   }
 
   /** `commands/run`: a named command of the provider (E8004 where it has none). */
@@ -398,9 +522,20 @@ export class Files {
     return opts.encoding === 'utf8' || opts.encoding === 'text' ? b.toString('utf8') : b;
   }
 
-  /** Writes a whole file (atomic); text is UTF-8. Resolves with its size. */
-  write(p: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<number> {
-    return this.c.filesWriteAll(this.sb.id, p, typeof data === 'string' ? Buffer.from(data, 'utf8') : data, opts.mode);
+  /**
+   * Writes a whole file (atomic); text is UTF-8. Resolves with its size. Missing parent
+   * directories are made (as MCP's `files_write` does) unless `parents: false`.
+   */
+  async write(p: string, data: string | Uint8Array, opts: { mode?: number; parents?: boolean } = {}): Promise<number> {
+    const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
+    try {
+      return await this.c.filesWriteAll(this.sb.id, p, bytes, opts.mode);
+    } catch (err) {
+      const slash = p.lastIndexOf('/');
+      if (!(err instanceof FileNotFoundError) || opts.parents === false || slash <= 0) throw err;
+      await this.c.filesMkdir(this.sb.id, p.slice(0, slash), true);
+      return this.c.filesWriteAll(this.sb.id, p, bytes, opts.mode);
+    }
   }
 
   list(p = '/workspace', opts: { recursive?: boolean } = {}): Promise<FileEntry[]> {

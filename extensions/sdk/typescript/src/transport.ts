@@ -75,12 +75,29 @@ export function parseHost(spec: string): SshTarget {
   return { user, host, port };
 }
 
-/** `ssh` arguments for a target: `[...extra, -p PORT, user@host, --, abx, rpc]`. */
-export function sshArgs(t: SshTarget, remoteBin: string, extra: string[] = []): string[] {
-  const args = [...extra];
+/**
+ * `ssh` arguments for a target, as the CLI's `--host` runs it:
+ * `[-F $ABX_SSH_CONFIG] [...extra] [-p PORT] -T -o BatchMode=yes -- user@host abx rpc`
+ * (no pty, never a prompt: stdin is the protocol; the remote command shell-quoted).
+ */
+export function sshArgs(t: SshTarget, remoteBin: string, extra: string[] = [], sshConfig?: string): string[] {
+  const args: string[] = [];
+  if (sshConfig) args.push('-F', sshConfig);
+  args.push(...extra);
   if (t.port !== undefined) args.push('-p', String(t.port));
-  args.push(t.user ? `${t.user}@${t.host}` : t.host, '--', remoteBin, 'rpc');
+  args.push('-T', '-o', 'BatchMode=yes', '--', t.user ? `${t.user}@${t.host}` : t.host, shellQuote(remoteBin), 'rpc');
   return args;
+}
+
+/** A word for the remote shell (ssh joins its arguments with spaces). */
+function shellQuote(w: string): string {
+  return /^[A-Za-z0-9_./:=@%+-]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`;
+}
+
+/** The `ssh` command a user can run by hand to check the target (`-p PORT` when there is one). */
+export function sshCheckCommand(t: SshTarget): string {
+  const where = t.user ? `${t.user}@${t.host}` : t.host;
+  return t.port !== undefined ? `ssh -p ${t.port} ${where} true` : `ssh ${where} true`;
 }
 
 /** Where the daemon of a context's data dir lives (broker/home/src/paths.rs `Paths::from_env`). */
@@ -456,8 +473,7 @@ export function openProcess(file: string, args: string[], env: NodeJS.ProcessEnv
  * codes and texts of the CLI's `--host`).
  */
 export function sshFailure(label: string, target: SshTarget, remoteBin: string, exitCode: number | null, stderr: string): AbxError {
-  const where = target.user ? `${target.user}@${target.host}` : target.host;
-  const dest = target.port !== undefined ? `ssh://${where}:${target.port}` : where;
+  const check = sshCheckCommand(target);
   const tail = stderr.trim().split('\n').filter((l) => l.trim()).slice(-3).join(' ');
   const detail = tail || `'${label}' exited with code ${exitCode}`;
   const data = { host: target.host, exitCode };
@@ -469,13 +485,13 @@ export function sshFailure(label: string, target: SshTarget, remoteBin: string, 
   }
   if (/Permission denied|Authentication failed|Too many authentication failures|Host key verification failed|no matching host key/i.test(tail)) {
     return new HostAuthError('E1015', `ssh could not log in to '${target.host}': ${detail}`, {
-      suggestion: `abx runs your own ssh without prompting: load the key in ssh-agent or name it in ~/.ssh/config (IdentityFile), accept the host key once with 'ssh ${dest} true', then retry.`,
+      suggestion: `abx runs your own ssh without prompting: load the key in ssh-agent or name it in ~/.ssh/config (IdentityFile), accept the host key once with '${check}', then retry.`,
       data,
     });
   }
   if (exitCode === 255) {
     return new HostUnreachableError('E1014', `Cannot reach host '${target.host}' over ssh: ${detail}`, {
-      suggestion: `Check the address and port (${target.port ?? 22}) in ABX_HOST / host (ssh://[user@]host[:port]) and that sshd runs there; 'ssh ${dest} true' must work by hand.`,
+      suggestion: `Check the address and port (${target.port ?? 22}) in ABX_HOST / host (ssh://[user@]host[:port]) and that sshd runs there; '${check}' must work by hand.`,
       data,
     });
   }

@@ -51,8 +51,12 @@ test('ABX_HOST forms parse; anything but ssh is refused with E1004', () => {
   assert.deepEqual(sdk.parseHost('ssh://dev@box:2222'), { user: 'dev', host: 'box', port: 2222 });
   assert.deepEqual(sdk.parseHost('dev@box'), { user: 'dev', host: 'box', port: undefined });
   assert.deepEqual(sdk.parseHost('ssh://[::1]:22'), { user: undefined, host: '::1', port: 22 });
-  assert.deepEqual(sdk.sshArgs(sdk.parseHost('ssh://u@h:7'), 'abx'), ['-p', '7', 'u@h', '--', 'abx', 'rpc']);
-  assert.deepEqual(sdk.sshArgs(sdk.parseHost('h'), '/opt/abx'), ['h', '--', '/opt/abx', 'rpc']);
+  // As the CLI runs it (cli/client/src/remote.rs): ABX_SSH_CONFIG as -F, no pty, never a prompt.
+  assert.deepEqual(sdk.sshArgs(sdk.parseHost('ssh://u@h:7'), 'abx'), ['-p', '7', '-T', '-o', 'BatchMode=yes', '--', 'u@h', 'abx', 'rpc']);
+  assert.deepEqual(sdk.sshArgs(sdk.parseHost('h'), '/opt/abx'), ['-T', '-o', 'BatchMode=yes', '--', 'h', '/opt/abx', 'rpc']);
+  assert.deepEqual(sdk.sshArgs(sdk.parseHost('h'), '/opt/my abx', [], '/cfg'), ['-F', '/cfg', '-T', '-o', 'BatchMode=yes', '--', 'h', "'/opt/my abx'", 'rpc']);
+  assert.equal(sdk.sshCheckCommand(sdk.parseHost('ssh://root@127.0.0.1:2222')), 'ssh -p 2222 root@127.0.0.1 true');
+  assert.equal(sdk.sshCheckCommand(sdk.parseHost('h')), 'ssh h true');
   for (const bad of ['http://x', 'ssh://-oProxyCommand=x', 'ssh://h:99999', '']) {
     assert.throws(() => sdk.parseHost(bad), (e) => e instanceof sdk.InvalidParamsError && e.abx === 'E1004', bad);
   }

@@ -196,7 +196,7 @@ describe('exec', () => {
 describe('files', () => {
   test('write/read (text and exact bytes), list, stat, exists, mkdir, rename, remove', async () => {
     const data = randomBytes(300 * 1024);
-    assert.equal(await sb.files.write('d/b.bin', data).catch(() => -1), -1, 'no parent dir yet');
+    assert.equal(await sb.files.write('d/b.bin', data, { parents: false }).catch(() => -1), -1, 'parents: false: no parent dir yet is E4001 (the default makes it)');
     await sb.files.mkdir('/workspace/d/e', { parents: true });
     assert.equal(await sb.files.write('d/b.bin', data), data.length);
     assert.deepEqual(await sb.files.read('/workspace/d/b.bin'), data);

@@ -101,7 +101,7 @@ describe('ssh', () => {
     try {
       assert.equal(sb.client.mode, 'ssh');
       assert.deepEqual(sb.client.sshTarget, { user, host: '127.0.0.1', port });
-      assert.ok(sb.client.label.endsWith(`-p ${port} ${user}@127.0.0.1 -- ${ABX_BIN} rpc`), sb.client.label);
+      assert.ok(sb.client.label.endsWith(`-p ${port} -T -o BatchMode=yes -- ${user}@127.0.0.1 ${ABX_BIN} rpc`), sb.client.label);
       const r = await sb.exec("printf '\\377ssh'");
       assert.deepEqual(r.stdoutBytes, Buffer.from([0xff, 0x73, 0x73, 0x68]));
       const s = await sb.execStream('for i in $(seq 1 100); do echo $i; done');
@@ -120,6 +120,21 @@ describe('ssh', () => {
       assert.equal(st.socket, path.join(home.dir, 'run', 'broker.sock'));
     } finally {
       await sb.kill();
+    }
+  });
+
+  test('ABX_SSH_CONFIG is passed as ssh -F, as the CLI does: no sshOptions needed', async () => {
+    const cfg = path.join(dir, 'abx_ssh_config');
+    fs.writeFileSync(
+      cfg,
+      `Host *\n  IdentityFile ${path.join(dir, 'client_key')}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n`,
+    );
+    const c = await sdk.BrokerClient.connect({ host, remoteBin: ABX_BIN, env: { ...home.env, ABX_SSH_CONFIG: cfg }, trace });
+    try {
+      assert.ok(c.label.includes(`-F ${cfg} -p ${port} -T -o BatchMode=yes -- ${user}@127.0.0.1`), c.label);
+      assert.deepEqual(await c.ping(), {});
+    } finally {
+      await c.close();
     }
   });
 
@@ -142,12 +157,12 @@ describe('ssh', () => {
     const closed = await freePort();
     await assert.rejects(
       sdk.BrokerClient.connect({ host: `${user}@127.0.0.1:${closed}`, sshOptions, remoteBin: ABX_BIN, env: home.env }),
-      (e) => e instanceof sdk.HostUnreachableError && e.abx === 'E1014' && /Cannot reach host '127\.0\.0\.1' over ssh/.test(e.message) && e.suggestion.includes(String(closed)),
+      (e) => e instanceof sdk.HostUnreachableError && e.abx === 'E1014' && /Cannot reach host '127\.0\.0\.1' over ssh/.test(e.message) && e.suggestion.includes(`'ssh -p ${closed} ${user}@127.0.0.1 true'`),
     );
     const stranger = [...sshOptions.slice(0, -2), '-i', path.join(dir, 'stranger_key')];
     await assert.rejects(
       sdk.BrokerClient.connect({ host, sshOptions: stranger, remoteBin: ABX_BIN, env: home.env }),
-      (e) => e instanceof sdk.HostAuthError && e.abx === 'E1015' && /ssh could not log in to '127\.0\.0\.1'/.test(e.message) && /ssh-agent/.test(e.suggestion),
+      (e) => e instanceof sdk.HostAuthError && e.abx === 'E1015' && /ssh could not log in to '127\.0\.0\.1'/.test(e.message) && /ssh-agent/.test(e.suggestion) && e.suggestion.includes(`'ssh -p ${port} ${user}@127.0.0.1 true'`),
     );
   });
 });
