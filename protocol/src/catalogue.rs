@@ -525,11 +525,12 @@ catalogue! {
             TemplatesParams [open] => TemplateList, [],
             "The provider's templates (local: base and the stored OCI images).";
         TEMPLATES_INIT "templates/init": Routed("templates.read") in "templates",
-            TemplatesParams [open] => ProviderDefined, [],
-            "Start a template (provider-defined).";
+            TemplatesInitParams [open] => TemplatesInitResult, [Refused, LocalFileError, FileExists],
+            "Write a starter Dockerfile for a language into a directory (local: for templates/build).";
         TEMPLATES_BUILD "templates/build": Routed("templates.build") in "templates",
-            TemplatesBuildParams [open] => TemplateInfo, [TemplateNotFound, SandboxNotFound, Refused],
-            "Save a sandbox's filesystem changes as a new template (local: a new layer on its base image).";
+            TemplatesBuildParams [open] => TemplateInfo,
+            [TemplateNotFound, SandboxNotFound, Refused, LocalFileError, BuildFailed, DockerfileInvalid, BuildContextRefused] notes ["templates/progress"],
+            "Save a sandbox's filesystem changes as a new template (local: a new layer on its base image), or build a Dockerfile in a context directory (progress as templates/progress).";
         TEMPLATES_PULL "templates/pull": Routed("templates.read") in "templates",
             TemplatesPullParams [open] => TemplateInfo,
             [TemplateNotFound, SourceUnreachable, DigestMismatch, Refused] notes ["templates/progress"],
@@ -551,7 +552,7 @@ catalogue! {
         FILES_PROGRESS "files/progress": FilesProgress,
             "Progress of files/upload or files/download.";
         TEMPLATES_PROGRESS "templates/progress": TemplatesProgress,
-            "Progress of templates/pull.";
+            "Progress of templates/pull or of a Dockerfile templates/build.";
         FILES_CHANGED "files/changed": FilesChanged,
             "A change under a watched path.";
         SANDBOX_BLOCKED "sandbox/blocked": SandboxBlocked,

@@ -155,6 +155,18 @@ error_codes! {
     MountRefused = 2010, rpc 2010, exit 2,
         "Mount of '{path}' refused: {reason}.",
         "Mount a project directory of your own: not the home directory itself or one above it, a credential directory, a system directory or the broker's own (docs/local-sandboxes.md, \"Mounts\").";
+    /// A Dockerfile build step failed (a `RUN` exited non-zero, or ran out of room).
+    BuildFailed = 2011, rpc 2011, exit 1,
+        "Build of '{template}' failed at {step} (Dockerfile line {line}): {detail}",
+        "Fix the step (its last output lines are above), then build again: the steps before it are cached.";
+    /// A Dockerfile that cannot be built as written.
+    DockerfileInvalid = 2012, rpc 2012, exit 2,
+        "Dockerfile line {line}: {detail}",
+        "See docs/templates.md for the instructions 'abx template build' supports.";
+    /// The build context cannot be used: a path escapes it, or it is too big.
+    BuildContextRefused = 2013, rpc 2013, exit 2,
+        "Build context '{path}' refused: {reason}.",
+        "COPY and ADD read only files under the context, without '..' or links that leave it; exclude what the image does not need in .dockerignore (limits: docs/templates.md).";
 
     // E3xxx: exec
     /// The command ran out of time.

@@ -201,7 +201,9 @@ test("2: a signal to execd's command session (the wrapper's group) reaches the c
     assert.match(outputOf(plugin, a.execId), /^ready\n(.*\n)?cleanup\n$/);
     const eb = await until("exec/exit b", () => exitOf(plugin, b.execId));
     assert.deepEqual([eb.exitCode, eb.signal], [143, "SIGTERM"], JSON.stringify(eb));
-    const r = (await run).result;
+    const reply = await run;
+    assert.ok(reply.result, `exec/run answered ${JSON.stringify(reply)}`);
+    const r = reply.result;
     assert.deepEqual([r.exitCode, r.signal, r.stdout], [143, "SIGTERM", ""], JSON.stringify(r));
     const alive = await plugin.call("exec/run", { sandbox: sb.id, command: "kill -0 $(cat /tmp/b.pid) 2>/dev/null && echo alive || echo gone" });
     assert.equal(alive.stdout, "gone\n");

@@ -635,19 +635,20 @@ fn processes_system_capabilities_and_named_commands() {
         .unwrap()
         .contains(&json!("exec.run")));
 
-    // Named commands: E8004 from the broker, printed, never a crash.
+    // Named commands (issue 49): local serves commands/run as it declares; its templates
+    // name no commands, so E1004 says so, printed, never a crash.
     let e = err_human(
         &home,
         &["sandbox", "command", "run", &id, "anything"],
-        "E8004",
-        1,
+        "E1004",
+        2,
     );
-    assert!(e.contains("Provider 'local' does not support"), "{e}");
+    assert!(e.contains("names no command"), "{e}");
     err_json(
         &home,
         &["sandbox", "command", "run", &id, "anything"],
-        "E8004",
-        1,
+        "E1004",
+        2,
     );
 }
 

@@ -129,10 +129,15 @@ fn bad_lifecycle_input_gets_typed_errors() {
         "E2004"
     );
     // Every feature of the catalogue's sandbox methods is declared now (code.interpret:
-    // issue 24, templates: issue 22); a template without named commands answers
-    // commands/run with E8004 itself.
+    // issue 24, templates: issue 22); commands/run is served as declared (issue 49): local
+    // templates name no commands, so a name is E1004 saying so and pointing at exec/run,
+    // never E8004 naming a feature local declares.
     let e = c.call_err("commands/run", json!({"sandbox": id, "name": "anything"}));
-    assert_eq!(abx_code(&e), "E8004", "{e}");
+    assert_eq!(abx_code(&e), "E1004", "{e}");
+    assert!(
+        e.to_string().contains("names no command") && e.to_string().contains("exec/run"),
+        "{e}"
+    );
     // Templates are declared (issue 22): the host template is always listed.
     let l = c.call("templates/list", json!({"provider": "local"}));
     assert_eq!(l["templates"][0]["name"], "base");
@@ -146,7 +151,7 @@ fn bad_lifecycle_input_gets_typed_errors() {
 fn bad_params_keep_their_codes_and_messages() {
     let (_home, mut c, id) = setup();
     let msg = |e: &Value| e["message"].as_str().unwrap_or_default().to_owned();
-    let fields = "'sandbox', 'command', 'argv', 'cwd', 'env', 'timeout', 'stdin', \
+    let fields = "'sandbox', 'create', 'command', 'argv', 'cwd', 'env', 'timeout', 'stdin', \
                   'stdinEncoding', 'maxOutput', 'pty', '_meta', 'provider'";
     for m in ["exec/run", "exec/start"] {
         let e = c.call_err(m, json!({"sandbox": id, "command": "true", "bogus": 1}));

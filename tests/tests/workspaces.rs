@@ -705,3 +705,66 @@ fn an_image_sandbox_has_its_mounts_and_files_see_its_root() {
     );
     assert_eq!(abx_code(&e), "E4014", "{e}");
 }
+
+/// `files/watch` of a path on a mount (issue 43) watches what the sandbox sees there: writes
+/// through an overlay mount on `/workspace` and through an `rw` mount elsewhere are reported
+/// with their sandbox paths, and host writes under the `rw` and `ro` mounts too (the same
+/// inodes).
+#[test]
+fn a_watch_on_a_mount_reports_the_sandboxs_paths() {
+    let (_home, mut c, _t) = setup();
+    let p = project();
+    let src = p.path().canonicalize().unwrap();
+    let other = project();
+    let other_src = other.path().canonicalize().unwrap();
+    let third = project();
+    let third_src = third.path().canonicalize().unwrap();
+    let id = c.create(json!({"mounts": [
+        {"source": src},
+        {"source": other_src, "target": "/data", "mode": "rw"},
+        {"source": third_src, "target": "/ref", "mode": "ro"},
+    ]}));
+    let watch = |c: &mut Client, path: &str| {
+        c.call(
+            "files/watch",
+            json!({"sandbox": id, "path": path, "recursive": true}),
+        )["watchId"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let w_ws = watch(&mut c, "/workspace");
+    let w_data = watch(&mut c, "/data");
+    let w_ref = watch(&mut c, "/ref");
+    c.sh(&id, "mkdir /workspace/newdir && echo x > /workspace/newdir/n.txt && echo y > /workspace/sub/b.txt && echo z > /data/z.txt");
+    std::fs::write(other_src.join("from-host.txt"), "h\n").unwrap();
+    std::fs::write(third_src.join("sub/ro-host.txt"), "h\n").unwrap();
+    let want = [
+        (w_ws.as_str(), "/workspace/newdir/n.txt"),
+        (w_ws.as_str(), "/workspace/sub/b.txt"),
+        (w_data.as_str(), "/data/z.txt"),
+        (w_data.as_str(), "/data/from-host.txt"),
+        (w_ref.as_str(), "/ref/sub/ro-host.txt"),
+    ];
+    let mut seen: Vec<(String, String)> = vec![];
+    while !want
+        .iter()
+        .all(|(w, p)| seen.iter().any(|(sw, sp)| sw == w && sp == p))
+    {
+        let v = c.recv();
+        if v["method"] == "files/changed" {
+            let path = v["params"]["path"].as_str().unwrap().to_owned();
+            assert!(
+                !path.contains("/workspace/workspace") && !path.starts_with("/workspace/data"),
+                "a path not as the sandbox sees it: {v}"
+            );
+            seen.push((v["params"]["watchId"].as_str().unwrap().to_owned(), path));
+        }
+    }
+    // Nothing on the host changed under the overlay.
+    assert!(!src.join("newdir").exists());
+    assert_eq!(
+        std::fs::read_to_string(src.join("sub/b.txt")).unwrap(),
+        "host b\n"
+    );
+}

@@ -12,6 +12,10 @@
 //!   at once ([`Writer`]), with no hand-off to the connection's write task: a reply costs
 //!   one task wake-up less, and none on another worker thread (issue 25). Order holds: a
 //!   sender writes itself only while holding the writer with nothing of anyone's queued.
+//! - A large tracked message (an exec stream's chunk) found the same way is written whole by
+//!   its sender, which waits on the socket holding the writer (`Outbound::write_large`):
+//!   the stream's pump reads, encodes and writes on one thread, and its frames are freed
+//!   where they were made (issue 48).
 
 use abx_protocol::codec::Framing;
 use abx_protocol::message;
@@ -373,6 +377,58 @@ struct Shared {
     writer: Option<Arc<Writer>>,
 }
 
+/// The framing around a body of `len` bytes: (head, tail), the head written into `buf`.
+fn frame_parts(f: Framing, len: usize, buf: &mut [u8; 40]) -> (&[u8], &'static [u8]) {
+    match f {
+        Framing::Line => (&[], b"\n"),
+        Framing::Header => {
+            let mut at = &mut buf[..];
+            let _ =
+                std::io::Write::write_fmt(&mut at, format_args!("Content-Length: {len}\r\n\r\n"));
+            let n = 40 - at.len();
+            (&buf[..n], &[])
+        }
+    }
+}
+
+/// Write `parts` whole, vectored when the writer takes that (one system call for a body and
+/// its framing where three plain writes were made), then flush.
+pub(crate) async fn write_parts(
+    io: &mut Pin<Box<dyn AsyncWrite + Send>>,
+    parts: [&[u8]; 3],
+) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let vectored = io.is_write_vectored();
+    let mut done = 0;
+    while done < total {
+        let n = std::future::poll_fn(|cx| {
+            let mut skip = done;
+            let mut slices = [std::io::IoSlice::new(&[]); 3];
+            let mut k = 0;
+            for p in parts {
+                if skip >= p.len() {
+                    skip -= p.len();
+                    continue;
+                }
+                slices[k] = std::io::IoSlice::new(&p[skip..]);
+                skip = 0;
+                k += 1;
+            }
+            if vectored {
+                io.as_mut().poll_write_vectored(cx, &slices[..k])
+            } else {
+                io.as_mut().poll_write(cx, &slices[0])
+            }
+        })
+        .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    std::future::poll_fn(|cx| io.as_mut().poll_flush(cx)).await
+}
+
 /// What a message of `bytes` costs: of the connection's budget, and of the allowance or pool.
 fn costs(bytes: usize, pool: &Pool) -> (usize, usize) {
     let cost = bytes.saturating_add(MSG_OVERHEAD);
@@ -587,18 +643,7 @@ impl Outbound {
             return Err(permit);
         };
         let mut head = [0u8; 40];
-        let (head, tail): (&[u8], &[u8]) = match w.framing() {
-            Framing::Line => (&[], b"\n"),
-            Framing::Header => {
-                let mut at = &mut head[..];
-                let _ = std::io::Write::write_fmt(
-                    &mut at,
-                    format_args!("Content-Length: {}\r\n\r\n", body.len()),
-                );
-                let n = 40 - at.len();
-                (&head[..n], &[])
-            }
-        };
+        let (head, tail) = frame_parts(w.framing(), body.len(), &mut head);
         self.write_locked(io, [head, body, tail], permit)
     }
 
@@ -1020,7 +1065,56 @@ impl Outbound {
                 None => return Err(body),
             },
         };
+        let (body, permits, report) = match report {
+            Some(r) if body.len() > SENDER_WRITES => match self.write_large(body, permits, r).await
+            {
+                Ok(()) => return Ok(()),
+                Err((body, permits, r)) => (body, permits, Some(r)),
+            },
+            r => (body, permits, r),
+        };
         self.push(body, permits, report)
+    }
+
+    /// A large tracked message (a stream's chunk) written by its sender, whole, when nothing
+    /// is queued, nobody is writing and no burst is gathering: no hand-off to the write task
+    /// (a wakeup of another worker per chunk), and the body is freed by the thread that made
+    /// it, so the next chunk reuses its memory instead of faulting in fresh pages (issue 48:
+    /// a quarter of the daemon's CPU per streamed GiB was page faults in the base64 encoder).
+    /// The framing goes beside the body in one vectored write. The sender waits while the
+    /// socket is full, holding the writer: what others send meanwhile is queued behind it,
+    /// in order. Reported delivered once written; on a failed write or a closed connection,
+    /// undelivered with the body back (the connection is closed, as the write task does).
+    /// `Err`: not written (someone else is writing), the inputs back to queue.
+    async fn write_large(
+        &self,
+        body: Vec<u8>,
+        permit: Permits,
+        report: Delivery,
+    ) -> Result<(), (Vec<u8>, Permits, Delivery)> {
+        let Some(w) = self.shared.writer.as_deref() else {
+            return Err((body, permit, report));
+        };
+        if w.is_corked() {
+            return Err((body, permit, report));
+        }
+        let Some(mut io) = self.lock_free_writer(w) else {
+            return Err((body, permit, report));
+        };
+        let mut head = [0u8; 40];
+        let (head, tail) = frame_parts(w.framing(), body.len(), &mut head);
+        let ok = tokio::select! {
+            biased;
+            r = write_parts(&mut io, [head, &body, tail]) => r.is_ok(),
+            _ = self.shared.closed.cancelled() => false,
+        };
+        if !ok {
+            self.shared.closed.cancel();
+        }
+        drop(io);
+        drop(permit);
+        report(if ok { Ok(()) } else { Err(body) });
+        Ok(())
     }
 
     /// Queue a notification.
@@ -1305,6 +1399,118 @@ mod tests {
         writer.queued.store(0, Ordering::Release);
         assert!(rx.try_recv().is_err());
         assert_eq!(pool.available(), pool.cap(), "nothing is left counted");
+    }
+
+    /// A large tracked message (a stream's chunk) is written by its sender, whole and framed,
+    /// in one vectored write when the socket takes it, and reported delivered; with something
+    /// queued ahead of it, it is queued behind (order holds); a sender waiting on a full
+    /// socket lets go when the connection closes, and a failed write closes the connection:
+    /// either way the body comes back whole, undelivered, for the stream to keep.
+    #[tokio::test]
+    async fn a_large_tracked_message_is_written_by_its_sender_or_given_back_whole() {
+        let body = vec![b'z'; SENDER_WRITES * 4];
+        type Got = Arc<Mutex<Vec<Result<(), Vec<u8>>>>>;
+        let report = |got: &Got| -> Delivery {
+            let got = got.clone();
+            Box::new(move |r| got.lock().unwrap().push(r))
+        };
+        for (framing, tag) in [(Framing::Line, 1u8), (Framing::Header, 2u8)] {
+            let mut want = BytesMut::new();
+            framing.write(&body, &mut want);
+            for (step, room) in [(usize::MAX, usize::MAX), (4096, usize::MAX), (1000, 0)] {
+                let case = format!("{framing:?} step={step} room={room}");
+                let out = Arc::new(Mutex::new(Vec::new()));
+                let calls = Arc::new(AtomicUsize::new(0));
+                let io = Trickle {
+                    out: out.clone(),
+                    step,
+                    room,
+                    vectored: true,
+                    calls: calls.clone(),
+                };
+                let writer = Arc::new(Writer::new(Box::pin(io), Arc::new(AtomicU8::new(tag))));
+                let pool = Pool::new(4 << 20);
+                let (h, mut rx) = Outbound::new(1, pool.clone(), Some(writer.clone()));
+                let got: Got = Arc::default();
+                if room == 0 {
+                    // The socket is full: the sender waits, holding the writer; what is sent
+                    // meanwhile is queued behind it; closing lets it go with its body back.
+                    let w = h.clone();
+                    let (b, r) = (body.clone(), report(&got));
+                    let sender = tokio::spawn(async move { w.send_tracked(b, r, None).await });
+                    tokio::task::yield_now().await;
+                    assert!(!sender.is_finished(), "{case}");
+                    assert!(h.send(b"{}".to_vec()).await);
+                    assert!(rx.try_recv().is_ok(), "{case}: queued behind the writer");
+                    h.shared.closed.cancel();
+                    assert!(sender.await.unwrap().is_ok(), "{case}");
+                    assert_eq!(*got.lock().unwrap(), [Err(body.clone())], "{case}");
+                    continue;
+                }
+                assert!(h
+                    .send_tracked(body.clone(), report(&got), None)
+                    .await
+                    .is_ok());
+                assert_eq!(*out.lock().unwrap(), &want[..], "{case}");
+                if step == usize::MAX {
+                    assert_eq!(calls.load(Ordering::Relaxed), 1, "{case}: one write");
+                }
+                assert_eq!(*got.lock().unwrap(), [Ok(())], "{case}");
+                assert!(rx.try_recv().is_err(), "{case}: nothing for the write task");
+                assert_eq!(pool.available(), pool.cap(), "{case}: nothing left counted");
+                assert_eq!(h.shared.budget.available_permits(), OUTBOUND_BUDGET);
+
+                // Something queued ahead: queued behind it, not written.
+                out.lock().unwrap().clear();
+                writer.queued.store(1, Ordering::Release);
+                let got: Got = Arc::default();
+                assert!(h
+                    .send_tracked(body.clone(), report(&got), None)
+                    .await
+                    .is_ok());
+                assert!(out.lock().unwrap().is_empty(), "{case}");
+                let q = rx.try_recv().expect("queued");
+                assert_eq!(&q.body[..], &body[..], "{case}");
+                drop(q);
+                assert_eq!(
+                    got.lock().unwrap().len(),
+                    1,
+                    "{case}: reported when dropped"
+                );
+            }
+        }
+
+        // A failed write: the body comes back whole and the connection is closed.
+        struct Broken;
+        impl AsyncWrite for Broken {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                _: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+        let writer = Arc::new(Writer::new(Box::pin(Broken), Arc::new(AtomicU8::new(1))));
+        let pool = Pool::new(4 << 20);
+        let (h, _rx) = Outbound::new(1, pool.clone(), Some(writer));
+        let got: Got = Arc::default();
+        assert!(h
+            .send_tracked(body.clone(), report(&got), None)
+            .await
+            .is_ok());
+        assert_eq!(*got.lock().unwrap(), [Err(body.clone())]);
+        assert!(h.is_closed());
+        assert_eq!(pool.available(), pool.cap());
     }
 
     /// What a sender writes itself is the framed message, byte for byte, in either framing,

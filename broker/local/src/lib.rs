@@ -12,6 +12,7 @@
 //! - [`templates`]: OCI images (pull, import, store, unpack) and sandboxes saved as templates.
 //! - [`workspace`]: host directories mounted into sandboxes (`mounts`).
 //! - [`egress`]: network policies: each policy sandbox's egress proxy (crate `abx-egress`).
+//! - [`pool`]: ready sandboxes, built ahead of the creates that take them (issue 48).
 
 pub mod code;
 pub mod container;
@@ -22,6 +23,7 @@ pub mod init;
 pub mod isolate;
 pub mod limits;
 pub mod net;
+pub mod pool;
 pub mod procs;
 pub mod sandboxes;
 pub mod templates;

@@ -8,6 +8,7 @@
 use super::container::{self, Container};
 use super::exec::{self, PtySize};
 use super::limits::{self, Cgroup, Limits};
+use super::pool::{Pool, Shape};
 use super::templates::{self, Store};
 use super::workspace::mounts::{self, MountRecord};
 use super::{files, isolate, procs, watch, SandboxDirs};
@@ -497,6 +498,8 @@ pub struct Settings {
     pub network: String,
     /// Limits of a sandbox created without them (`memory`, `cpus`, `pids`).
     pub limits: Limits,
+    /// Sandboxes kept built ahead of any create (`pool`, default 2; 0: off; issue 48).
+    pub pool: usize,
     /// Registries (`insecure_registries`, `[local.registry_auth]`).
     pub registry: templates::RegistrySettings,
     /// Caps on an image's size (`template_max_bytes`, `template_max_entries`).
@@ -516,6 +519,7 @@ impl Default for Settings {
             max_sandboxes: 64,
             network: "none".into(),
             limits: limits::DEFAULT,
+            pool: DEFAULT_POOL,
             registry: templates::RegistrySettings::default(),
             template_limits: templates::Limits::default(),
             protected: Vec::new(),
@@ -524,6 +528,12 @@ impl Default for Settings {
         }
     }
 }
+
+/// Ready sandboxes kept by default (`[local] pool`), and the most the config may ask.
+pub const DEFAULT_POOL: usize = 2;
+pub const MAX_POOL: usize = 16;
+/// No pooled sandbox is built while the host has less memory available than this (MiB).
+const POOL_MIN_AVAILABLE_MB: u64 = 512;
 
 /// The network modes of a local sandbox.
 pub const NETWORK_MODES: &[&str] = &["none", "internet", "host"];
@@ -555,6 +565,14 @@ impl Settings {
             match v.as_integer().filter(|n| *n >= 1) {
                 Some(n) => s.max_sandboxes = n as usize,
                 None => warn!(value = %v, "ignoring [local] max_sandboxes: not a positive integer"),
+            }
+        }
+        if let Some(v) = t.get("pool") {
+            match v.as_integer().filter(|n| (0..=MAX_POOL as i64).contains(n)) {
+                Some(n) => s.pool = n as usize,
+                None => {
+                    warn!(value = %v, "ignoring [local] pool: not an integer from 0 to {MAX_POOL}")
+                }
             }
         }
         let positive_int = |v: &toml::Value| v.as_integer().filter(|n| *n > 0).map(|n| n as u64);
@@ -663,6 +681,12 @@ struct Inner {
     reserved: Mutex<Reserved>,
     /// The most processes the live sandboxes' limits may add up to.
     pids_budget: PidsBudget,
+    /// Ready sandboxes (issue 48), built under `pool_root` and moved beside the others when
+    /// taken.
+    pool: Pool<Box<Sandbox>>,
+    pool_root: PathBuf,
+    /// Itself, for the refill task.
+    me: std::sync::Weak<Inner>,
 }
 
 /// What the creates under way hold of the caps: sandboxes being built, and their process
@@ -907,17 +931,134 @@ impl Inner {
     /// `exec/run`, answered as raw JSON (see [`exec::run`]).
     async fn exec_run(self: &Arc<Self>, cx: &CallCx, params: Value) -> Reply {
         let method = "exec/run";
-        let p: ExecRunParams = parse(method, params)?;
+        let mut p: ExecRunParams = parse(method, params)?;
+        let once = self.for_once(method, &p.sandbox, p.create.take()).await?;
+        if let Some(id) = &once {
+            p.sandbox = id.clone();
+        }
+        // Killed behind the reply, or when the request is cancelled (this future dropped):
+        // the caller never waits on its tear-down.
+        let _kill = KillOnDrop(once.clone().map(|id| (self.me.clone(), id)));
+        let ran = async {
+            let sb = self.running(&p.sandbox)?;
+            let id = p.sandbox.clone();
+            let parts = sb.exec_parts().await?;
+            exec::run(
+                parts.site(&sb, &id),
+                p.into(),
+                cx.conn.pool().clone(),
+                &cx.hold,
+            )
+            .await
+        }
+        .await;
+        let Some(id) = once else {
+            return ran;
+        };
+        // The reply names the sandbox it made (`{"sandbox": ID, ...}`, still raw).
+        let raw = ran?;
+        let body = raw.get().trim_start();
+        let named = match body.strip_prefix('{') {
+            Some(rest) => format!(
+                "{{\"sandbox\":{}{}{rest}",
+                json!(format!("local:{id}")),
+                if rest.trim_start().starts_with('}') {
+                    ""
+                } else {
+                    ","
+                }
+            ),
+            None => return Ok(raw),
+        };
+        serde_json::value::RawValue::from_string(named).map_err(AbxError::internal)
+    }
+
+    /// `create` of `exec/run` and `exec/start` (issue 48): a sandbox made for one command,
+    /// its id (`None` when the request names a sandbox). Reported `created` as a
+    /// `sandbox/create` would be.
+    async fn for_once(
+        &self,
+        method: &str,
+        sandbox: &str,
+        create: Option<Box<SandboxCreateParams>>,
+    ) -> Result<Option<String>, AbxError> {
+        let Some(create) = create else {
+            if sandbox.is_empty() {
+                return Err(AbxError::invalid_params(
+                    method,
+                    "sandbox (or create) is required",
+                ));
+            }
+            return Ok(None);
+        };
+        if !sandbox.is_empty() {
+            return Err(AbxError::invalid_params(
+                method,
+                "give sandbox or create, not both",
+            ));
+        }
+        let view = self.create(*create).await?;
+        let id = view["id"].as_str().unwrap_or_default().to_owned();
+        self.events.emit("local", &id, "created", Some(&view));
+        Ok(Some(id))
+    }
+
+    /// `exec/start` in `p.sandbox`; `once`: the sandbox was made for this command (it is
+    /// killed when the command's stream ends, and the reply names it).
+    async fn exec_start(
+        self: &Arc<Self>,
+        cx: &CallCx,
+        p: ExecStartParams,
+        once: Option<String>,
+    ) -> Result<Value, AbxError> {
         let sb = self.running(&p.sandbox)?;
+        let exec_id = format!(
+            "e-{}-{}",
+            self.next.fetch_add(1, Ordering::Relaxed),
+            rand_id()
+        );
+        let weak = Arc::downgrade(self);
         let id = p.sandbox.clone();
         let parts = sb.exec_parts().await?;
-        exec::run(
+        let ephemeral = once.clone();
+        let s = exec::start(
             parts.site(&sb, &id),
-            p.into(),
-            cx.conn.pool().clone(),
-            &cx.hold,
+            p,
+            exec_id.clone(),
+            cx.conn.clone(),
+            cx.replied.clone(),
+            move |eid| {
+                if let Some(me) = weak.upgrade() {
+                    me.streams.lock().expect("streams").remove(eid);
+                    if let Some(sid) = ephemeral {
+                        me.kill_behind(sid);
+                    }
+                }
+            },
         )
-        .await
+        .await?;
+        let pid = s.view_pid;
+        self.streams
+            .lock()
+            .expect("streams")
+            .insert(exec_id.clone(), s);
+        Ok(match once {
+            Some(sid) => json!({"execId": exec_id, "pid": pid, "sandbox": format!("local:{sid}")}),
+            None => json!({"execId": exec_id, "pid": pid}),
+        })
+    }
+
+    /// Kill a sandbox made for one command once it has ended, in the background, and report
+    /// it `killed`.
+    fn kill_behind(&self, id: String) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            if me.kill(&id).await["killed"] == true {
+                me.events.emit("local", &id, "killed", None);
+            }
+        });
     }
 
     fn start(data_dir: &Path, settings: Settings, events: abx_core::events::Events) -> Arc<Inner> {
@@ -949,7 +1090,15 @@ impl Inner {
         );
         let mut protected = settings.protected.clone();
         protected.push(data_dir.to_path_buf());
-        let p = Arc::new(Inner {
+        let pool = Pool::new(settings.pool);
+        if let Ok(limits) = Limits::default().resolve(&settings.limits) {
+            pool.set_default(Shape {
+                network: settings.network.clone(),
+                limits,
+            });
+        }
+        let p = Arc::new_cyclic(|me| {
+            Inner {
             guard: Arc::new(mounts::Guard::new(protected)),
             net: super::egress::Net::new(settings.sets.clone())
                 .with_secrets(settings.secrets.clone()),
@@ -974,6 +1123,10 @@ impl Inner {
             code: Default::default(),
             reserved: Mutex::new(Reserved::default()),
             pids_budget,
+            pool,
+            pool_root: data_dir.join("local/pool"),
+            me: me.clone(),
+        }
         });
         info!(budget = p.pids_budget.budget, pid_max = ?p.pids_budget.pid_max, "process budget of all local sandboxes");
         p.load();
@@ -991,9 +1144,17 @@ impl Inner {
         // Directories a killed sandbox left in the trash (the daemon ended while removing),
         // and the empty cgroups of spares whose daemon died.
         let trash = self.trash();
+        // Sandboxes an earlier daemon kept ready: nobody's (their processes ended with it).
+        // Listed now: what this daemon's pool builds from here on is not among them.
+        let stale: Vec<PathBuf> = std::fs::read_dir(&self.pool_root)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
         std::thread::spawn(move || {
             if trash.exists() {
                 let _ = mounts::remove_all(&trash);
+            }
+            for dir in stale {
+                let _ = mounts::remove_all(&dir);
             }
             limits::remove_stale_spares();
         });
@@ -1148,8 +1309,39 @@ impl Inner {
         }
         let (mount_fds, mount_recs): (Vec<_>, Vec<_>) =
             opened.into_iter().map(|o| (o.fd, o.rec)).unzip();
+        // A create a ready sandbox can serve (issue 48): the `base` template, no mounts, no
+        // policy, a network mode and limits it was built for.
+        let shape = (image.is_none()
+            && policy.is_none()
+            && mount_recs.is_empty()
+            && isolate::model() == isolate::Model::Namespaces)
+            .then(|| Shape {
+                network: network.clone(),
+                limits: limits.clone(),
+            });
         // Counted from here on: given back if anything below fails.
         let slot = self.reserve(limits.pids.unwrap_or(self.default_pids()))?;
+        let env = p.env.unwrap_or_default();
+        let metadata: BTreeMap<String, Value> =
+            p.metadata.unwrap_or_default().into_iter().collect();
+        if let Some(shape) = &shape {
+            let ready = self.pool.take(shape);
+            // The next one is built behind this create, never on its path.
+            self.refill();
+            if let Some(ready) = ready {
+                match self.take_ready(ready, &template, timeout, &env, &metadata) {
+                    Ok(sb) => {
+                        let id = sb.rec.lock().expect("record").id.clone();
+                        slot.fill(id, sb.clone());
+                        self.reaper.notify_one();
+                        return Ok(sb.view());
+                    }
+                    Err(ready) => self.discard(ready),
+                }
+            }
+        } else {
+            self.refill();
+        }
         let id = format!("sb-{}", rand_id());
         let dirs = SandboxDirs::new(self.root.join(&id));
         let mk = |d: &Path| std::fs::create_dir_all(d);
@@ -1169,8 +1361,8 @@ impl Inner {
             created_ms: now,
             expires_ms: now + (timeout as i64) * 1000,
             timeout,
-            env: p.env.unwrap_or_default(),
-            metadata: p.metadata.unwrap_or_default().into_iter().collect(),
+            env,
+            metadata,
             network,
             policy: policy.as_ref().map(|(spec, _)| spec.clone()),
             limits,
@@ -1274,6 +1466,19 @@ impl Inner {
         }
         let taken = live_pids.saturating_add(r.pids);
         let budget = self.pids_budget;
+        // Ready sandboxes count in the budget too; they make way for a create that would
+        // fit without them.
+        let mut pooled = self.pool.pids();
+        if pooled > 0
+            && taken.saturating_add(pooled).saturating_add(pids) > budget.budget
+            && taken.saturating_add(pids) <= budget.budget
+        {
+            for sb in self.pool.drain(false) {
+                self.discard(sb);
+            }
+            pooled = 0;
+        }
+        let taken = taken.saturating_add(pooled);
         if taken.saturating_add(pids) > budget.budget {
             let of = budget.pid_max.map_or(String::new(), |m| {
                 format!(", half of the host's pid_max ({m})")
@@ -1295,6 +1500,173 @@ impl Inner {
         r.count += 1;
         r.pids += pids;
         Ok(Slot { inner: self, pids })
+    }
+
+    /// A ready sandbox made the one this create asked for: moved beside the others, given
+    /// the create's lifetime, env and metadata, its record written. Handed back when it
+    /// cannot be (its init died, its directory cannot move): the create builds one then.
+    fn take_ready(
+        &self,
+        mut sb: Box<Sandbox>,
+        template: &str,
+        timeout: u64,
+        env: &BTreeMap<String, String>,
+        metadata: &BTreeMap<String, Value>,
+    ) -> Result<Arc<Sandbox>, Box<Sandbox>> {
+        let alive = sb
+            .container
+            .try_lock()
+            .is_ok_and(|c| c.as_ref().is_some_and(|c| c.alive()));
+        if !alive {
+            return Err(sb);
+        }
+        let id = sb.rec.get_mut().expect("record").id.clone();
+        let root = self.root.join(&id);
+        // Its init holds its own mounts of these directories: moving them moves nothing of
+        // what it sees.
+        if std::fs::rename(&sb.dirs.root, &root).is_err() {
+            return Err(sb);
+        }
+        sb.dirs = SandboxDirs::new(root);
+        let now = now_ms();
+        {
+            let r = sb.rec.get_mut().expect("record");
+            r.template = template.to_owned();
+            r.created_ms = now;
+            r.expires_ms = now + (timeout as i64) * 1000;
+            r.timeout = timeout;
+            r.env = env.clone();
+            r.metadata = metadata.clone();
+        }
+        if sb.save().is_err() {
+            let _ = std::fs::rename(&sb.dirs.root, self.pool_root.join(&id));
+            sb.dirs = SandboxDirs::new(self.pool_root.join(&id));
+            return Err(sb);
+        }
+        Ok(Arc::from(sb))
+    }
+
+    /// Build ready sandboxes in the background until the pool is full (one refill at a
+    /// time; a create during one is seen by it). Nothing is built while the process budget
+    /// or the host's available memory is short, nor after shutdown.
+    fn refill(&self) {
+        if isolate::model() != isolate::Model::Namespaces || !self.pool.on() {
+            return;
+        }
+        self.pool.poke();
+        if !self.pool.begin_fill() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else {
+            self.pool.end_fill();
+            return;
+        };
+        tokio::spawn(async move {
+            loop {
+                me.pool.unpoke();
+                while let Some((shape, evicted)) = me.pool.next() {
+                    if let Some(sb) = evicted {
+                        me.discard(sb);
+                    }
+                    let pids = shape.pids(me.default_pids());
+                    if !me.room_for_pool(pids) {
+                        tracing::debug!("no room for a ready sandbox (process budget or memory)");
+                        break;
+                    }
+                    let t0 = std::time::Instant::now();
+                    match me.build_pooled(&shape).await {
+                        Ok(sb) => {
+                            tracing::debug!(us = t0.elapsed().as_micros(), "ready sandbox built");
+                            if let Err(sb) = me.pool.put(shape, pids, sb) {
+                                // Shut down meanwhile: torn down before the refill ends.
+                                discard(sb).await;
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e.message, "building a ready sandbox failed");
+                            break;
+                        }
+                    }
+                }
+                me.pool.end_fill();
+                // A create that came while the last one was built: look again.
+                if !me.pool.poked() || !me.pool.begin_fill() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Whether one more ready sandbox of `pids` processes leaves room in the budget for a
+    /// sandbox of the default limits besides, and the host has memory to spare.
+    fn room_for_pool(&self, pids: u64) -> bool {
+        let default = self.default_pids();
+        let map = self.sandboxes.lock().expect("sandboxes");
+        let live: u64 = map
+            .values()
+            .map(|s| s.rec.lock().expect("record").limits.pids.unwrap_or(default))
+            .fold(0, u64::saturating_add);
+        let r = self.reserved.lock().expect("reserved");
+        let total = live
+            .saturating_add(r.pids)
+            .saturating_add(self.pool.pids())
+            .saturating_add(pids)
+            .saturating_add(default);
+        drop((r, map));
+        total <= self.pids_budget.budget
+            && mem_available_mb().is_none_or(|m| m >= POOL_MIN_AVAILABLE_MB)
+    }
+
+    /// A sandbox of `shape` built for the pool under `pool_root`: no record on disk (a
+    /// daemon that dies leaves a directory the next one removes), no lifetime yet.
+    async fn build_pooled(&self, shape: &Shape) -> Result<Box<Sandbox>, AbxError> {
+        let id = format!("sb-{}", rand_id());
+        let dirs = SandboxDirs::new(self.pool_root.join(&id));
+        std::fs::create_dir_all(&dirs.workspace)
+            .and_then(|_| std::fs::create_dir_all(&dirs.tmp))
+            .map_err(|e| {
+                AbxError::new(
+                    ErrorCode::SandboxCreateFailed,
+                    &[("detail", &e.to_string()), ("provider", "local")],
+                )
+            })?;
+        let sb = Box::new(Sandbox {
+            dirs,
+            store: self.templates.clone(),
+            rec: Mutex::new(Record {
+                id,
+                template: "base".into(),
+                status: "running".into(),
+                created_ms: 0,
+                expires_ms: i64::MAX,
+                timeout: 0,
+                env: BTreeMap::new(),
+                metadata: BTreeMap::new(),
+                network: shape.network.clone(),
+                policy: None,
+                limits: shape.limits.clone(),
+                image: None,
+                mounts: Vec::new(),
+            }),
+            container: tokio::sync::Mutex::new(None),
+            forwards: tokio::sync::Mutex::new(HashMap::new()),
+            cgroup: Mutex::new(None),
+            guard: self.guard.clone(),
+            egress: Mutex::new(None),
+            opened: Mutex::new(None),
+        });
+        match sb.container().await {
+            Ok(_) => Ok(sb),
+            Err(e) => {
+                discard(sb).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Tear a ready sandbox down in the background.
+    fn discard(&self, sb: Box<Sandbox>) {
+        tokio::spawn(discard(sb));
     }
 
     /// The stored image a template names, pulled on first use (a tag then stays pinned to
@@ -1434,6 +1806,7 @@ impl Inner {
                     .unwrap_or_default();
                 Ok(img.view(&names))
             }
+            "templates/init" => templates::init::init(&store, &p.rest),
             "templates/import" => {
                 let path = PathBuf::from(need("path")?);
                 let name = s("name");
@@ -1712,35 +2085,19 @@ impl Inner {
             }
             "exec/run" => Err(AbxError::internal("exec/run is served by exec_run")),
             "exec/start" => {
-                let p: ExecStartParams = parse(method, params)?;
-                let sb = self.running(&p.sandbox)?;
-                let exec_id = format!(
-                    "e-{}-{}",
-                    self.next.fetch_add(1, Ordering::Relaxed),
-                    rand_id()
-                );
-                let weak = Arc::downgrade(self);
-                let id = p.sandbox.clone();
-                let parts = sb.exec_parts().await?;
-                let s = exec::start(
-                    parts.site(&sb, &id),
-                    p,
-                    exec_id.clone(),
-                    cx.conn.clone(),
-                    cx.replied.clone(),
-                    move |eid| {
-                        if let Some(me) = weak.upgrade() {
-                            me.streams.lock().expect("streams").remove(eid);
-                        }
-                    },
-                )
-                .await?;
-                let pid = s.view_pid;
-                self.streams
-                    .lock()
-                    .expect("streams")
-                    .insert(exec_id.clone(), s);
-                Ok(json!({"execId": exec_id, "pid": pid}))
+                let mut p: ExecStartParams = parse(method, params)?;
+                let once = self.for_once(method, &p.sandbox, p.create.take()).await?;
+                if let Some(id) = &once {
+                    p.sandbox = id.clone();
+                }
+                // Until its stream runs (which kills it at its end), the sandbox goes with a
+                // failure or a cancelled request.
+                let mut kill = KillOnDrop(once.clone().map(|id| (self.me.clone(), id)));
+                let started = self.exec_start(cx, p, once).await;
+                if started.is_ok() {
+                    kill.0 = None;
+                }
+                started
             }
             "exec/write" => {
                 let p: ExecWriteParams = parse(method, params)?;
@@ -1821,6 +2178,23 @@ impl Inner {
             }
             m if m.starts_with("files/") => self.files(cx, m, params).await,
             m if m.starts_with("code/") => self.code_call(cx, m, params).await,
+            // Issue 49: a Dockerfile build (templates/dockerfile; its RUN steps: build_runner).
+            "templates/build" if params.get("context").is_some() => {
+                let req = templates::dockerfile::request(&parse(method, params)?)?;
+                let runner: Arc<dyn templates::dockerfile::Runner> = self.clone();
+                templates::dockerfile::serve(self.templates.clone(), runner, req, cx.conn.clone())
+                    .await
+            }
+            // Templates of `local` name no commands: every name is unknown (-32602).
+            "commands/run" => {
+                let p: abx_protocol::api::CommandRunParams = parse(method, params)?;
+                let sb = self.get(&p.sandbox)?;
+                let template = sb.rec.lock().expect("record").template.clone();
+                Err(AbxError::invalid_params(
+                    method,
+                    format!("template '{template}' of sandbox '{}' names no command '{}': templates of the local provider name no commands; run it with exec/run ('abx sandbox exec')", p.sandbox, p.name),
+                ))
+            }
             m if m.starts_with("templates/") => self.templates(cx, m, params).await,
             "ports/url" => {
                 let p: PortParams = parse(method, params)?;
@@ -1976,7 +2350,9 @@ impl Inner {
                 let sb = self.get(&p.sandbox)?;
                 let id = p.sandbox;
                 let (tx, mut rx) = tokio::sync::mpsc::channel::<watch::Change>(256);
-                let w = watch::Watch::start(&sb.dirs, &id, &p.path, p.recursive, tx)?;
+                // A path on a mount is watched in the sandbox's whole view (issue 43).
+                let dirs = sb.dirs_for(&[p.path.as_str()]).await?;
+                let w = watch::Watch::start(&dirs, &id, &p.path, p.recursive, tx)?;
                 let watch_id = format!(
                     "w-{}-{}",
                     self.next.fetch_add(1, Ordering::Relaxed),
@@ -2143,6 +2519,51 @@ fn signal(name: Option<&str>) -> Result<i32, AbxError> {
     }
 }
 
+/// A sandbox made for one command (`create` of `exec/run` and `exec/start`), killed in the
+/// background when this is dropped (unless emptied first).
+struct KillOnDrop(Option<(std::sync::Weak<Inner>, String)>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some((me, id)) = self.0.take() {
+            if let Some(me) = me.upgrade() {
+                me.kill_behind(id);
+            }
+        }
+    }
+}
+
+/// Tear down a sandbox nobody was given (a ready one): its processes, its cgroup, its
+/// directory, in that order, waited for (daemon shutdown waits on it).
+async fn discard(sb: Box<Sandbox>) {
+    let cg = sb.cgroup.lock().expect("cgroup").take();
+    if let Some(cg) = &cg {
+        cg.freeze(false);
+    }
+    let c = sb.container.lock().await.take();
+    if let Some(c) = c {
+        c.kill().await;
+    }
+    if let Some(cg) = cg {
+        cg.remove().await;
+    }
+    let root = sb.dirs.root.clone();
+    let _ = tokio::task::spawn_blocking(move || mounts::remove_all(&root)).await;
+}
+
+/// `MemAvailable` of `/proc/meminfo`, MiB.
+fn mem_available_mb() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemAvailable:")
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024)
+}
+
 async fn reaper(weak: std::sync::Weak<Inner>) {
     loop {
         let Some(me) = weak.upgrade() else { return };
@@ -2240,7 +2661,19 @@ impl Provider for LocalProvider {
 
     fn shutdown(&self) -> BoxFut<'_, ()> {
         Box::pin(async {
-            // The spare outer process and its cgroup are nobody's sandbox.
+            // The ready sandboxes, and the spare outer process and its cgroup, are nobody's
+            // sandbox. A refill under way puts nothing in once the pool is closed; it is
+            // waited for (bounded) so that what it built is torn down too.
+            let ready = self.0.pool.drain(true);
+            let waited = tokio::time::timeout(Duration::from_secs(5), async {
+                while self.0.pool.filling() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            let _ = tokio::join!(
+                futures::future::join_all(ready.into_iter().map(discard)),
+                waited
+            );
             let _ = tokio::task::spawn_blocking(container::discard_spare).await;
         })
     }
@@ -2250,6 +2683,7 @@ impl Provider for LocalProvider {
             "templates": TEMPLATES,
             "security": {"isolation": isolate::describe()},
             "dataDir": self.0.root,
+            "pool": self.0.pool.view(),
         })
     }
 
@@ -2313,6 +2747,10 @@ impl Provider for LocalProvider {
         })
     }
 }
+
+/// Issue 49: the RUN steps of a Dockerfile build (a child module, to see the sandboxes).
+#[path = "templates/dockerfile/runner.rs"]
+mod build_runner;
 
 #[cfg(test)]
 mod settings_tests {

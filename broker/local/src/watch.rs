@@ -126,6 +126,7 @@ impl Watch {
             ino: ino.as_raw_fd(),
             root: t.root,
             area: t.area,
+            in_root: t.in_root,
             base: t.rel,
             recursive: recursive && dir,
             wds: HashMap::new(),
@@ -198,6 +199,9 @@ struct State {
     /// The area directory (`O_PATH`).
     root: OwnedFd,
     area: Area,
+    /// `root` is the sandbox's whole view (a path on a mount, issue 43): paths are relative
+    /// to its `/` and resolved as the sandbox resolves them (`RESOLVE_IN_ROOT`).
+    in_root: bool,
     /// The watched path, relative to the area, as the caller named it.
     base: PathBuf,
     recursive: bool,
@@ -214,6 +218,9 @@ struct State {
 
 impl State {
     fn view_of(&self, suffix: &Path) -> String {
+        if self.in_root {
+            return format!("/{}", self.base.join(suffix).display());
+        }
         view_path(self.area, &self.base.join(suffix))
     }
 
@@ -276,12 +283,17 @@ impl State {
     /// A new directory `suffix` appeared: watch it and everything below it.
     fn add_dir(&mut self, suffix: &Path, found: Option<&mut Vec<PathBuf>>) {
         let rel = self.base.join(suffix);
+        let how = if self.in_root {
+            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS
+        } else {
+            files::RESOLVE
+        };
         let Ok(fd) = openat2(
             self.root.as_raw_fd(),
             &rel,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
             0,
-            files::RESOLVE,
+            how,
         ) else {
             return;
         };

@@ -472,13 +472,13 @@ pub enum TemplateCmd {
         #[arg(value_name = "REF")]
         reference: String,
     },
-    /// Save a sandbox's filesystem as a new template NAME.
-    Build {
-        /// Sandbox id (`id` or `provider:id`).
-        sandbox: String,
-        /// The template's name.
-        name: String,
-    },
+    /// Build a template from a Dockerfile (DIR -t NAME), or save a sandbox's filesystem as
+    /// a new template (SANDBOX NAME).
+    #[command(
+        override_usage = "abx template build <DIR> -t <NAME> [-f <DOCKERFILE>] [--build-arg <K=V>]... [--target <STAGE>] [--network <MODE>] [--no-cache]\n       abx template build <SANDBOX> <NAME>",
+        after_help = "A first argument that is an existing directory, or -t, makes a Dockerfile build: DIR is the build context\n(sent to the broker as an absolute path), the steps print as docker build prints them ([2/4] RUN make, its\noutput, CACHED for a cache hit) and Ctrl-C stops the build. Otherwise the sandbox SANDBOX is saved as NAME.\n\nExamples:\n  abx template init python ./py && abx template build ./py -t my-python\n  abx template build . -t app:1 -f docker/Dockerfile --build-arg VERSION=2 --network internet\n  abx template build sb-49ea9f3f my-saved"
+    )]
+    Build(TemplateBuildArgs),
     /// Remove a template by name or digest, or with --prune the images no name or sandbox
     /// uses.
     #[command(
@@ -507,12 +507,78 @@ pub enum TemplateCmd {
         /// The template's name (default: the archive's own tag).
         name: Option<String>,
     },
-    /// Write a template skeleton (the provider's own arguments).
-    Init {
-        /// Arguments for the provider.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Write a template scaffold for a language (a Dockerfile and a README) into DIR, for
+    /// `abx template build DIR -t NAME`.
+    #[command(
+        override_usage = "abx template init <LANGUAGE> [DIR] [--force]",
+        after_help = "Languages (local): python, node, go, rust, java, shell. DIR defaults to ./LANGUAGE and is made absolute\nhere (the broker writes it). The Dockerfile's FROM is an image of the broker's store when one fits,\nelse the language's usual image, with the command that gets it (abx template pull IMAGE).\nExisting files are never overwritten without --force.\n\nExamples:\n  abx template init python\n  abx template init node ./web && abx template build ./web -t web"
+    )]
+    Init(TemplateInitArgs),
+}
+
+// `abx template build`. Not a doc comment: see [`Lazy`].
+#[derive(Args, Debug, Default)]
+pub struct TemplateBuildArgs {
+    /// The build context (a directory with a Dockerfile), or a sandbox id to save.
+    #[arg(value_name = "DIR|SANDBOX")]
+    pub source: String,
+    /// The template's name (SANDBOX form; with DIR, the same as -t).
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The new template's name (a Dockerfile build).
+    #[arg(short = 't', long = "tag", value_name = "NAME")]
+    pub tag: Option<String>,
+    /// The Dockerfile (default DIR/Dockerfile; a path from here, or from DIR).
+    #[arg(short = 'f', long = "file", value_name = "DOCKERFILE")]
+    pub file: Option<String>,
+    /// Set a build argument (an ARG of the Dockerfile; repeatable).
+    #[arg(long = "build-arg", value_name = "K=V", value_parser = parse_kv)]
+    pub build_args: Vec<(String, String)>,
+    /// The stage to build (default: the last).
+    #[arg(long, value_name = "STAGE")]
+    pub target: Option<String>,
+    /// The network of the RUN steps: none (default), internet, host, or allow:HOST,...
+    #[arg(long, value_name = "none|internet|host|allow:HOST,...", value_parser = parse_network)]
+    pub network: Option<String>,
+    /// Run every step again (no cache hits).
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+impl TemplateBuildArgs {
+    /// Whether this is a Dockerfile build (not a sandbox saved): -t or any build flag, or a
+    /// first argument that is an existing directory.
+    pub fn is_dockerfile_build(&self) -> bool {
+        self.tag.is_some()
+            || self.file.is_some()
+            || !self.build_args.is_empty()
+            || self.target.is_some()
+            || self.network.is_some()
+            || self.no_cache
+            || std::path::Path::new(&self.source).is_dir()
+    }
+}
+
+// `abx template init`. Not a doc comment: see [`Lazy`].
+#[derive(Args, Debug, Default)]
+pub struct TemplateInitArgs {
+    /// The language: python, node, go, rust, java, shell (the provider may have others).
+    #[arg(value_name = "LANGUAGE", required_unless_present = "template")]
+    pub language: Option<String>,
+    /// Where to write the scaffold (default ./LANGUAGE).
+    #[arg(value_name = "DIR")]
+    pub dir: Option<String>,
+    /// The language, as the reference tool's --template takes it.
+    #[arg(
+        long = "template",
+        alias = "language",
+        value_name = "LANGUAGE",
+        conflicts_with = "language"
+    )]
+    pub template: Option<String>,
+    /// Overwrite the scaffold's files where they exist.
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl TemplateCmd {
@@ -522,7 +588,10 @@ impl TemplateCmd {
         match self {
             TemplateCmd::List => ("list", vec![]),
             TemplateCmd::Pull { reference } => ("pull", vec![reference.clone()]),
-            TemplateCmd::Build { sandbox, name } => ("build", vec![sandbox.clone(), name.clone()]),
+            TemplateCmd::Build(b) => (
+                "build",
+                std::iter::once(&b.source).chain(&b.name).cloned().collect(),
+            ),
             TemplateCmd::Rm { name, prune, all } => {
                 let mut a: Vec<String> = name.iter().cloned().collect();
                 if *prune {
@@ -537,7 +606,15 @@ impl TemplateCmd {
                 "import",
                 std::iter::once(path).chain(name).cloned().collect(),
             ),
-            TemplateCmd::Init { args } => ("init", args.clone()),
+            TemplateCmd::Init(i) => (
+                "init",
+                i.language
+                    .iter()
+                    .chain(&i.template)
+                    .chain(&i.dir)
+                    .cloned()
+                    .collect(),
+            ),
         }
     }
 }

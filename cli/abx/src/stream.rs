@@ -196,6 +196,18 @@ pub async fn exec(
     if let Some(d) = cwd {
         params["cwd"] = json!(d);
     }
+    exec_params(c, params, sandbox, None).await
+}
+
+/// [`exec`] with its `exec/start` params as given (`abx run` asks for a sandbox made for
+/// the command alone: `create` instead of `sandbox`, issue 48); `told` is told the
+/// sandbox the reply names, once it is known.
+pub async fn exec_params(
+    c: &mut Client,
+    mut params: Value,
+    sandbox: &str,
+    told: Option<&std::cell::RefCell<Option<String>>>,
+) -> Result<u8, Failure> {
     // SIGTERM / SIGHUP: the command is killed (its whole tree) before abx exits. Listening
     // before exec/start goes, so a signal while it starts is handled, never fatal.
     let mut ending = Ending::new();
@@ -214,6 +226,11 @@ pub async fn exec(
         Err(e) => return Err(Failure::from(e).in_method("exec/start")),
     };
     let exec_id = started["execId"].as_str().unwrap_or_default().to_owned();
+    let named = started["sandbox"].as_str().map(str::to_owned);
+    let sandbox = named.as_deref().unwrap_or(sandbox);
+    if let (Some(cell), Some(id)) = (told, &named) {
+        *cell.borrow_mut() = Some(id.clone());
+    }
     let forward_stdin = !std::io::stdin().is_terminal();
     let mut stdin = forward_stdin.then(crate::term::stdin_chunks);
     let mut out = tokio::io::stdout();

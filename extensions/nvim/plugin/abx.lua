@@ -10,6 +10,7 @@ if vim.fn.has("nvim-0.7") ~= 1 then
 end
 
 require("abx.commands").setup_command()
+require("abx.templates").setup_command()
 require("abx.files").setup_autocmds()
 
 vim.api.nvim_create_autocmd("VimLeavePre", {

@@ -3,6 +3,9 @@
 // "Add to This Window") must reopen the window as a workspace with both folders, the opened one
 // and the sandbox's `abx:` one, and never as an empty "Untitled (Workspace)" / "No Folder Opened".
 // Done E2E_RUNS times in a row (default 20), each from the single-folder window again.
+// code-server sometimes opens a workspace file the first time without reading it (no folders
+// under the workspace's title); the extension then reloads the window once. Such a run is
+// reported as HEALED (it passes); an empty window without that reload, or more reloads, fail.
 // The browser console is kept (results/console.log) and searched for VS Code's "Long running
 // operations during shutdown are unsupported in the web".
 //
@@ -62,9 +65,28 @@ page.on('console', (m) => {
   if (m.text().includes(SHUTDOWN_MSG)) shutdownHits.push({ run, phase, text: m.text() });
 });
 page.on('pageerror', (e) => consoleLines.push(`run ${run} ${phase} [pageerror] ${e.message}`));
+// Page loads of the main frame, by run and phase: "Add to This Window" is one; a second one in
+// the same phase is the extension's healing reload (src/commands.ts healOpenedWorkspace).
+const loads = [];
+page.on('framenavigated', (f) => {
+  if (f === page.mainFrame()) loads.push({ run, phase });
+});
 
 /** What the window shows: its title, the explorer's root rows, "No Folder Opened". */
 async function windowState() {
+  // A reload while it looks (the extension's healing reload) destroys the page's context:
+  // look again once the new page is there.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await windowStateOnce();
+    } catch (e) {
+      if (attempt >= 5 || !/context was destroyed|navigat/i.test(String(e?.message))) throw e;
+      await page.waitForSelector('.monaco-workbench', { timeout: 60_000 }).catch(() => {});
+    }
+  }
+}
+
+async function windowStateOnce() {
   return page.evaluate(() => {
     const view = document.querySelector('.explorer-folders-view');
     const rows = view ? [...view.querySelectorAll('.monaco-list-row[aria-level="1"]')].map((r) => (r.textContent ?? '').trim()) : [];
@@ -82,9 +104,11 @@ async function windowState() {
 
 async function workbenchUp() {
   await page.waitForSelector('.monaco-workbench', { timeout: 60_000 });
-  // The explorer: shown by default; Ctrl+Shift+E when another view was left open.
+  // The explorer: shown by default; Ctrl+Shift+E when another view was left open. (A reload
+  // while it looks, the extension's healing one, destroys the context: look again.)
   for (let i = 0; i < 60; i++) {
-    if (await page.$('.explorer-folders-view')) return;
+    const explorer = await page.$('.explorer-folders-view').catch(() => null);
+    if (explorer) return;
     if (i === 10 || i === 30) await page.keyboard.press('Control+Shift+E').catch(() => {});
     await sleep(250);
   }
@@ -182,8 +206,13 @@ async function oneRun() {
   }
   r.state = { title: s.title, url: decodeURIComponent(s.url.replace(URL_BASE, '')), rows: s.rows, noFolder: s.noFolder, untitled: s.untitled };
   r.ok = hasProject && hasSandbox && !s.noFolder && !s.untitled;
+  r.loads = loads.filter((l) => l.run === run && l.phase === 'add').length;
   if (sawEmpty) r.notes.push('an empty window ("No Folder Opened" / "Untitled (Workspace)") was seen on the way');
-  if (sawEmpty) r.ok = false;
+  // Healed: the window opened without its folders (code-server's race) and the extension
+  // reloaded it once, ending with both folders. Reported apart; more reloads are a failure.
+  // (The empty window may come and go between two looks: the second load is what tells.)
+  if (r.ok && r.loads === 2) r.healed = true;
+  else if (sawEmpty || r.loads > 2) r.ok = false;
 
   // 4. the sandbox's folder lists its files (informational)
   if (r.ok) {
@@ -240,7 +269,7 @@ try {
     results.push(r);
     const hits = shutdownHits.filter((h) => h.run === run).map((h) => h.phase);
     say(
-      `run ${run}: ${r.ok ? 'PASS' : 'FAIL'}${r.seconds ? ` (${r.seconds.toFixed(1)} s to both folders)` : ''}` +
+      `run ${run}: ${r.ok ? (r.healed ? 'HEALED' : 'PASS') : 'FAIL'}${r.seconds ? ` (${r.seconds.toFixed(1)} s to both folders)` : ''}` +
         ` title=${JSON.stringify(r.state?.title)} rows=${JSON.stringify(r.state?.rows)}` +
         `${r.sandboxFilesShown ? ' files-shown' : ''}${hits.length ? ` shutdown-msg in: ${hits.join(',')}` : ''}` +
         `${r.notes.length ? ` notes: ${r.notes.join('; ')}` : ''}`,
@@ -257,11 +286,12 @@ try {
 }
 
 const passed = results.filter((r) => r.ok).length;
+const healed = results.filter((r) => r.ok && r.healed).length;
 const failed = results.length - passed;
 const byPhase = {};
 for (const h of shutdownHits) byPhase[h.phase] = (byPhase[h.phase] ?? 0) + 1;
 say(`console: ${consoleLines.length} lines (${RESULTS}/console.log); "${SHUTDOWN_MSG}": ${shutdownHits.length}` +
   (shutdownHits.length ? ` (${Object.entries(byPhase).map(([p, n]) => `${n} while ${p === 'add' ? 'adding' : p}`).join(', ')})` : ''));
-console.log(`add-to-window: ${passed} passed, ${failed} failed`);
+console.log(`add-to-window: ${passed} passed (${healed} of them healed by one reload of the extension), ${failed} failed`);
 if (failed || !results.length) exitCode = 1;
 process.exit(exitCode);

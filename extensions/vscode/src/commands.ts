@@ -68,6 +68,11 @@ export async function showError(err: unknown, service: AbxService, what?: string
   else if (pick === 'Retry') await vscode.commands.executeCommand('abx.reconnect');
 }
 
+/** The marker beside a workspace file this window is reloading into (healOpenedWorkspace). */
+const OPENING = '.opening';
+/** How long a reloaded window waits for its folders before it reloads again (tests change it). */
+export const healSettle = { ms: 2000 };
+
 export class Commands {
   private run: vscode.OutputChannel | undefined;
   private kit: vscode.OutputChannel | undefined;
@@ -78,6 +83,8 @@ export class Commands {
   private readonly closed = new Set<string>();
   /** Where the `.code-workspace` files of sandbox windows go (extension.ts: the global storage). */
   workspaceDir: string | undefined;
+  /** The activation's healOpenedWorkspace: whether it reloaded the window. */
+  healing: Promise<boolean> = Promise.resolve(false);
   /** The last updateWorkspaceFolders until VS Code applied it (a second one before is refused). */
   private folderChange: Promise<void> = Promise.resolve();
 
@@ -701,8 +708,50 @@ export class Commands {
     fs.renameSync(tmp, file);
     const ws = vscode.Uri.file(file);
     this.service.log(`opening ${file} (${entries.length} folder${entries.length === 1 ? '' : 's'})${newWindow ? ' in a new window' : ' in this window'}`);
+    // This window reloads into the file: a marker beside it lets the extension of the
+    // reloaded window check that the folders arrived (healOpenedWorkspace).
+    if (!newWindow) fs.writeFileSync(`${file}${OPENING}`, JSON.stringify({ at: Date.now(), folders: entries.length }) + '\n');
     await vscode.commands.executeCommand('vscode.openFolder', ws, newWindow ? { forceNewWindow: true } : { forceReuseWindow: true });
     return ws;
+  }
+
+  /**
+   * In a window that "Add to This Window" just reloaded into one of our workspace files: when
+   * its folders have not arrived once VS Code settled, reload it once more.
+   *
+   * Why (issue 45 item 12, seen in code-server 4.139 in about half of the first Adds after a
+   * fresh start): the first time a window opens a remote workspace file, VS Code starts it
+   * from its (empty) configuration cache and reads the file once the remote file system is
+   * there; in those runs that read never came, and the window stayed "No Folder Opened" under
+   * the workspace's title until a reload (then the cache has the folders). The marker is
+   * removed first, so a window reloads at most once per Add. Returns whether it reloaded.
+   */
+  async healOpenedWorkspace(settleMs = healSettle.ms): Promise<boolean> {
+    const wf = vscode.workspace.workspaceFile;
+    if (!wf || (wf.scheme !== 'file' && wf.scheme !== 'vscode-remote')) return false;
+    const marker = `${wf.path}${OPENING}`;
+    let opened: { at?: number; folders?: number };
+    try {
+      opened = JSON.parse(fs.readFileSync(marker, 'utf8'));
+    } catch {
+      return false;
+    }
+    fs.rmSync(marker, { force: true });
+    const has = () => (vscode.workspace.workspaceFolders?.length ?? 0) > 0;
+    if (!opened.folders || Date.now() - (opened.at ?? 0) > 10 * 60_000 || has()) return false;
+    await new Promise<void>((resolve) => {
+      const sub = vscode.workspace.onDidChangeWorkspaceFolders?.(() => has() && done());
+      const timer = setTimeout(() => done(), settleMs);
+      function done() {
+        clearTimeout(timer);
+        sub?.dispose();
+        resolve();
+      }
+    });
+    if (has()) return false;
+    this.service.log(`${wf.path} opened without its ${opened.folders} folders (VS Code did not read the workspace file); reloading the window once`);
+    await vscode.commands.executeCommand('workbench.action.reloadWindow');
+    return true;
   }
 
   private async sandboxInfo(arg?: Arg): Promise<void> {

@@ -3,6 +3,7 @@
 import * as vscode from 'vscode';
 import { AbxFileSystemProvider } from './adapters/fs';
 import { registerCode } from './code';
+import { registerTemplates } from './templates';
 import { Commands, showError } from './commands';
 import { AbxError } from './client/errors';
 import { SCHEME } from './client/uri';
@@ -86,7 +87,13 @@ export function activate(context: vscode.ExtensionContext): AbxExtensionApi {
   // The `.code-workspace` files of sandbox windows (Browse Files).
   commands.workspaceDir = context.globalStorageUri?.fsPath;
   parts.push(...commands.register());
+  // A window "Add to This Window" reloaded into a workspace file: check its folders arrived.
+  commands.healing = commands.healOpenedWorkspace().catch((e) => {
+    service.log(`checking the opened workspace: ${AbxError.from(e).headline}`);
+    return false;
+  });
   parts.push(...registerCode(service, commands));
+  parts.push(...registerTemplates(service, (err) => showError(err, service)));
   const network = new Network(service);
   parts.push(network, ...network.register());
   const workspace = registerWorkspace(service, documents, (err) => showError(err, service));

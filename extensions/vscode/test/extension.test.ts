@@ -15,6 +15,7 @@ import { readSettings } from '../src/config';
 import { activate, AbxExtensionApi, deactivate } from '../src/extension';
 import { MCP_PROVIDER_ID, registerMcp } from '../src/mcp';
 import { NETWORK_COMMANDS } from '../src/network';
+import { TEMPLATE_COMMANDS } from '../src/templates';
 import { EVENT_DEBOUNCE_MS, RETRY_BASE_MS } from '../src/service';
 import { WORKSPACE_COMMANDS } from '../src/workspace';
 import type { BrokerClient } from '../src/client/broker';
@@ -73,12 +74,12 @@ function lastContext(key: string): unknown {
 describe('the manifest', () => {
   test('contributes exactly the commands the extension registers, each with a title', () => {
     const contributed = manifest.contributes.commands.map((c: { command: string }) => c.command).sort();
-    assert.deepEqual(contributed, [...COMMANDS, ...CODE_COMMANDS, ...WORKSPACE_COMMANDS, ...NETWORK_COMMANDS].sort());
+    assert.deepEqual(contributed, [...COMMANDS, ...CODE_COMMANDS, ...WORKSPACE_COMMANDS, ...NETWORK_COMMANDS, ...TEMPLATE_COMMANDS].sort());
     for (const c of manifest.contributes.commands) assert.ok(c.title && c.category === 'abx', c.command);
   });
 
   test('menus only name contributed commands; views and the MCP provider id match the code', () => {
-    const known = new Set([...COMMANDS, ...CODE_COMMANDS, ...WORKSPACE_COMMANDS, ...NETWORK_COMMANDS] as readonly string[]);
+    const known = new Set([...COMMANDS, ...CODE_COMMANDS, ...WORKSPACE_COMMANDS, ...NETWORK_COMMANDS, ...TEMPLATE_COMMANDS] as readonly string[]);
     for (const list of Object.values(manifest.contributes.menus) as { command: string }[][]) {
       for (const m of list) assert.ok(known.has(m.command), m.command);
     }

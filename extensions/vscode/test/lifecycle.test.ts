@@ -12,6 +12,7 @@ import { describe, test } from 'node:test';
 import * as vscode from 'vscode';
 import { sandboxUri } from '../src/adapters/fs';
 import type { Sandbox } from '../src/client/types';
+import { healSettle } from '../src/commands';
 import { activate, AbxExtensionApi, deactivate } from '../src/extension';
 import { RETRY_BASE_MS } from '../src/service';
 import { ABX_BIN, EXT_DIR, freshHome, Home, until } from './helpers';
@@ -132,6 +133,75 @@ describe('item 12: "Add to This Window", 20 times in a row', { timeout: 300_000 
       const client = await api.service.getClient();
       await until(async () => !(await client.processList(ref)).some((p) => /sleep 5\d\d\d/.test(p.command)), "every reload ended its terminal's command", 30_000);
     } finally {
+      fake.workspace.workspaceFile = undefined;
+      fake.workspace.workspaceFolders = undefined;
+      await stop(ctx);
+      home.cleanup();
+    }
+  });
+
+  test('a window reloaded into the workspace file without its folders (code-server\'s first open) reloads once more, and only once', async () => {
+    const home = freshHome();
+    let { api, ctx } = await start(home);
+    try {
+      const s = (await cli(home, 'create', '--timeout', '900')) as unknown as Sandbox;
+      const ref = `${s.provider}:${s.id}`;
+      const proj = { uri: vscode.Uri.file('/home/u/proj'), name: 'proj', index: 0 };
+      const reloads = () => fake.recorded.executed.filter((e) => e.command === 'workbench.action.reloadWindow').length;
+      const addToThisWindow = async (): Promise<vscode.Uri> => {
+        fake.workspace.workspaceFile = undefined;
+        fake.workspace.workspaceFolders = [proj];
+        fake.recorded.answers.push('Add to This Window');
+        const folder = await vscode.commands.executeCommand<vscode.Uri>('abx.browseFiles', ref);
+        assert.ok(folder);
+        const open = fake.recorded.executed.at(-1)!;
+        assert.equal(open.command, 'vscode.openFolder');
+        return open.args[0] as vscode.Uri;
+      };
+
+      // The race: the reloaded window has the workspace's title but no folders.
+      const file = await addToThisWindow();
+      assert.ok(fs.existsSync(`${file.fsPath}.opening`), 'a marker beside the workspace file');
+      await stop(ctx);
+      fake.workspace.workspaceFile = file;
+      fake.workspace.workspaceFolders = undefined;
+      const before = reloads();
+      healSettle.ms = 100;
+      ({ api, ctx } = await start(home));
+      assert.equal(await api.commands.healing, true, 'the window without its folders reloaded');
+      assert.equal(reloads(), before + 1, 'one reload');
+      assert.ok(!fs.existsSync(`${file.fsPath}.opening`), 'the marker is removed before the reload');
+      assert.equal(await api.commands.healOpenedWorkspace(200), false, 'at most one reload per Add');
+      // The reload brings the folders (VS Code's cache has them now): nothing more.
+      await stop(ctx);
+      fake.workspace.workspaceFolders = [proj, { uri: sandboxUri(ref, '/workspace'), name: `abx: ${ref}`, index: 1 }];
+      ({ api, ctx } = await start(home));
+      assert.equal(await api.commands.healing, false);
+      assert.equal(reloads(), before + 1, 'never a second reload');
+
+      // The usual case: the folders are there when the extension starts: no reload.
+      const file2 = await addToThisWindow();
+      await stop(ctx);
+      fake.workspace.workspaceFile = file2;
+      fake.workspace.workspaceFolders = [proj, { uri: sandboxUri(ref, '/workspace'), name: `abx: ${ref}`, index: 1 }];
+      ({ api, ctx } = await start(home));
+      assert.equal(await api.commands.healing, false);
+      assert.ok(!fs.existsSync(`${file2.fsPath}.opening`), 'the marker of the usual case removed');
+      assert.equal(reloads(), before + 1);
+
+      // Folders that arrive while it waits (VS Code read the file a moment later): no reload.
+      const file3 = await addToThisWindow();
+      await stop(ctx);
+      fake.workspace.workspaceFile = file3;
+      fake.workspace.workspaceFolders = undefined;
+      healSettle.ms = 600_000;
+      ({ api, ctx } = await start(home));
+      fake.workspace.updateWorkspaceFolders(0, 0, proj);
+      assert.equal(await api.commands.healing, false, 'the folders arrived while it waited');
+      assert.ok(!fs.existsSync(`${file3.fsPath}.opening`), 'the marker removed');
+      assert.equal(reloads(), before + 1);
+    } finally {
+      healSettle.ms = 2000;
       fake.workspace.workspaceFile = undefined;
       fake.workspace.workspaceFolders = undefined;
       await stop(ctx);

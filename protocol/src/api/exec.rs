@@ -20,8 +20,14 @@ pub struct PtySize {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(inline))]
 pub struct ExecRunParams {
-    /// Sandbox id.
+    /// Sandbox id (or `create`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sandbox: String,
+    /// Instead of `sandbox` (issue 48): a sandbox made for this command alone, with these
+    /// `sandbox/create` params (their `provider` is the request's), killed once the command
+    /// ends; the reply names it (`sandbox`). One request for what is otherwise three.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create: Option<Box<super::SandboxCreateParams>>,
     /// A shell string, run with `sh -c` (or give `argv`).
     #[serde(default)]
     pub command: Option<String>,
@@ -64,8 +70,14 @@ pub struct ExecRunParams {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(inline))]
 pub struct ExecStartParams {
-    /// Sandbox id.
+    /// Sandbox id (or `create`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sandbox: String,
+    /// Instead of `sandbox` (issue 48): a sandbox made for this command alone, with these
+    /// `sandbox/create` params (their `provider` is the request's), killed once the command
+    /// ends; the reply names it (`sandbox`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create: Option<Box<super::SandboxCreateParams>>,
     /// A shell string, run with `sh -c` (or give `argv`).
     #[serde(default)]
     pub command: Option<String>,
@@ -106,6 +118,7 @@ impl From<ExecRunParams> for ExecStartParams {
     fn from(p: ExecRunParams) -> Self {
         ExecStartParams {
             sandbox: p.sandbox,
+            create: p.create,
             command: p.command,
             argv: p.argv,
             cwd: p.cwd,
@@ -149,6 +162,9 @@ pub struct ExecResult {
     /// `base64` when the output is not UTF-8.
     #[serde(default)]
     pub encoding: Option<String>,
+    /// The sandbox made for this command (`create`), as `provider:id`; killed already.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// `exec/start` result; then `exec/output` notifications and one `exec/exit`.
@@ -161,6 +177,10 @@ pub struct ExecStarted {
     /// The process id, when the provider has one.
     #[serde(default)]
     pub pid: Option<i64>,
+    /// The sandbox made for this command (`create`), as `provider:id`: killed once the
+    /// stream has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// `exec/write` params.

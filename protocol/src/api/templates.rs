@@ -66,8 +66,9 @@ pub struct TemplatesImportParams {
     pub rest: Map<String, Value>,
 }
 
-/// `templates/build`: save a sandbox's filesystem changes as a new template (a new layer
-/// on its base image).
+/// `templates/build`, in one of two forms: save a sandbox's filesystem changes as a new
+/// template (a new layer on its base image: `sandbox`), or build a Dockerfile in a context
+/// directory on the broker's machine (`context`, issue 49). Not both.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "schema", schemars(inline))]
@@ -81,6 +82,25 @@ pub struct TemplatesBuildParams {
     /// The new template's name.
     #[serde(default)]
     pub name: Option<String>,
+    /// Dockerfile form: the build context, an absolute directory on the broker's machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Dockerfile form: the Dockerfile, a path relative to the context (default `Dockerfile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dockerfile: Option<String>,
+    /// Dockerfile form: values of the Dockerfile's `ARG`s.
+    #[serde(rename = "buildArgs", default, skip_serializing_if = "Option::is_none")]
+    pub build_args: Option<std::collections::BTreeMap<String, String>>,
+    /// Dockerfile form: the stage to build (default: the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Dockerfile form: the `RUN` steps' network, as sandbox/create's `network` (default `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<super::NetworkSpec>"))]
+    pub network: Option<Value>,
+    /// Dockerfile form: do not use the build cache (every step runs; results still cached).
+    #[serde(rename = "noCache", default, skip_serializing_if = "Option::is_none")]
+    pub no_cache: Option<bool>,
     /// Further provider-defined params.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -139,16 +159,69 @@ pub struct TemplatesRemoved {
     pub freed_bytes: u64,
 }
 
-/// `templates/progress`: progress of a `templates/pull` (to the caller).
+/// `templates/progress`: progress of a `templates/pull` or a Dockerfile `templates/build`
+/// (to the caller).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TemplatesProgress {
-    /// The reference being pulled.
+    /// The reference being pulled, or the name being built.
     pub template: String,
-    /// Bytes of blobs done (already stored ones count as done).
+    /// Pull: bytes of blobs done (already stored ones count as done). Build: steps done.
     pub bytes: u64,
-    /// Bytes of the image's blobs.
+    /// Pull: bytes of the image's blobs. Build: the number of steps.
     pub total: u64,
-    /// `manifest`, a blob digest, or `unpacked`.
+    /// Pull: `manifest`, a blob digest, or `unpacked`. Build: the step as docker names it,
+    /// `[2/5] RUN make`.
     pub step: String,
+    /// Build: a line of a `RUN`'s output, or a status line of the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<String>,
+    /// Build: the step was a cache hit (it did no work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<bool>,
+}
+
+/// `templates/init`: write a starter Dockerfile (and what it needs) for a language into a
+/// directory on the broker's machine.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(inline))]
+pub struct TemplatesInitParams {
+    /// Provider id (default: the default provider).
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// The language to start from (`python`, `node`, ...).
+    #[serde(default)]
+    pub language: Option<String>,
+    /// The directory to write into, absolute, on the broker's machine.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Overwrite files that exist (else E4006 naming the first, nothing written).
+    #[serde(default)]
+    pub force: Option<bool>,
+    /// Further provider-defined params.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+/// `templates/init` result.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TemplatesInitResult {
+    /// The directory written into.
+    pub path: String,
+    /// The files written (paths).
+    #[serde(default)]
+    pub files: Vec<String>,
+    /// The image the Dockerfile's `FROM` names.
+    pub from: String,
+    /// How to get that image, if it is not in the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// The language written for (its canonical name: `js` gives `node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// The template name the scaffold's README builds (`abx template build DIR -t NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }

@@ -18,12 +18,16 @@
 //! - [`manifest`]: the JSON of images (manifests, indexes, configs), typed and capped.
 //! - [`unpack`]: applies layers safely; tree copies.
 //! - [`build`]: a sandbox's layer read through descriptors, its processes stopped meanwhile.
+//! - [`dockerfile`]: builds a Dockerfile in a context directory (issue 49): its steps are
+//!   images of their own (`source: "step"`, unnamed, not listed), found again by a cache key.
 //!
 //! Nothing an image holds is quoted in an error or a log line: errors say where (a path of
 //! the host the user named, a byte offset, a line and column) and what, never the bytes.
 
 pub mod archive;
 pub mod build;
+pub mod dockerfile;
+pub mod init;
 pub mod manifest;
 pub mod registry;
 pub mod tarstream;
@@ -60,6 +64,12 @@ pub struct ImageConfig {
     /// See `entrypoint`.
     #[serde(default)]
     pub cmd: Option<Vec<String>>,
+    /// `Labels` (a built image's `LABEL`s).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `ExposedPorts`, as `80/tcp` (a built image's `EXPOSE`s).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<String>,
 }
 
 impl ImageConfig {
@@ -81,6 +91,7 @@ impl ImageConfig {
             user: s(&r.user),
             entrypoint: r.entrypoint.clone().map(|v| v.0),
             cmd: r.cmd.clone().map(|v| v.0),
+            ..ImageConfig::default()
         }
     }
 }
@@ -506,8 +517,15 @@ impl Store {
         .map_err(|e| io_err("image.json", e))
     }
 
-    /// Every stored image with its names.
+    /// Every stored image with its names, but a Dockerfile build's steps (its cache).
     pub fn list(&self) -> Vec<(Image, Vec<String>)> {
+        let mut v = self.list_all();
+        v.retain(|(i, _)| i.source != dockerfile::STEP_SOURCE);
+        v
+    }
+
+    /// Every stored image with its names, build steps too.
+    pub fn list_all(&self) -> Vec<(Image, Vec<String>)> {
         let names = self.names();
         let mut out = Vec::new();
         let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else {
@@ -575,11 +593,13 @@ impl Store {
     pub fn prune(&self, in_use: &[String], all: bool) -> Result<Value, AbxError> {
         let names = self.names();
         let mut removed = Vec::new();
-        let imgs = self.list();
+        let imgs = self.list_all();
         let bases: Vec<String> = imgs.iter().filter_map(|(i, _)| i.base.clone()).collect();
         for (img, n) in imgs {
             let named = !n.is_empty() && !all;
-            if in_use.contains(&img.digest) || named || bases.contains(&img.digest) {
+            // A build step has a root of its own: being a base does not keep it.
+            let base = bases.contains(&img.digest) && img.source != dockerfile::STEP_SOURCE;
+            if in_use.contains(&img.digest) || named || base {
                 continue;
             }
             if let Some(d) = self.image_dir(&img.digest) {
@@ -660,6 +680,8 @@ impl Store {
                 "User": config.user.clone().unwrap_or_default(),
                 "Entrypoint": config.entrypoint,
                 "Cmd": config.cmd,
+                "Labels": config.labels,
+                "ExposedPorts": config.exposed_ports.iter().map(|p| (p.clone(), json!({}))).collect::<serde_json::Map<String, Value>>(),
             },
             "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.2.clone()).collect::<Vec<_>>()},
         });

@@ -10,12 +10,13 @@ mod provider;
 mod sandbox;
 mod secret;
 mod shell;
+mod template;
 mod workspace;
 
 use crate::args::{
     BrokerAction, BrokerArgs, Cli, CodeArgs, Command, CommandCmd, CompletionsArgs, Deferred,
     DownloadArgs, EventsArgs, ExecArgs, Lazy, PortsArgs, ProviderCmd, RunArgs, SandboxCmd,
-    SetTimeoutArgs, ShellArgs, SystemCmd, UploadArgs,
+    SetTimeoutArgs, ShellArgs, SystemCmd, TemplateCmd, UploadArgs,
 };
 use crate::output::{print_json, Failure};
 use abx_client::client::Client;
@@ -192,6 +193,11 @@ async fn dispatch(cx: &Ctx, command: Command) -> Result<u8, Failure> {
             name,
             args,
         })))) => sandbox::command_run(cx, &sandbox, &name, &args).await,
+        Command::Template(Lazy(TemplateCmd::Build(a))) => template::build(cx, a).await,
+        Command::Template(Lazy(TemplateCmd::Init(a))) => template::init(cx, a).await,
+        Command::Template(Lazy(TemplateCmd::Pull { reference })) => {
+            template::pull(cx, &reference).await
+        }
         Command::Template(Lazy(t)) => {
             let (action, args) = t.action_and_args();
             provider::template(cx, action, &args).await
