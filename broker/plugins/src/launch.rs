@@ -744,8 +744,12 @@ mod tests {
                 .parse()
                 .ok()
         };
+        // Until both exist and have become `sleep`: between its fork and its exec a child of
+        // the shell still has the launcher's command line (it is then a launcher itself, and
+        // plugin_of names it instead of its parent: seen once under load).
+        let execed = |p: Option<i32>| p.is_some_and(|p| !is_launcher(p));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while (pid_in("child").is_none() || pid_in("orphan").is_none())
+        while !(execed(pid_in("child")) && execed(pid_in("orphan")))
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
