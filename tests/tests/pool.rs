@@ -409,7 +409,9 @@ fn a_command_in_a_sandbox_of_its_own_is_one_request() {
     let out = c.collect(s["execId"].as_str().unwrap());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "got it\n");
     gone(&mut c, &id);
-    // A command that fails to start leaves no sandbox either.
+    // A command that fails to start leaves no sandbox either. (From the pool: once it is
+    // full again, since the runs above took from it and a loaded machine refills slowly.)
+    wait_ready(&mut c, 2);
     let before = pool(&mut c)["served"].as_u64().unwrap();
     c.request(
         "exec/run",
